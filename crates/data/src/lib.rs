@@ -1,0 +1,1 @@
+//! g4ft-data (placeholder, see docs/design.md).

@@ -1,0 +1,1 @@
+//! g4ft-ddp (placeholder, see docs/design.md).

@@ -1,0 +1,1 @@
+//! g4ft-gemma4 (placeholder, see docs/design.md).

@@ -1,0 +1,115 @@
+//! The LoRA-wrapped linear layer and the per-forward context that drives dropout and tracking.
+
+use candle_core::{DType, Result, Tensor, Var};
+
+/// Per-forward settings shared by every [`LoraLinear`] of a model.
+///
+/// `track_grad = false` is the no-graph forward of layer-wise checkpointing: adapters are used
+/// through detached tensors so no graph is kept. The recompute of the same micro-batch must use an
+/// identical context (same `seed`, `micro_step`) so dropout masks replay exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraContext {
+    /// Apply LoRA dropout (training) or not (evaluation).
+    pub training: bool,
+    /// Build an autograd graph through the adapter parameters.
+    pub track_grad: bool,
+    /// Per-rank dropout seed (the post's `SEED + rank`).
+    pub seed: u64,
+    /// Global micro-batch counter; keys the dropout masks together with the module path.
+    pub micro_step: u64,
+}
+
+impl LoraContext {
+    /// Evaluation: no dropout, no graph.
+    pub const EVAL: LoraContext = LoraContext {
+        training: false,
+        track_grad: false,
+        seed: 0,
+        micro_step: 0,
+    };
+}
+
+/// A trainable low-rank adapter: `A (r, in)` and `B (out, r)` in fp32.
+#[derive(Debug, Clone)]
+pub struct Adapter {
+    /// `lora_A.weight`, shape (r, in), fp32.
+    pub a: Var,
+    /// `lora_B.weight`, shape (out, r), fp32.
+    pub b: Var,
+    /// `lora_alpha / r` (or `lora_alpha / sqrt(r)` with rsLoRA).
+    pub scale: f64,
+    /// Dropout probability on the adapter input.
+    pub dropout: f64,
+}
+
+/// A frozen linear layer (no bias) with an optional LoRA adapter, named by its module path.
+#[derive(Debug, Clone)]
+pub struct LoraLinear {
+    path: String,
+    weight: Tensor,
+    adapter: Option<Adapter>,
+}
+
+impl LoraLinear {
+    /// Wraps a frozen weight of shape (out, in) stored at `path` (`...self_attn.q_proj`).
+    pub fn new(path: impl Into<String>, weight: Tensor) -> Self {
+        Self {
+            path: path.into(),
+            weight: weight.detach(),
+            adapter: None,
+        }
+    }
+
+    /// Checkpoint module path, e.g. `model.language_model.layers.5.self_attn.q_proj`.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The frozen base weight (out, in).
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// `in_features`.
+    pub fn in_features(&self) -> usize {
+        self.weight.dims()[1]
+    }
+
+    /// `out_features`.
+    pub fn out_features(&self) -> usize {
+        self.weight.dims()[0]
+    }
+
+    /// The adapter, if one is attached.
+    pub fn adapter(&self) -> Option<&Adapter> {
+        self.adapter.as_ref()
+    }
+
+    /// Attaches (or removes) an adapter.
+    pub fn set_adapter(&mut self, adapter: Option<Adapter>) {
+        self.adapter = adapter;
+    }
+
+    /// `x (..., in) → (..., out)`: frozen base GEMM plus the adapter branch in `x`'s dtype.
+    pub fn forward(&self, x: &Tensor, ctx: &LoraContext) -> Result<Tensor> {
+        let base = g4ft_ops::linear_frozen(x, &self.weight)?;
+        let Some(ad) = &self.adapter else {
+            return Ok(base);
+        };
+        let (a, b) = if ctx.track_grad {
+            (ad.a.as_tensor().clone(), ad.b.as_tensor().clone())
+        } else {
+            (ad.a.as_detached_tensor(), ad.b.as_detached_tensor())
+        };
+        let dtype = x.dtype();
+        let (a, b) = if dtype == DType::F32 {
+            (a, b)
+        } else {
+            (a.to_dtype(dtype)?, b.to_dtype(dtype)?)
+        };
+        // TODO(lora issue): dropout on the adapter input, keyed on (seed, micro_step, path).
+        let low = x.broadcast_matmul(&a.t()?)?;
+        let up = low.broadcast_matmul(&b.t()?)?;
+        base + (up * ad.scale)?
+    }
+}

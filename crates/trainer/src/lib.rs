@@ -1,0 +1,1 @@
+//! g4ft-trainer (placeholder, see docs/design.md).
