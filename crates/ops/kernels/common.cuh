@@ -1,0 +1,56 @@
+// Shared device helpers for the g4ft-ops kernels: dtype conversion (all math in fp32, one rounding
+// per stored value), roundings that emulate the reference's intermediate dtype, warp/block sums.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// x rounded to T and widened again (identity for float): one rounding of the reference.
+template <typename T> __device__ __forceinline__ float round_to(float x) { return to_f32(from_f32<T>(x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float buf[32];
+    __syncthreads();  // buf may still be read by a previous call
+    v = warp_sum(v);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    if (lane == 0) buf[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? buf[lane] : 0.f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float buf[32];
+    __syncthreads();
+    v = warp_max(v);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    if (lane == 0) buf[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? buf[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+// Instantiate `extern "C"` entry points NAME_f32 / NAME_bf16 / NAME_f16 from a template NAME<T>.
+#define G4FT_FLOAT_TYPES(INST) INST(float, f32) INST(__nv_bfloat16, bf16) INST(__half, f16)

@@ -1,0 +1,131 @@
+//! CUDA plumbing (feature `cuda`): the PTX modules `build.rs` compiles from `kernels/*.cu`, typed
+//! contiguous views of candle storages, launch shapes. Every kernel runs on candle's own stream
+//! (`CudaFunc::builder`), so ordering against candle's kernels needs no events.
+
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
+use candle_core::{bail, Layout, Result};
+
+/// One PTX module (one `kernels/<op>.cu`), loaded once per device under `name`.
+pub(crate) struct Module {
+    pub(crate) name: &'static str,
+    pub(crate) ptx: &'static str,
+}
+
+/// `cuda_module!("rms_norm")` embeds `$OUT_DIR/rms_norm.ptx`.
+macro_rules! cuda_module {
+    ($name:literal) => {
+        $crate::cuda::Module {
+            name: concat!("g4ft_ops_", $name),
+            ptx: include_str!(concat!(env!("OUT_DIR"), "/", $name, ".ptx")),
+        }
+    };
+}
+pub(crate) use cuda_module;
+
+/// Kernel `name` of module `m` (loaded and cached by candle on first use). Launch it on candle's
+/// stream: `let stream = dev.cuda_stream(); stream.launch_builder(&f)`.
+pub(crate) fn func(dev: &CudaDevice, m: &Module, name: &str) -> Result<CudaFunction> {
+    Ok(dev.get_or_load_custom_func(name, m.name, m.ptx)?.into_cuda_function())
+}
+
+/// `root_f32` / `root_bf16` / `root_f16` for element type `T`.
+pub(crate) fn kname<T: candle_core::WithDType>(root: &str) -> String {
+    candle_core::cuda_backend::kernel_name::<T>(root)
+}
+
+/// The contiguous view of `s` that `l` describes, or an error naming `op` and `what`.
+pub(crate) fn view<'a, T: CudaDType>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    op: &str,
+    what: &str,
+) -> Result<CudaView<'a, T>> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(s.as_cuda_slice::<T>()?.slice(a..b)),
+        None => bail!(
+            "{op}: {what} must be contiguous, got shape {:?} stride {:?}",
+            l.dims(),
+            l.stride()
+        ),
+    }
+}
+
+/// Wrap a freshly written slice as a storage of the device.
+pub(crate) fn wrap<T: CudaDType>(slice: CudaSlice<T>, dev: &CudaDevice) -> CudaStorage {
+    CudaStorage::wrap_cuda_slice(slice, dev.clone())
+}
+
+/// One block of `threads` per row.
+pub(crate) fn per_row(rows: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A grid-stride launch over `n` elements (kernels loop, so the grid is capped).
+pub(crate) fn elementwise(n: usize) -> LaunchConfig {
+    let threads = 256u32;
+    let blocks = n.div_ceil(threads as usize).clamp(1, 132 * 32) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Threads per row for a row kernel over rows of length `d`: a multiple of 32, at most 1024.
+pub(crate) fn row_threads(d: usize) -> u32 {
+    (d.div_ceil(32) * 32).clamp(32, 1024) as u32
+}
+
+/// Run `$body` with `$T` bound to the element type of the float CUDA storage `$s`
+/// (f32, bf16 or f16); other dtypes are an error naming `$op`.
+macro_rules! with_cuda_float_type {
+    ($s:expr, $op:expr, $T:ident => $body:expr) => {
+        match $s.dtype() {
+            candle_core::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            candle_core::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            candle_core::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            other => candle_core::bail!(
+                "{}: unsupported dtype {:?} (expected f32, bf16 or f16)",
+                $op,
+                other
+            ),
+        }
+    };
+}
+pub(crate) use with_cuda_float_type;
+
+/// The CUDA storage behind `t`, or an error naming `op` and `what`.
+pub(crate) fn with_cuda_storage<R>(
+    t: &candle_core::Tensor,
+    op: &str,
+    what: &str,
+    f: impl FnOnce(&CudaStorage, &Layout) -> Result<R>,
+) -> Result<R> {
+    let (s, l) = t.storage_and_layout();
+    match &*s {
+        candle_core::Storage::Cuda(cs) => f(cs, l),
+        _ => bail!("{op}: {what} is not on the GPU like the op's inputs"),
+    }
+}
+
+/// The CUDA storage inside a locked `Storage`, or an error naming `op` and `what`.
+pub(crate) fn cuda_of<'a>(s: &'a candle_core::Storage, op: &str, what: &str) -> Result<&'a CudaStorage> {
+    match s {
+        candle_core::Storage::Cuda(cs) => Ok(cs),
+        _ => bail!("{op}: {what} is not on the GPU like the op's inputs"),
+    }
+}

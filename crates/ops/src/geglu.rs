@@ -1,0 +1,224 @@
+//! GeGLU `gelu_tanh(gate) · up`, fused (`kernels/geglu.cu`), rounding as PyTorch/transformers:
+//! `a = r(gelu_f32(gate))` (`gelu_pytorch_tanh` is fp32 inside, one rounding), `y = r(a·up)`.
+//! Backward in fp32 into one packed `(2, ...)` buffer (one kernel, both gradients):
+//! `d(gate) = r(r(g·up)·gelu'(gate))`, `d(up) = r(g·a)` — the roundings autograd of the composite does.
+
+use crate::util::{cpu_slice, round, with_float_type, Elem, Storable};
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const GELU_C: f32 = 0.044715;
+
+fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_C * x * x)).tanh())
+}
+
+fn gelu_grad(x: f32) -> f32 {
+    let t = (SQRT_2_OVER_PI * x * (1.0 + GELU_C * x * x)).tanh();
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x)
+}
+
+struct GeGlu;
+
+/// Backward on `(gate, up, g)` → packed `(2, ...)`: `[d(gate), d(up)]`.
+struct GeGluBwd;
+
+impl CustomOp2 for GeGlu {
+    fn name(&self) -> &'static str {
+        "gelu-tanh-mul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        with_float_type!(s1, op, T => {
+            let gate = cpu_slice::<T>(s1, l1, op, "gate")?;
+            let up = cpu_slice::<T>(s2, l2, op, "up")?;
+            let y = gate
+                .iter()
+                .zip(up)
+                .map(|(g, u)| T::from_f32(round::<T>(gelu(g.to_f32())) * u.to_f32()))
+                .collect();
+            Ok((T::storage(y), l1.shape().clone()))
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let y = cuda_impl::launch(self.name(), (s1, l1), (s2, l2), None)?;
+        Ok((y, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let packed = gate.apply_op3_no_bwd(up, &g.contiguous()?, &GeGluBwd)?;
+        Ok((Some(packed.get(0)?), Some(packed.get(1)?)))
+    }
+}
+
+impl CustomOp3 for GeGluBwd {
+    fn name(&self) -> &'static str {
+        "gelu-tanh-mul-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        with_float_type!(s1, op, T => {
+            let gate = cpu_slice::<T>(s1, l1, op, "gate")?;
+            let up = cpu_slice::<T>(s2, l2, op, "up")?;
+            let g = cpu_slice::<T>(s3, l3, op, "grad")?;
+            let mut out = vec![T::from_f32(0.0); 2 * gate.len()];
+            let (dgate, dup) = out.split_at_mut(gate.len());
+            for i in 0..gate.len() {
+                let (x, u, gv) = (gate[i].to_f32(), up[i].to_f32(), g[i].to_f32());
+                dgate[i] = T::from_f32(round::<T>(gv * u) * gelu_grad(x));
+                dup[i] = T::from_f32(gv * round::<T>(gelu(x)));
+            }
+            Ok((T::storage(out), packed_shape(l1)))
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let y = cuda_impl::launch(self.name(), (s1, l1), (s2, l2), Some((s3, l3)))?;
+        Ok((y, packed_shape(l1)))
+    }
+}
+
+fn packed_shape(l: &Layout) -> Shape {
+    let mut dims = vec![2];
+    dims.extend_from_slice(l.dims());
+    Shape::from(dims)
+}
+
+#[cfg(feature = "cuda")]
+mod cuda_impl {
+    use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CudaStorage, Layout, Result};
+
+    const MODULE: Module = cuda_module!("geglu");
+
+    /// Forward on `(gate, up)` or, with `grad`, the packed backward.
+    pub(super) fn launch(
+        op: &str,
+        (s1, l1): (&CudaStorage, &Layout),
+        (s2, l2): (&CudaStorage, &Layout),
+        grad: Option<(&CudaStorage, &Layout)>,
+    ) -> Result<CudaStorage> {
+        let dev = s1.device().clone();
+        let n = l1.shape().elem_count();
+        with_cuda_float_type!(s1, op, T => {
+            let gate = cuda::view::<T>(s1, l1, op, "gate")?;
+            let up = cuda::view::<T>(s2, l2, op, "up")?;
+            let g = match grad {
+                Some((gs, gl)) => Some(cuda::view::<T>(gs, gl, op, "grad")?),
+                None => None,
+            };
+            let out_n = if grad.is_some() { 2 * n } else { n };
+            // SAFETY: every element is written by the kernel.
+            let y = unsafe { dev.alloc::<T>(out_n)? };
+            let root = if grad.is_some() { "geglu_bwd" } else { "geglu_fwd" };
+            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(root))?;
+            let n_arg = n;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&f);
+            b.arg(&gate).arg(&up);
+            if let Some(g) = &g {
+                b.arg(g);
+            }
+            b.arg(&y).arg(&n_arg);
+            // SAFETY: inputs hold n elements, the output n (forward) or 2n (backward).
+            unsafe { b.launch(cuda::elementwise(n)) }.w()?;
+            Ok(cuda::wrap(y, &dev))
+        })
+    }
+}
+
+/// GeGLU: `gelu_tanh(gate) * up`, gelu computed in fp32 and rounded once (PyTorch's
+/// `gelu_pytorch_tanh`), the product in the activation dtype. `gate` and `up` must have the same
+/// shape and dtype. Fused custom op; both inputs get gradients (one backward kernel).
+pub fn gelu_tanh_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if gate.dims() != up.dims() || gate.dtype() != up.dtype() {
+        bail!(
+            "gelu_tanh_mul: gate {:?} {:?} and up {:?} {:?} must match",
+            gate.dims(),
+            gate.dtype(),
+            up.dims(),
+            up.dtype()
+        );
+    }
+    gate.contiguous()?.apply_op2(&up.contiguous()?, GeGlu)
+}
+
+/// Composite reference for [`gelu_tanh_mul`].
+pub fn gelu_tanh_mul_slow(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    let act = gelu_tanh(gate)?;
+    act * up
+}
+
+/// `gelu_pytorch_tanh`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` in fp32, rounded once
+/// (composite; the model's MLP uses the fused [`gelu_tanh_mul`]).
+pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    let dtype = x.dtype();
+    x.to_dtype(DType::F32)?.gelu()?.to_dtype(dtype)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{check_fused_vs_slow, randn};
+    use candle_core::Device;
+
+    #[test]
+    fn fused_matches_slow() -> Result<()> {
+        // candle's gelu backward uses 6-digit constants: 1e-5 relative in f32
+        for (dtype, tol) in [(DType::F32, (1e-5, 1e-4)), (DType::BF16, (1e-2, 2e-2))] {
+            let gate = (randn(&[3, 50], dtype, 1, &Device::Cpu)? * 2.0)?;
+            let up = randn(&[3, 50], dtype, 2, &Device::Cpu)?;
+            check_fused_vs_slow(
+                &format!("gelu_tanh_mul {dtype:?}"),
+                &[gate, up],
+                &[true, true],
+                |t| gelu_tanh_mul(&t[0], &t[1]),
+                |t| gelu_tanh_mul_slow(&t[0], &t[1]),
+                tol,
+            )?;
+        }
+        Ok(())
+    }
+}
