@@ -1,1 +1,19 @@
-//! g4ft-trainer (placeholder, see docs/design.md).
+//! The reusable pieces of the training job that `examples/train_ddp.rs` composes: configuration
+//! (TOML + environment + flags), AdamW over flat fp32 buffers, gradient clipping, the cosine
+//! schedule with warmup, step metrics with MFU, atomic checkpoints with resumable trainer state,
+//! and the non-finite skip/stop decision.
+//!
+//! Everything here follows PyTorch/transformers semantics (`torch.optim.AdamW`,
+//! `clip_grad_norm_`, `get_cosine_schedule_with_warmup`) so a run can be compared step by step
+//! with the post's `train_ddp.py`. Deliberately left out: the training loop itself (it lives in the
+//! example, readable top to bottom), the model, the data pipeline and the collectives; this crate
+//! takes plain buffers, numbers and closures, and never issues a collective.
+
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod layer;
+
+pub use cli::Cli;
+pub use config::{ResolvedConfig, TrainConfig};
+pub use error::{Error, Result};
