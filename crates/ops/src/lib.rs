@@ -13,6 +13,7 @@
 //! Left out on purpose: gradients for frozen operands (norm weights, projection weights, the tied
 //! embedding in the loss) are never computed.
 
+mod attention;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -26,6 +27,7 @@ mod softmax;
 mod testing;
 mod util;
 
+pub use attention::{attention, attention_slow};
 pub use cross_entropy::{
     cross_entropy_sum, linear_cross_entropy, linear_cross_entropy_slow, softcap,
 };
