@@ -1,1 +1,36 @@
-//! g4ft-gemma4 (placeholder, see docs/design.md).
+//! Trainable Gemma 4 text decoder on Candle, numerically matching transformers 5.23.
+//!
+//! What is here: the config (both model types, both per-layer forms), checkpoint loading (local
+//! directory or Hub cache, memory-mapped, text tensors only), the training forward without KV
+//! cache (sliding/full attention, proportional RoPE, `attention_k_eq_v`, KV sharing, per-layer
+//! embeddings, MoE, final softcap), the transformers loss, and a layer-wise backward with
+//! per-layer recompute whose per-layer gradients are reported as soon as they are final.
+//!
+//! What is not: generation / KV cache, vision and audio towers, multimodal masks. Every
+//! projection is a [`g4ft_lora::LoraLinear`] named by its checkpoint path, and every op on the
+//! training path is a differentiable op from `g4ft_ops`.
+//!
+//! Reference: `models/gemma4/modeling_gemma4.py` and `models/gemma4_unified/` of transformers
+//! 5.23.0; the numerical spec is `gemma4-text-spec.md`.
+
+pub mod attention;
+mod backward;
+pub mod config;
+pub mod decoder_layer;
+pub mod error;
+pub mod loader;
+pub mod mask;
+pub mod mlp;
+pub mod model;
+pub mod moe;
+mod numerics;
+pub mod rope;
+pub mod weights;
+
+pub use backward::LossStats;
+pub use config::{
+    Config, KvSharing, LayerConfig, LayerType, MoeConfig, ProjectionShape, RopeParams, RopeType,
+};
+pub use error::{Error, Result};
+pub use loader::{Checkpoint, ModelFiles};
+pub use model::{shift_labels, Gemma4Model, LossOutput, TokenBatch};

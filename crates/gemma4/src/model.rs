@@ -1,0 +1,416 @@
+//! The Gemma 4 text decoder: embeddings, per-layer embeddings, the layer stack, the tied head and
+//! the transformers causal-LM loss (`Gemma4TextModel` + `ForCausalLMLoss`, transformers 5.23;
+//! spec §4.2, §4.7, §4.8).
+//!
+//! The embedding scale `√H` is rounded to the weight dtype before the multiply; the head is the
+//! tied `embed_tokens` (not scaled) followed by `cap·tanh(x/cap)` in the logits dtype; the loss
+//! upcasts to fp32, shifts labels left, ignores -100 and is summed here (divide by
+//! [`LossOutput::n_tokens`] for the transformers mean).
+
+use candle_core::{DType, Device, Tensor};
+use g4ft_lora::{LoraContext, LoraLinear};
+use g4ft_ops::{linear_cross_entropy, linear_frozen, rms_norm, softcap};
+
+use crate::config::{Config, KvSharing, LayerType};
+use crate::decoder_layer::{DecoderLayer, LayerInputs};
+use crate::error::{Error, Result};
+use crate::loader::{Checkpoint, ModelFiles};
+use crate::mask::build_masks;
+use crate::numerics::{mul_scalar, round_to_dtype};
+use crate::rope::RopeTable;
+use crate::weights::Weights;
+
+/// A batch of token rows, row-major `(batch, seq_len)`, right padded.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBatch<'a> {
+    /// Token ids `(batch, seq_len)`.
+    pub input_ids: &'a [u32],
+    /// 1 = real token, 0 = padding; `None` = no padding.
+    pub attention_mask: Option<&'a [u32]>,
+    /// Positions `(batch, seq_len)`; `None` = `0..seq_len` for every row (also with right padding,
+    /// as transformers). Without an attention mask, positions that restart mark packed sequences.
+    pub position_ids: Option<&'a [u32]>,
+    /// Rows.
+    pub batch: usize,
+    /// Columns.
+    pub seq_len: usize,
+}
+
+impl TokenBatch<'_> {
+    fn validate(&self, vocab: usize) -> Result<()> {
+        let n = self.batch * self.seq_len;
+        if n == 0 {
+            return Err(Error::batch("input_ids", "empty batch"));
+        }
+        let check_len = |field: &'static str, len: usize| {
+            if len != n {
+                return Err(Error::batch(
+                    field,
+                    format!(
+                        "expected batch·seq_len = {}·{} = {n} values, got {len}",
+                        self.batch, self.seq_len
+                    ),
+                ));
+            }
+            Ok(())
+        };
+        check_len("input_ids", self.input_ids.len())?;
+        if let Some(m) = self.attention_mask {
+            check_len("attention_mask", m.len())?;
+        }
+        if let Some(p) = self.position_ids {
+            check_len("position_ids", p.len())?;
+        }
+        if let Some((i, &id)) = self
+            .input_ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= vocab)
+        {
+            return Err(Error::batch(
+                "input_ids",
+                format!(
+                    "token {id} at row {}, column {} is outside the vocabulary (size {vocab})",
+                    i / self.seq_len,
+                    i % self.seq_len
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Summed token loss of a batch and the number of tokens it sums over.
+#[derive(Debug, Clone)]
+pub struct LossOutput {
+    /// Σ of the token NLLs (scalar f32; part of the graph when the forward tracked gradients).
+    pub sum: Tensor,
+    /// Number of non-ignored (shifted) targets.
+    pub n_tokens: usize,
+}
+
+/// Shifted targets for the loss: `target[b, t] = labels[b, t+1]`, the last column ignored;
+/// -100 (and the last column) become `u32::MAX`. Returns the targets and the valid count.
+pub fn shift_labels(
+    labels: &[i64],
+    (b, t): (usize, usize),
+    vocab: usize,
+) -> Result<(Vec<u32>, usize)> {
+    if labels.len() != b * t {
+        return Err(Error::batch(
+            "labels",
+            format!("expected {b}·{t} = {} values, got {}", b * t, labels.len()),
+        ));
+    }
+    let mut out = vec![u32::MAX; b * t];
+    let mut n = 0;
+    for r in 0..b {
+        for c in 0..t.saturating_sub(1) {
+            let l = labels[r * t + c + 1];
+            if l == -100 {
+                continue;
+            }
+            if l < 0 || l as usize >= vocab {
+                return Err(Error::batch(
+                    "labels",
+                    format!(
+                        "label {l} at row {r}, column {} is neither -100 nor a token id < {vocab}",
+                        c + 1
+                    ),
+                ));
+            }
+            out[r * t + c] = l as u32;
+            n += 1;
+        }
+    }
+    Ok((out, n))
+}
+
+/// Global per-layer-embedding weights (E2B/E4B).
+#[derive(Debug, Clone)]
+struct PleGlobal {
+    embed_tokens_per_layer: Tensor,     // (V_ple, L·P)
+    per_layer_model_projection: Tensor, // (L·P, H)
+    per_layer_projection_norm: Tensor,  // (P,)
+}
+
+/// Everything computed once per batch before layer 0.
+pub(crate) struct Prepared {
+    pub(crate) embeds: Tensor,
+    pub(crate) inputs: LayerInputs,
+}
+
+/// The Gemma 4 text decoder with a tied, softcapped head.
+#[derive(Debug, Clone)]
+pub struct Gemma4Model {
+    cfg: Config,
+    prefix: String,
+    dtype: DType,
+    device: Device,
+    embed_tokens: Tensor,
+    norm: Tensor,
+    ple: Option<PleGlobal>,
+    pub(crate) layers: Vec<DecoderLayer>,
+    loss_chunk_rows: usize,
+}
+
+impl Gemma4Model {
+    /// Loads a model from a local directory or a Hub id (see [`ModelFiles::resolve`]) in `dtype`
+    /// (`F32` or `BF16`) on `device`.
+    pub fn load(model: &str, dtype: DType, device: &Device) -> Result<Self> {
+        let files = ModelFiles::resolve(model)?;
+        let cfg = Config::from_file(&files.config)?;
+        let ckpt = Checkpoint::open(&files.weights)?;
+        Self::from_checkpoint(cfg, &ckpt, dtype, device)
+    }
+
+    /// Builds the model from a parsed config and an opened checkpoint.
+    pub fn from_checkpoint(
+        cfg: Config,
+        ckpt: &Checkpoint,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        if !matches!(dtype, DType::F32 | DType::BF16) {
+            return Err(Error::batch(
+                "dtype",
+                format!("expected f32 or bf16, got {dtype:?}"),
+            ));
+        }
+        let w = Weights::new(ckpt, dtype, device);
+        let h = cfg.hidden_size;
+        let embed_tokens = w.tensor("embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let norm = w.tensor("norm.weight", &[h])?;
+        let p = cfg.hidden_size_per_layer_input;
+        let l = cfg.num_hidden_layers;
+        let ple = if p > 0 {
+            Some(PleGlobal {
+                embed_tokens_per_layer: w.tensor(
+                    "embed_tokens_per_layer.weight",
+                    &[cfg.vocab_size_per_layer_input, l * p],
+                )?,
+                per_layer_model_projection: w
+                    .tensor("per_layer_model_projection.weight", &[l * p, h])?,
+                per_layer_projection_norm: w.tensor("per_layer_projection_norm.weight", &[p])?,
+            })
+        } else {
+            None
+        };
+        let layers = (0..l)
+            .map(|i| DecoderLayer::new(&cfg, i, &w))
+            .collect::<Result<Vec<_>>>()?;
+        // Keep the per-chunk logits of the loss around 64 Mi elements.
+        let loss_chunk_rows = ((1usize << 26) / cfg.vocab_size).max(1);
+        Ok(Gemma4Model {
+            prefix: ckpt.prefix().to_string(),
+            cfg,
+            dtype,
+            device: device.clone(),
+            embed_tokens,
+            norm,
+            ple,
+            layers,
+            loss_chunk_rows,
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The text prefix of the checkpoint the model was loaded from (`model.language_model` or
+    /// `model`); projection paths start with it.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Activation / weight dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Rows of logits per chunk in the loss (working set `rows × vocab`).
+    pub fn set_loss_chunk_rows(&mut self, rows: usize) {
+        self.loss_chunk_rows = rows.max(1);
+    }
+
+    /// All projections in model order: layer 0..L, each `q, k, v, o, gate, up, down` it has.
+    pub fn projections(&self) -> impl Iterator<Item = &LoraLinear> {
+        self.layers.iter().flat_map(|l| l.projections())
+    }
+
+    /// Mutable [`Gemma4Model::projections`] (to attach adapters).
+    pub fn projections_mut(&mut self) -> impl Iterator<Item = &mut LoraLinear> {
+        self.layers.iter_mut().flat_map(|l| l.projections_mut())
+    }
+
+    /// Embeddings, PLE inputs, RoPE tables and masks of a batch.
+    pub(crate) fn prepare(&self, batch: &TokenBatch) -> Result<Prepared> {
+        batch.validate(self.cfg.vocab_size)?;
+        let (b, t) = (batch.batch, batch.seq_len);
+        let dev = &self.device;
+        let ids = Tensor::from_slice(batch.input_ids, b * t, dev)?;
+        let h = self.cfg.hidden_size;
+        let scale = round_to_dtype(self.cfg.embed_scale(), self.dtype);
+        let embeds =
+            mul_scalar(&self.embed_tokens.index_select(&ids, 0)?, scale)?.reshape((b, t, h))?;
+        let ple = match &self.ple {
+            Some(p) => Some(self.ple_inputs(p, &ids, &embeds, batch)?),
+            None => None,
+        };
+        let default_pos: Vec<u32>;
+        let positions = match batch.position_ids {
+            Some(p) => p,
+            None => {
+                default_pos = (0..b).flat_map(|_| 0..t as u32).collect();
+                &default_pos
+            }
+        };
+        let table = |ty: LayerType| -> Result<Option<RopeTable>> {
+            self.cfg
+                .rope_head_dim(ty)
+                .map(|d| RopeTable::new(self.cfg.rope(ty), d, positions, (b, t), self.dtype, dev))
+                .transpose()
+        };
+        let rope_full = table(LayerType::Full)?;
+        let rope_sliding = match table(LayerType::Sliding)? {
+            Some(r) => r,
+            // A model without sliding layers still needs a (unused) table value.
+            None => rope_full.clone().expect("the last layer is always full"),
+        };
+        let masks = build_masks(
+            (b, t),
+            batch.attention_mask,
+            batch.position_ids,
+            self.cfg.sliding_window,
+            self.cfg.is_causal,
+            self.dtype,
+            dev,
+        )?;
+        Ok(Prepared {
+            embeds,
+            inputs: LayerInputs {
+                rope_sliding,
+                rope_full,
+                masks,
+                ple,
+            },
+        })
+    }
+
+    /// PLE inputs `(b, t, L, P)` (spec §4.7).
+    fn ple_inputs(
+        &self,
+        p: &PleGlobal,
+        ids: &Tensor,
+        embeds: &Tensor,
+        batch: &TokenBatch,
+    ) -> Result<Tensor> {
+        let (b, t) = (batch.batch, batch.seq_len);
+        let (l, pd) = (
+            self.cfg.num_hidden_layers,
+            self.cfg.hidden_size_per_layer_input,
+        );
+        if let Some(&bad) = batch
+            .input_ids
+            .iter()
+            .find(|&&id| id as usize >= self.cfg.vocab_size_per_layer_input)
+        {
+            return Err(Error::batch(
+                "input_ids",
+                format!(
+                    "token {bad} is outside vocab_size_per_layer_input {}",
+                    self.cfg.vocab_size_per_layer_input
+                ),
+            ));
+        }
+        let tok_scale = round_to_dtype((pd as f64).sqrt(), self.dtype);
+        let tok = mul_scalar(&p.embed_tokens_per_layer.index_select(ids, 0)?, tok_scale)?
+            .reshape((b, t, l, pd))?;
+        let proj = linear_frozen(embeds, &p.per_layer_model_projection)?;
+        let proj =
+            mul_scalar(&proj, (self.cfg.hidden_size as f64).powf(-0.5))?.reshape((b, t, l, pd))?;
+        let proj = rms_norm(
+            &proj,
+            Some(&p.per_layer_projection_norm),
+            self.cfg.rms_norm_eps,
+        )?;
+        mul_scalar(&(proj + tok)?, 2f64.powf(-0.5))
+    }
+
+    /// Runs the decoder stack (all layers) on prepared inputs: final hidden `(b, t, h)` before the
+    /// final norm. KV sharing passes the producers' K/V tensors (in the graph) to the consumers.
+    pub(crate) fn run_layers(&self, prep: &Prepared, ctx: &LoraContext) -> Result<Tensor> {
+        let mut h = prep.embeds.clone();
+        let mut stored = std::collections::HashMap::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let shared = match layer.config().kv_sharing {
+                KvSharing::Reuse { producer } => stored.get(&producer),
+                _ => None,
+            };
+            let (out, own) = layer.forward(&h, shared, &prep.inputs, ctx)?;
+            if layer.config().kv_sharing == KvSharing::Store {
+                stored.insert(i, own.expect("a producer computes its own K/V"));
+            }
+            h = out;
+        }
+        Ok(h)
+    }
+
+    /// Final norm `(…, h)`.
+    pub(crate) fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
+        Ok(rms_norm(h, Some(&self.norm), self.cfg.rms_norm_eps)?)
+    }
+
+    /// Softcapped logits `(b, t, vocab)` in the model dtype (no loss). Materialises all logits:
+    /// use [`Gemma4Model::loss`] for training-size batches.
+    pub fn forward(&self, batch: &TokenBatch, ctx: &LoraContext) -> Result<Tensor> {
+        let prep = self.prepare(batch)?;
+        let h = self.final_norm(&self.run_layers(&prep, ctx)?)?;
+        let logits = linear_frozen(&h, &self.embed_tokens)?;
+        Ok(match self.cfg.final_logit_softcapping {
+            Some(cap) => softcap(&logits, cap)?,
+            None => logits,
+        })
+    }
+
+    /// Head + summed loss from the final hidden `(b, t, h)` (before the final norm) and shifted
+    /// targets (`u32::MAX` = ignore). Chunked over rows, fp32 loss.
+    pub(crate) fn head_loss(&self, h: &Tensor, targets: &[u32]) -> Result<Tensor> {
+        let (b, t, hd) = h.dims3()?;
+        let x = self.final_norm(h)?.reshape((b * t, hd))?;
+        let targets = Tensor::from_slice(targets, b * t, &self.device)?;
+        Ok(linear_cross_entropy(
+            &x,
+            &self.embed_tokens,
+            &targets,
+            self.cfg.final_logit_softcapping,
+            self.loss_chunk_rows,
+        )?)
+    }
+
+    /// The transformers causal-LM loss of a batch as a sum over valid tokens (graph kept when
+    /// `ctx.track_grad`): labels `(b, t)` with -100 = ignore, shifted inside (target of position
+    /// `t` is `labels[t+1]`). `sum / n_tokens` is transformers' `outputs.loss`.
+    pub fn loss(
+        &self,
+        batch: &TokenBatch,
+        labels: &[i64],
+        ctx: &LoraContext,
+    ) -> Result<LossOutput> {
+        let (targets, n_tokens) =
+            shift_labels(labels, (batch.batch, batch.seq_len), self.cfg.vocab_size)?;
+        let prep = self.prepare(batch)?;
+        let h = self.run_layers(&prep, ctx)?;
+        Ok(LossOutput {
+            sum: self.head_loss(&h, &targets)?,
+            n_tokens,
+        })
+    }
+}
