@@ -10,9 +10,12 @@
 //! takes plain buffers, numbers and closures, and never issues a collective.
 
 pub mod cli;
+pub mod clip;
 pub mod config;
 pub mod error;
 pub mod layer;
+pub mod optim;
+pub mod schedule;
 
 pub use cli::Cli;
 pub use config::{ResolvedConfig, TrainConfig};
