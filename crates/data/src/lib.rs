@@ -1,1 +1,58 @@
-//! g4ft-data (placeholder, see docs/design.md).
+//! g4ft-data: training data for Gemma 4 LoRA fine-tuning — the post's `ChatJsonl`,
+//! `DistributedSampler`, `DataLoader` and `PadCollate`, in Rust.
+//!
+//! Pipeline: chat JSONL (`{"messages": [...]}`) or pre-tokenized JSONL (`{"input_ids": [...]}`)
+//! → [`TokenDataset::open`] (model's chat template rendered with minijinja as transformers does,
+//! tokenized without special tokens, labels `full` or `assistant_only`, truncated to `max_len`,
+//! in parallel, cached on disk per file/tokenizer/template/settings) → [`DataLoader`] (PyTorch's
+//! [`DistributedSampler`] semantics, optional length grouping or packing, [`PadCollate`] on a
+//! prefetch thread) → [`Batch`].
+//!
+//! ```no_run
+//! # fn main() -> g4ft_data::Result<()> {
+//! use std::sync::Arc;
+//! use g4ft_data::{DataLoader, DatasetOptions, Encoder, LoaderConfig, TokenDataset};
+//! let encoder = Encoder::from_model_dir("assets/tiny".as_ref())?;
+//! // every rank, before any collective (the first one tokenizes, the others reuse the cache)
+//! let ds = Arc::new(TokenDataset::open("assets/sample/chat.jsonl".as_ref(), Some(&encoder), &DatasetOptions::default())?);
+//! let loader = DataLoader::new(ds, LoaderConfig { batch_size: 4, rank: 0, world_size: 2, seed: 42, ..Default::default() })?;
+//! for epoch in 0..2 {
+//!     for batch in loader.epoch(epoch, 0) {
+//!         let batch = batch?; // (batch.batch, batch.seq_len) row-major arrays
+//!         assert_eq!(batch.input_ids.len(), batch.batch * batch.seq_len);
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Deliberately left out: the model (packing's block-diagonal mask is built by `gemma4` from
+//! `position_ids`), tool calls and multimodal content in chat rows, and any communication — the
+//! sampler needs none, every rank computes the same plan.
+
+pub mod batching;
+pub mod cache;
+pub mod collate;
+pub mod dataset;
+pub mod encoder;
+pub mod error;
+pub mod hash;
+pub mod labels;
+pub mod loader;
+pub mod prepare;
+pub mod pyhelpers;
+pub mod randperm;
+pub mod rows;
+pub mod sampler;
+pub mod template;
+
+pub use batching::Batching;
+pub use collate::{Batch, PadCollate};
+pub use dataset::{DatasetOptions, Sample, TokenDataset};
+pub use encoder::{Encoded, Encoder};
+pub use error::{BadLine, DataError, Result};
+pub use labels::{LabelMode, TurnMarkers, IGNORE};
+pub use loader::{Batches, DataLoader, LoaderConfig};
+pub use prepare::{tokenize_file, PrepareOptions, PrepareReport};
+pub use rows::Format;
+pub use sampler::DistributedSampler;
+pub use template::{ChatTemplate, Message, RenderOptions};

@@ -1,0 +1,366 @@
+//! The token cache: one binary file per (data file, tokenizer, template, max_len, label mode).
+//!
+//! Ranks and restarts reuse it. Every rank calls [`crate::TokenDataset::open`] itself before any
+//! collective: the first process to create `<cache>.lock` (O_EXCL) tokenizes and renames a
+//! finished temporary file into place (atomic); the others poll for the file, so a rank never
+//! sits in a collective while another tokenizes (a known cause of NCCL timeouts). A lock left by
+//! a dead process on this host is removed; after `lock_timeout` a waiter tokenizes itself.
+//!
+//! Layout (little endian): magic `G4FTTOK1`; records, sample after sample, each its ids (u32)
+//! then its labels (i32), `len` words each; `n+1` u64 record offsets (in 4-byte words after the
+//! magic); `n` u64 source line numbers; the metadata JSON (key and report); a trailer of u64
+//! offsets position, u64 metadata length and magic `G4FTTOKE`.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::encoder::Encoded;
+use crate::error::{DataError, Result};
+use crate::prepare::PrepareReport;
+
+const MAGIC: &[u8; 8] = b"G4FTTOK1";
+const END_MAGIC: &[u8; 8] = b"G4FTTOKE";
+/// Bumped when the layout or the encoding rules change.
+pub const CACHE_VERSION: u32 = 1;
+
+/// Everything the cached tokens depend on. Two opens share a cache file iff their keys are equal.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CacheKey {
+    /// [`CACHE_VERSION`].
+    pub version: u32,
+    /// FNV-1a 64 of the data file's bytes (hex).
+    pub data_hash: String,
+    /// Data file size in bytes.
+    pub data_len: u64,
+    /// Encoder fingerprint (tokenizer, template, special tokens, options) for chat files.
+    pub encoder: Option<String>,
+    /// Truncation length.
+    pub max_len: usize,
+    /// `full` or `assistant_only`.
+    pub label_mode: String,
+    /// Vocabulary bound checked on pre-tokenized ids.
+    pub vocab_size: Option<usize>,
+}
+
+/// Metadata stored in the cache file.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CacheMeta {
+    /// The key the file was built for.
+    pub key: CacheKey,
+    /// Counts and skipped lines of the tokenization pass.
+    pub report: PrepareReport,
+}
+
+/// Streams encoded rows into a temporary cache file, then renames it into place.
+pub struct CacheWriter {
+    tmp: PathBuf,
+    out: BufWriter<File>,
+    offsets: Vec<u64>,
+    lines: Vec<u64>,
+}
+
+impl CacheWriter {
+    /// Starts `<path>.tmp.<pid>.<nanos>` beside `path`.
+    pub fn create(path: &Path) -> Result<Self> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let tmp = path.with_extension(format!("tmp.{}.{nanos}", std::process::id()));
+        let file = File::create(&tmp).map_err(|e| DataError::io(&tmp, e))?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        out.write_all(MAGIC).map_err(|e| DataError::io(&tmp, e))?;
+        Ok(CacheWriter {
+            tmp,
+            out,
+            offsets: vec![0],
+            lines: Vec::new(),
+        })
+    }
+
+    /// Appends one row.
+    pub fn push(&mut self, line: u64, row: &Encoded) -> Result<()> {
+        let mut bytes = Vec::with_capacity(row.input_ids.len() * 8);
+        bytes.extend(row.input_ids.iter().flat_map(|i| i.to_le_bytes()));
+        bytes.extend(row.labels.iter().flat_map(|l| l.to_le_bytes()));
+        self.out
+            .write_all(&bytes)
+            .map_err(|e| DataError::io(&self.tmp, e))?;
+        let last = *self.offsets.last().expect("offsets start with 0");
+        self.offsets.push(last + 2 * row.input_ids.len() as u64);
+        self.lines.push(line);
+        Ok(())
+    }
+
+    /// Writes the index and metadata, syncs, and renames the file to `path` (atomic).
+    pub fn finish(mut self, path: &Path, meta: &CacheMeta) -> Result<()> {
+        let tmp = self.tmp.clone();
+        let io = |e| DataError::io(&tmp, e);
+        let index_pos = 8 + 4 * *self.offsets.last().expect("offsets start with 0");
+        let mut tail = Vec::with_capacity(16 * self.offsets.len() + 1024);
+        tail.extend(self.offsets.iter().flat_map(|o| o.to_le_bytes()));
+        tail.extend(self.lines.iter().flat_map(|l| l.to_le_bytes()));
+        let json = serde_json::to_vec(meta).expect("cache metadata serializes");
+        tail.extend_from_slice(&json);
+        tail.extend(index_pos.to_le_bytes());
+        tail.extend((json.len() as u64).to_le_bytes());
+        tail.extend_from_slice(END_MAGIC);
+        self.out.write_all(&tail).map_err(io)?;
+        let file = self.out.into_inner().map_err(|e| io(e.into_error()))?;
+        file.sync_all().map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(|e| DataError::io(path, e))
+    }
+
+    /// Removes the temporary file (on error paths).
+    pub fn abandon(self) {
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// An opened cache file: its index in memory, records read on demand with positioned reads.
+#[derive(Debug)]
+pub struct CacheFile {
+    /// The file.
+    pub path: PathBuf,
+    file: File,
+    /// Record offsets in words, `n + 1` entries.
+    pub offsets: Vec<u64>,
+    /// Source line of each record.
+    pub lines: Vec<u64>,
+    /// Key and report.
+    pub meta: CacheMeta,
+}
+
+impl CacheFile {
+    /// Opens and validates a cache file.
+    pub fn open(path: &Path) -> Result<Self> {
+        let bad = |msg: String| DataError::Cache {
+            path: path.to_path_buf(),
+            msg,
+        };
+        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let size = file.metadata().map_err(|e| DataError::io(path, e))?.len();
+        if size < 8 + 24 {
+            return Err(bad(format!("{size} bytes is too short")));
+        }
+        let mut trailer = [0u8; 24];
+        file.read_exact_at(&mut trailer, size - 24)
+            .map_err(|e| DataError::io(path, e))?;
+        let mut head = [0u8; 8];
+        file.read_exact_at(&mut head, 0)
+            .map_err(|e| DataError::io(path, e))?;
+        if &trailer[16..] != END_MAGIC || &head != MAGIC {
+            return Err(bad(
+                "bad magic (not a g4ft token cache, or an unfinished write)".into(),
+            ));
+        }
+        let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        let (index_pos, json_len) = (u64_at(&trailer[..8]), u64_at(&trailer[8..16]));
+        let tail_len = size.checked_sub(24 + index_pos).ok_or_else(|| {
+            bad(format!(
+                "index position {index_pos} is past the end ({size} bytes)"
+            ))
+        })?;
+        let mut tail = vec![0u8; tail_len as usize];
+        file.read_exact_at(&mut tail, index_pos)
+            .map_err(|e| DataError::io(path, e))?;
+        let index_len = tail
+            .len()
+            .checked_sub(json_len as usize)
+            .filter(|l| l % 16 == 8)
+            .ok_or_else(|| bad("index length is inconsistent".into()))?;
+        let n = (index_len - 8) / 16;
+        let words: Vec<u64> = tail[..index_len].chunks_exact(8).map(u64_at).collect();
+        let (offsets, lines) = (words[..=n].to_vec(), words[n + 1..].to_vec());
+        let meta: CacheMeta = serde_json::from_slice(&tail[index_len..])
+            .map_err(|e| bad(format!("metadata: {e}")))?;
+        if offsets.last().map(|&o| 8 + 4 * o) != Some(index_pos)
+            || offsets
+                .windows(2)
+                .any(|w| w[1] < w[0] || (w[1] - w[0]) % 2 != 0)
+        {
+            return Err(bad("record offsets are inconsistent".into()));
+        }
+        Ok(CacheFile {
+            path: path.to_path_buf(),
+            file,
+            offsets,
+            lines,
+            meta,
+        })
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.lines.len()
+    }
+
+    /// Whether there are no records.
+    pub fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+
+    /// Token count of record `i`.
+    pub fn record_len(&self, i: usize) -> usize {
+        ((self.offsets[i + 1] - self.offsets[i]) / 2) as usize
+    }
+
+    /// Reads record `i` into `(ids, labels)`.
+    pub fn read(&self, i: usize) -> Result<(Vec<u32>, Vec<i32>)> {
+        let n = self.record_len(i);
+        let mut bytes = vec![0u8; 8 * n];
+        self.file
+            .read_exact_at(&mut bytes, 8 + 4 * self.offsets[i])
+            .map_err(|e| DataError::io(&self.path, e))?;
+        let word = |c: &[u8]| <[u8; 4]>::try_from(c).expect("4 bytes");
+        let ids = bytes[..4 * n]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(word(c)))
+            .collect();
+        let labels = bytes[4 * n..]
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(word(c)))
+            .collect();
+        Ok((ids, labels))
+    }
+}
+
+/// Holds `<cache>.lock` while this process builds the cache; removes it when dropped.
+pub struct BuildLock {
+    path: PathBuf,
+}
+
+impl Drop for BuildLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Outcome of waiting for a cache file.
+pub enum Acquired {
+    /// Another process finished the cache: open it.
+    Ready,
+    /// This process must build it (holding the lock, or without one after the timeout).
+    Build(Option<BuildLock>),
+}
+
+/// Takes the build lock of `cache`, or waits until another process has written `cache`.
+pub fn acquire(cache: &Path, timeout: Duration) -> Result<Acquired> {
+    let lock = cache.with_extension("lock");
+    let start = Instant::now();
+    loop {
+        if cache.exists() {
+            return Ok(Acquired::Ready);
+        }
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+        {
+            Ok(mut f) => {
+                let _ = writeln!(f, "{} {}", hostname(), std::process::id());
+                let guard = BuildLock { path: lock };
+                // Another process may have finished between our check and the lock.
+                if cache.exists() {
+                    return Ok(Acquired::Ready);
+                }
+                return Ok(Acquired::Build(Some(guard)));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                if lock_is_stale(&lock) {
+                    let _ = std::fs::remove_file(&lock);
+                    continue;
+                }
+                if start.elapsed() > timeout {
+                    return Ok(Acquired::Build(None));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(DataError::io(&lock, e)),
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// A lock written by a process of this host that no longer exists.
+fn lock_is_stale(lock: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(lock) else {
+        return false;
+    };
+    let mut parts = text.split_whitespace();
+    match (
+        parts.next(),
+        parts.next().and_then(|p| p.parse::<u32>().ok()),
+    ) {
+        (Some(host), Some(pid)) => {
+            host == hostname() && !Path::new(&format!("/proc/{pid}")).exists()
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> CacheMeta {
+        CacheMeta {
+            key: CacheKey {
+                version: CACHE_VERSION,
+                data_hash: "0".into(),
+                data_len: 0,
+                encoder: None,
+                max_len: 8,
+                label_mode: "full".into(),
+                vocab_size: None,
+            },
+            report: PrepareReport::default(),
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_corruption() {
+        let dir = std::env::temp_dir().join(format!("g4ft-cache-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("x.g4tok");
+        let mut w = CacheWriter::create(&path).unwrap();
+        w.push(
+            1,
+            &Encoded {
+                input_ids: vec![2, 7, 9],
+                labels: vec![-100, 7, 9],
+                truncated: false,
+            },
+        )
+        .unwrap();
+        w.push(
+            4,
+            &Encoded {
+                input_ids: vec![5],
+                labels: vec![5],
+                truncated: true,
+            },
+        )
+        .unwrap();
+        w.finish(&path, &meta()).unwrap();
+        let c = CacheFile::open(&path).unwrap();
+        assert_eq!((c.len(), c.record_len(0), c.record_len(1)), (2, 3, 1));
+        assert_eq!(c.read(0).unwrap(), (vec![2, 7, 9], vec![-100, 7, 9]));
+        assert_eq!(c.read(1).unwrap(), (vec![5], vec![5]));
+        assert_eq!(c.lines, vec![1, 4]);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+        assert!(CacheFile::open(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("token cache"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

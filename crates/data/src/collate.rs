@@ -1,0 +1,156 @@
+//! `PadCollate` and `Batch`: rows of samples to row-major (batch, seq_len) arrays.
+//!
+//! Mirrors the post's `PadCollate`: right padding to the longest row with the pad id,
+//! `attention_mask` 1 on tokens and 0 on padding, labels -100 on padding (labels are not
+//! shifted: the model shifts, as transformers does). Packed rows concatenate samples; their
+//! `position_ids` restart at 0 for every sample (the model builds the block-diagonal mask from
+//! the restarts, as transformers does for packed sequences), the first label of every sample
+//! is -100 (as transformers' `DataCollatorWithFlattening`), so no sample learns from the previous
+//! one, and the padding tail gets its own restarting positions.
+
+use crate::dataset::Sample;
+use crate::labels::IGNORE;
+
+/// A collated batch, row-major `(batch, seq_len)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// Token ids, pad id on padding.
+    pub input_ids: Vec<u32>,
+    /// 1 on tokens, 0 on padding.
+    pub attention_mask: Vec<u32>,
+    /// Unshifted labels, -100 where ignored.
+    pub labels: Vec<i64>,
+    /// Per-sample positions for packed rows; `None` means `0..seq_len` in every row.
+    pub position_ids: Option<Vec<u32>>,
+    /// Rows.
+    pub batch: usize,
+    /// Columns (longest row).
+    pub seq_len: usize,
+    /// Non-padding tokens (the post logs these per second).
+    pub n_tokens: usize,
+    /// Targets of the shifted loss: labels at column >= 1 that are not -100.
+    pub n_label_tokens: usize,
+    /// Dataset indices of the samples, row by row.
+    pub samples: Vec<usize>,
+}
+
+/// Right-pads rows with `pad_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PadCollate {
+    /// Pad token id (Gemma 4: 0).
+    pub pad_id: u32,
+}
+
+impl PadCollate {
+    /// One sample per row (the post's collate). `samples` pairs dataset index and sample.
+    pub fn collate(&self, samples: &[(usize, Sample)]) -> Batch {
+        let rows: Vec<Vec<(usize, Sample)>> = samples.iter().map(|s| vec![s.clone()]).collect();
+        self.build(&rows, false)
+    }
+
+    /// Several samples per row (packing), with restarting `position_ids`.
+    pub fn collate_packed(&self, rows: &[Vec<(usize, Sample)>]) -> Batch {
+        self.build(rows, true)
+    }
+
+    fn build(&self, rows: &[Vec<(usize, Sample)>], packed: bool) -> Batch {
+        let b = rows.len();
+        let row_len =
+            |r: &Vec<(usize, Sample)>| r.iter().map(|(_, s)| s.input_ids.len()).sum::<usize>();
+        let t = rows.iter().map(row_len).max().unwrap_or(0);
+        let mut input_ids = vec![self.pad_id; b * t];
+        let mut attention_mask = vec![0u32; b * t];
+        let mut labels = vec![i64::from(IGNORE); b * t];
+        let mut position_ids = packed.then(|| vec![0u32; b * t]);
+        let mut samples = Vec::new();
+        let mut n_tokens = 0;
+        for (r, row) in rows.iter().enumerate() {
+            let mut col = r * t;
+            for (idx, s) in row {
+                samples.push(*idx);
+                for (k, (&id, &label)) in s.input_ids.iter().zip(&s.labels).enumerate() {
+                    input_ids[col] = id;
+                    attention_mask[col] = 1;
+                    labels[col] = if packed && k == 0 {
+                        i64::from(IGNORE)
+                    } else {
+                        i64::from(label)
+                    };
+                    if let Some(p) = position_ids.as_mut() {
+                        p[col] = k as u32;
+                    }
+                    col += 1;
+                }
+                n_tokens += s.input_ids.len();
+            }
+            if let Some(p) = position_ids.as_mut() {
+                for (k, c) in (col..(r + 1) * t).enumerate() {
+                    p[c] = k as u32;
+                }
+            }
+        }
+        let n_label_tokens = (0..b)
+            .map(|r| {
+                labels[r * t..(r + 1) * t]
+                    .iter()
+                    .skip(1)
+                    .filter(|&&l| l != i64::from(IGNORE))
+                    .count()
+            })
+            .sum();
+        Batch {
+            input_ids,
+            attention_mask,
+            labels,
+            position_ids,
+            batch: b,
+            seq_len: t,
+            n_tokens,
+            n_label_tokens,
+            samples,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(ids: &[u32], labels: &[i32]) -> Sample {
+        Sample {
+            input_ids: ids.to_vec(),
+            labels: labels.to_vec(),
+        }
+    }
+
+    #[test]
+    fn pads_right_and_masks_padding() {
+        let c = PadCollate { pad_id: 0 };
+        let b = c.collate(&[(4, s(&[2, 5, 6], &[2, 5, 6])), (1, s(&[2, 7], &[-100, 7]))]);
+        assert_eq!((b.batch, b.seq_len), (2, 3));
+        assert_eq!(b.input_ids, vec![2, 5, 6, 2, 7, 0]);
+        assert_eq!(b.attention_mask, vec![1, 1, 1, 1, 1, 0]);
+        assert_eq!(b.labels, vec![2, 5, 6, -100, 7, -100]);
+        assert_eq!(b.position_ids, None);
+        assert_eq!((b.n_tokens, b.n_label_tokens), (5, 3));
+        assert_eq!(b.samples, vec![4, 1]);
+    }
+
+    #[test]
+    fn packed_rows_restart_positions() {
+        let c = PadCollate { pad_id: 9 };
+        let b = c.collate_packed(&[
+            vec![(0, s(&[2, 5], &[2, 5])), (1, s(&[2, 6, 7], &[2, 6, 7]))],
+            vec![(2, s(&[2, 8], &[-100, 8]))],
+        ]);
+        assert_eq!(b.seq_len, 5);
+        assert_eq!(b.input_ids, vec![2, 5, 2, 6, 7, 2, 8, 9, 9, 9]);
+        assert_eq!(b.position_ids, Some(vec![0, 1, 0, 1, 2, 0, 1, 0, 1, 2]));
+        assert_eq!(
+            b.labels,
+            vec![-100, 5, -100, 6, 7, -100, 8, -100, -100, -100]
+        );
+        assert_eq!(b.attention_mask, vec![1, 1, 1, 1, 1, 1, 1, 0, 0, 0]);
+        assert_eq!((b.n_tokens, b.n_label_tokens), (7, 4));
+    }
+}

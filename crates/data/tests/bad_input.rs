@@ -1,0 +1,159 @@
+//! Every kind of bad line fails the open with file and line, or is skipped and reported.
+
+mod common;
+
+use g4ft_data::{DataError, DatasetOptions, Encoder, LabelMode, PrepareOptions, TokenDataset};
+
+const GOOD: &str = r#"{"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4."}]}"#;
+
+fn opts(dir: &std::path::Path, skip: bool, mode: LabelMode, max_len: usize) -> DatasetOptions {
+    DatasetOptions {
+        prepare: PrepareOptions {
+            max_len,
+            label_mode: mode,
+            skip_bad_lines: skip,
+            vocab_size: None,
+        },
+        cache_dir: Some(dir.join("cache")),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn each_bad_chat_line_is_named() {
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("bad-chat");
+    let cases: [(&str, &str); 8] = [
+        (
+            r#"{"messages": [{"role": "user", "content": "x"}"#,
+            "invalid JSON",
+        ),
+        (r#"{"text": "hello"}"#, "missing `messages`"),
+        (
+            r#"{"messages": [{"role": "bot", "content": "x"}]}"#,
+            "unknown role \"bot\"",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": ["x"]}]}"#,
+            "content must be a string, got an array",
+        ),
+        (r#"{"messages": []}"#, "empty conversation"),
+        (
+            r#"{"messages": [{"role": "user", "content": "only a question"}]}"#,
+            "no trainable token",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "a <|turn>model\nfake"}, {"role": "assistant", "content": "x"}]}"#,
+            "found 2 model turn span(s)",
+        ),
+        ("\u{fffd}", "invalid JSON"),
+    ];
+    for (k, (bad, want)) in cases.iter().enumerate() {
+        let path = common::write_jsonl(&dir, &format!("c{k}.jsonl"), &[GOOD, "", bad, GOOD]);
+        let err = TokenDataset::open(
+            &path,
+            Some(&enc),
+            &opts(&dir, false, LabelMode::AssistantOnly, 64),
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, DataError::BadLines { .. }), "{msg}");
+        assert!(
+            msg.contains(&format!("c{k}.jsonl:3: ")) && msg.contains(want),
+            "case {k}: {msg}"
+        );
+        let ds = TokenDataset::open(
+            &path,
+            Some(&enc),
+            &opts(&dir, true, LabelMode::AssistantOnly, 64),
+        )
+        .unwrap();
+        assert_eq!(ds.len(), 2, "case {k}");
+        assert_eq!(ds.report().bad_lines.len(), 1);
+        assert_eq!(ds.report().bad_lines[0].line, 3);
+        assert_eq!((ds.line_of(0), ds.line_of(1)), (1, 4));
+    }
+}
+
+#[test]
+fn truncation_that_leaves_no_target_is_an_error() {
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("bad-trunc");
+    let path = common::write_jsonl(&dir, "t.jsonl", &[GOOD]);
+    // 8 tokens hold only <bos><|turn>user\n... : no assistant token survives
+    let err = TokenDataset::open(
+        &path,
+        Some(&enc),
+        &opts(&dir, false, LabelMode::AssistantOnly, 8),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("t.jsonl:1: no trainable token after truncation to max_len 8"),
+        "{err}"
+    );
+    let ds = TokenDataset::open(&path, Some(&enc), &opts(&dir, false, LabelMode::Full, 8)).unwrap();
+    assert_eq!(ds.sample_len(0), 8);
+    assert_eq!(ds.report().truncated_rows, 1);
+}
+
+#[test]
+fn bad_pretokenized_lines_and_formats() {
+    let dir = common::scratch("bad-tokens");
+    let o = DatasetOptions {
+        prepare: PrepareOptions {
+            vocab_size: Some(512),
+            ..Default::default()
+        },
+        ..opts(&dir, false, LabelMode::Full, 64)
+    };
+    let path = common::write_jsonl(
+        &dir,
+        "p.jsonl",
+        &[
+            r#"{"input_ids": [2, 5, 9]}"#,
+            r#"{"input_ids": [2, 600]}"#,
+            r#"{"input_ids": [2, 5], "labels": [5]}"#,
+            r#"{"input_ids": [2, 5], "labels": [-100, -100]}"#,
+        ],
+    );
+    let msg = TokenDataset::open(&path, None, &o).unwrap_err().to_string();
+    for want in [
+        "p.jsonl:2: input_ids[1] = 600 is out of range 0..=511",
+        "p.jsonl:3: `labels` has 1 entries",
+        "p.jsonl:4: no trainable token",
+    ] {
+        assert!(msg.contains(want), "{want} in {msg}");
+    }
+    let chat = common::write_jsonl(&dir, "chat.jsonl", &[GOOD]);
+    let err = TokenDataset::open(&chat, None, &o).unwrap_err().to_string();
+    assert!(err.contains("needs a tokenizer"), "{err}");
+    let unknown = common::write_jsonl(&dir, "u.jsonl", &["", r#"{"text": "x"}"#]);
+    let err = TokenDataset::open(&unknown, None, &o)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("u.jsonl:2: cannot detect the data format"),
+        "{err}"
+    );
+    let empty = common::write_jsonl(&dir, "e.jsonl", &[""]);
+    assert!(TokenDataset::open(&empty, None, &o)
+        .unwrap_err()
+        .to_string()
+        .contains("no rows"));
+}
+
+#[test]
+fn missing_template_is_named() {
+    let dir = common::scratch("no-template");
+    std::fs::copy(
+        common::tiny().join("tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    let err = Encoder::from_model_dir(&dir).unwrap_err().to_string();
+    assert!(
+        err.contains("tokenizer_config.json") && err.contains("no chat_template.jinja"),
+        "{err}"
+    );
+}
