@@ -3,14 +3,16 @@
 //! `q = rope(q_norm(q_proj(x)))`; own K/V: `k = rope(k_norm(k_proj(x)))`, `v = v_norm(v_proj(x))`
 //! where `v_norm` has no weight and, with `attention_k_eq_v` on full layers, `v_proj(x)` is
 //! replaced by the raw `k_proj(x)`. KV consumers take the producer's (post-norm, post-RoPE) K/V.
-//! Scores use scale 1.0 and an additive finite mask; softmax in fp32.
+//! Scores use scale 1.0; scores, softmax and `P·V` in fp32 (HF sdpa numerics) through the fused
+//! `g4ft_ops::attention`, or a composite with a dense mask for packed / bidirectional batches.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use g4ft_lora::{LoraContext, LoraLinear};
 use g4ft_ops::{rms_norm, rope, softmax_last_dim};
 
-use crate::config::{Config, LayerConfig};
+use crate::config::{Config, LayerConfig, LayerType};
 use crate::error::Result;
+use crate::mask::AttentionBias;
 use crate::rope::RopeTable;
 use crate::weights::Weights;
 
@@ -23,22 +25,24 @@ pub struct KvPair {
     pub v: Tensor,
 }
 
-/// Composite scaled-dot-product attention with GQA, scale 1.0.
+/// Composite scaled-dot-product attention with GQA, scale 1.0, dense additive mask.
 ///
 /// `q`: `(b, nh, t, d)`; `k`, `v`: `(b, kv, t, d)` with `nh % kv == 0` (query head `h` uses kv head
-/// `h / (nh/kv)`); `mask`: additive `(b, 1, t, t)`. Scores are formed in the activation dtype,
-/// softmax in fp32 rounded back (HF eager). Returns `(b, nh, t, d)`.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
+/// `h / (nh/kv)`); `mask`: additive fp32 `(b, 1, t, t)`. Same numerics as the fused
+/// `g4ft_ops::attention` (and HF sdpa): fp32 scores, softmax and `P·V`, one rounding at the end.
+/// Used only for packed or bidirectional batches. Returns `(b, nh, t, d)`.
+pub fn attention_dense(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let (b, nh, t, d) = q.dims4()?;
     let kv = k.dim(1)?;
     let rep = nh / kv;
+    let f32_ = |x: &Tensor| x.to_dtype(DType::F32);
     // Group the query heads of each kv head: (b, kv, rep·t, d) — no repeat_kv copy of K/V.
-    let qg = q.reshape((b, kv, rep * t, d))?;
-    let scores = qg.matmul(&k.t()?)?; // (b, kv, rep·t, t)
+    let qg = f32_(q)?.reshape((b, kv, rep * t, d))?;
+    let scores = qg.matmul(&f32_(k)?.t()?)?; // (b, kv, rep·t, t)
     let scores = scores.reshape((b, nh, t, t))?.broadcast_add(mask)?;
     let probs = softmax_last_dim(&scores)?;
-    let out = probs.reshape((b, kv, rep * t, t))?.matmul(v)?; // (b, kv, rep·t, d)
-    Ok(out.reshape((b, nh, t, d))?)
+    let out = probs.reshape((b, kv, rep * t, t))?.matmul(&f32_(v)?)?; // (b, kv, rep·t, d)
+    Ok(out.reshape((b, nh, t, d))?.to_dtype(q.dtype())?)
 }
 
 /// The attention block of one layer.
@@ -123,13 +127,15 @@ impl Attention {
     }
 
     /// Attention output `(b, t, h)` from the normed input `x` and the K/V to attend to
-    /// (own or borrowed).
+    /// (own or borrowed). `window` is the sliding window of sliding layers.
+    #[allow(clippy::too_many_arguments)]
     pub fn attend(
         &self,
         x: &Tensor,
         kv: &KvPair,
         rope_t: &RopeTable,
-        mask: &Tensor,
+        bias: &AttentionBias,
+        (layer_type, window): (LayerType, usize),
         ctx: &LoraContext,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
@@ -141,7 +147,19 @@ impl Attention {
             .transpose(1, 2)?
             .contiguous()?;
         let q = rope(&q, &rope_t.cos, &rope_t.sin)?; // (b, nh, t, d)
-        let o = attention(&q, &kv.k, &kv.v, mask)?;
+        let o = match bias {
+            AttentionBias::Causal { key_mask } => {
+                let window = (layer_type == LayerType::Sliding).then_some(window);
+                g4ft_ops::attention(&q, &kv.k, &kv.v, key_mask.as_ref(), window, 1.0)?
+            }
+            AttentionBias::Additive(masks) => {
+                let mask = match layer_type {
+                    LayerType::Sliding => &masks.sliding,
+                    LayerType::Full => &masks.full,
+                };
+                attention_dense(&q, &kv.k, &kv.v, mask)?
+            }
+        };
         let o = o
             .transpose(1, 2)?
             .reshape((b, t, self.num_heads * self.head_dim))?;
@@ -170,7 +188,8 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device, D};
 
-    /// GQA grouping without repeat_kv equals the explicit repeat_kv formulation.
+    /// GQA grouping without repeat_kv equals the explicit repeat_kv formulation, and the dense
+    /// path equals the fused op on a causal mask.
     #[test]
     fn grouped_attention_equals_repeat_kv() -> Result<()> {
         let dev = Device::Cpu;
@@ -179,7 +198,7 @@ mod tests {
         let k = Tensor::randn(0f32, 1., (b, kv, t, d), &dev)?;
         let v = Tensor::randn(0f32, 1., (b, kv, t, d), &dev)?;
         let mask = Tensor::zeros((b, 1, t, t), DType::F32, &dev)?;
-        let got = attention(&q, &k, &v, &mask)?;
+        let got = attention_dense(&q, &k, &v, &mask)?;
         let rep = |x: &Tensor| -> Result<Tensor> {
             Ok(x.unsqueeze(2)?
                 .broadcast_as((b, kv, nh / kv, t, d))?
@@ -189,8 +208,13 @@ mod tests {
         let e = s.broadcast_sub(&s.max_keepdim(D::Minus1)?)?.exp()?;
         let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
         let want = p.matmul(&rep(&v)?)?;
-        let diff = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let diff = (&got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(diff < 1e-6, "{diff}");
+        let masks = crate::mask::build_masks((b, t), None, None, 2, true, &dev)?;
+        let dense = attention_dense(&q, &k, &v, &masks.sliding)?;
+        let fused = g4ft_ops::attention(&q, &k, &v, None, Some(2), 1.0)?;
+        let diff = (dense - fused)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff < 1e-6, "dense vs fused {diff}");
         Ok(())
     }
 }

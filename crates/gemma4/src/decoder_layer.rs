@@ -14,9 +14,9 @@ use g4ft_lora::{LoraContext, LoraLinear};
 use g4ft_ops::{gelu_tanh_mul, linear_frozen, rms_norm};
 
 use crate::attention::{Attention, KvPair};
-use crate::config::{Config, LayerConfig};
+use crate::config::{Config, LayerConfig, LayerType};
 use crate::error::{Error, Result};
-use crate::mask::Masks;
+use crate::mask::AttentionBias;
 use crate::mlp::Mlp;
 use crate::moe::Moe;
 use crate::rope::RopeTable;
@@ -47,8 +47,10 @@ pub struct LayerInputs {
     pub rope_sliding: RopeTable,
     /// RoPE table of full layers.
     pub rope_full: Option<RopeTable>,
-    /// Additive masks.
-    pub masks: Masks,
+    /// Causal key-padding mask or dense masks.
+    pub bias: AttentionBias,
+    /// Sliding window `W` of sliding layers.
+    pub sliding_window: usize,
     /// PLE inputs `(b, t, L, P)` (constants: nothing trainable precedes layer 0).
     pub ple: Option<Tensor>,
 }
@@ -128,15 +130,12 @@ impl DecoderLayer {
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<(Tensor, Option<KvPair>)> {
-        let (rope_t, mask) = match self.cfg.layer_type {
-            crate::config::LayerType::Sliding => (&inputs.rope_sliding, &inputs.masks.sliding),
-            crate::config::LayerType::Full => (
-                inputs
-                    .rope_full
-                    .as_ref()
-                    .expect("a full layer exists, so its RoPE table was built"),
-                &inputs.masks.full,
-            ),
+        let rope_t = match self.cfg.layer_type {
+            LayerType::Sliding => &inputs.rope_sliding,
+            LayerType::Full => inputs
+                .rope_full
+                .as_ref()
+                .expect("a full layer exists, so its RoPE table was built"),
         };
         // --- attention ---
         let residual = xs;
@@ -155,7 +154,10 @@ impl DecoderLayer {
                 ))
             }
         };
-        let a = self.self_attn.attend(&x, kv, rope_t, mask, ctx)?;
+        let kind = (self.cfg.layer_type, inputs.sliding_window);
+        let a = self
+            .self_attn
+            .attend(&x, kv, rope_t, &inputs.bias, kind, ctx)?;
         let a = rms_norm(&a, Some(&self.post_attention_layernorm), self.eps)?;
         let xs = (residual + a)?;
         // --- feed-forward ---

@@ -2,15 +2,61 @@
 //!
 //! `A[b, i, j]` ("query i may attend key j"): causal `j ≤ i`; sliding additionally `i − j < W`
 //! (exactly `W` keys including the query); and the key is not padding. Packed sequences (no
-//! attention mask, `position_ids` that restart) restrict attention to the same sequence. Blocked
-//! entries get the dtype's finite minimum (HF eager), never −inf.
+//! attention mask, `position_ids` that restart) restrict attention to the same sequence.
+//!
+//! The common case (causal, right padding) is described by the key-padding mask alone and runs
+//! through the fused `g4ft_ops::attention`; packed or bidirectional batches get dense additive
+//! fp32 masks (finite minimum for blocked entries, as HF, never −inf) for the composite path.
 
-use candle_core::{DType, Device, Tensor};
-use half::{bf16, f16};
+use candle_core::{Device, Tensor};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
-/// The two masks of a batch, each `(b, 1, t, t)` in the activation dtype.
+/// How attention is restricted for one batch.
+#[derive(Debug, Clone)]
+pub enum AttentionBias {
+    /// Causal (+ window on sliding layers) with an optional key-padding mask `(b, t)` u32.
+    Causal {
+        /// 1 = key may be attended, 0 = padding; `None` = no padding.
+        key_mask: Option<Tensor>,
+    },
+    /// Dense additive masks (packed sequences, bidirectional attention).
+    Additive(Masks),
+}
+
+impl AttentionBias {
+    /// Chooses the representation for a batch (see [`build_masks`] for the arguments).
+    pub fn new(
+        (b, t): (usize, usize),
+        attention_mask: Option<&[u32]>,
+        position_ids: Option<&[u32]>,
+        window: usize,
+        causal: bool,
+        device: &Device,
+    ) -> Result<Self> {
+        let packed = attention_mask.is_none()
+            && position_ids.is_some_and(|p| packed_sequence_ids(p, b, t).iter().any(|&s| s != 0));
+        if causal && !packed {
+            let key_mask = match attention_mask {
+                Some(m) if m.iter().any(|&x| x == 0) => {
+                    Some(Tensor::from_slice(m, (b, t), device)?)
+                }
+                _ => None,
+            };
+            return Ok(AttentionBias::Causal { key_mask });
+        }
+        Ok(AttentionBias::Additive(build_masks(
+            (b, t),
+            attention_mask,
+            position_ids,
+            window,
+            causal,
+            device,
+        )?))
+    }
+}
+
+/// The two additive masks of a batch, each `(b, 1, t, t)` fp32.
 #[derive(Debug, Clone)]
 pub struct Masks {
     /// Full-attention layers.
@@ -46,7 +92,6 @@ pub fn build_masks(
     position_ids: Option<&[u32]>,
     window: usize,
     causal: bool,
-    dtype: DType,
     device: &Device,
 ) -> Result<Masks> {
     let seq = match (attention_mask, position_ids) {
@@ -79,37 +124,11 @@ pub fn build_masks(
                 }
             }
         }
-        let shape = (b, 1, t, t);
-        let tensor = match dtype {
-            DType::F32 => Tensor::from_vec(
-                keep.iter()
-                    .map(|&k| if k { 0.0 } else { f32::MIN })
-                    .collect::<Vec<_>>(),
-                shape,
-                device,
-            ),
-            DType::BF16 => Tensor::from_vec(
-                keep.iter()
-                    .map(|&k| if k { bf16::ZERO } else { bf16::MIN })
-                    .collect::<Vec<_>>(),
-                shape,
-                device,
-            ),
-            DType::F16 => Tensor::from_vec(
-                keep.iter()
-                    .map(|&k| if k { f16::ZERO } else { f16::MIN })
-                    .collect::<Vec<_>>(),
-                shape,
-                device,
-            ),
-            other => {
-                return Err(Error::batch(
-                    "dtype",
-                    format!("masks need a float activation dtype, got {other:?}"),
-                ))
-            }
-        }?;
-        Ok(tensor)
+        let add: Vec<f32> = keep
+            .iter()
+            .map(|&k| if k { 0.0 } else { f32::MIN })
+            .collect();
+        Ok(Tensor::from_vec(add, (b, 1, t, t), device)?)
     };
     Ok(Masks {
         full: build(false)?,
@@ -131,7 +150,7 @@ mod tests {
     #[test]
     fn sliding_window_has_exactly_w_keys_including_self() {
         // Spec §4.3, verified with W=4: row 7 attends keys 4..7.
-        let m = build_masks((1, 8), None, None, 4, true, DType::F32, &Device::Cpu).unwrap();
+        let m = build_masks((1, 8), None, None, 4, true, &Device::Cpu).unwrap();
         let s = keep(&m.sliding);
         assert_eq!(s[7], vec![0, 0, 0, 0, 1, 1, 1, 1]);
         assert_eq!(s[2], vec![1, 1, 1, 0, 0, 0, 0, 0]);
@@ -141,27 +160,30 @@ mod tests {
     #[test]
     fn padding_and_packing() {
         let am = [1, 1, 1, 0];
-        let m = build_masks((1, 4), Some(&am), None, 8, true, DType::F32, &Device::Cpu).unwrap();
+        let m = build_masks((1, 4), Some(&am), None, 8, true, &Device::Cpu).unwrap();
         assert_eq!(keep(&m.full)[3], vec![1, 1, 1, 0]);
         // Packed: positions restart at index 2 → block diagonal.
         let pos = [0, 1, 0, 1];
-        let m = build_masks((1, 4), None, Some(&pos), 8, true, DType::F32, &Device::Cpu).unwrap();
+        let m = build_masks((1, 4), None, Some(&pos), 8, true, &Device::Cpu).unwrap();
         assert_eq!(keep(&m.full)[3], vec![0, 0, 1, 1]);
         assert_eq!(keep(&m.full)[1], vec![1, 1, 0, 0]);
     }
 
     #[test]
-    fn bf16_mask_is_finite() {
-        let m = build_masks((1, 3), None, None, 2, true, DType::BF16, &Device::Cpu).unwrap();
-        let v: Vec<f32> = m
-            .full
-            .to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+    fn causal_batches_use_the_key_mask_only() {
+        let am = [1, 1, 0, 1, 1, 1];
+        let bias = AttentionBias::new((2, 3), Some(&am), None, 2, true, &Device::Cpu).unwrap();
+        assert!(matches!(bias, AttentionBias::Causal { key_mask: Some(_) }));
+        let pos = [0, 1, 2, 0, 1, 2];
+        let bias = AttentionBias::new((2, 3), None, Some(&pos), 2, true, &Device::Cpu).unwrap();
+        assert!(matches!(bias, AttentionBias::Causal { key_mask: None }));
+        let pos = [0, 1, 0, 0, 1, 2];
+        let bias = AttentionBias::new((2, 3), None, Some(&pos), 2, true, &Device::Cpu).unwrap();
+        assert!(matches!(bias, AttentionBias::Additive(_)));
+        let v: Vec<f32> = match bias {
+            AttentionBias::Additive(m) => m.full.flatten_all().unwrap().to_vec1().unwrap(),
+            _ => unreachable!(),
+        };
         assert!(v.iter().all(|x| x.is_finite()));
-        assert_eq!(v[1], bf16::MIN.to_f32());
     }
 }

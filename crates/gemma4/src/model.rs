@@ -15,7 +15,7 @@ use crate::config::{Config, KvSharing, LayerType};
 use crate::decoder_layer::{DecoderLayer, LayerInputs};
 use crate::error::{Error, Result};
 use crate::loader::{Checkpoint, ModelFiles};
-use crate::mask::build_masks;
+use crate::mask::AttentionBias;
 use crate::numerics::{mul_scalar, round_to_dtype};
 use crate::rope::RopeTable;
 use crate::weights::Weights;
@@ -284,13 +284,12 @@ impl Gemma4Model {
             // A model without sliding layers still needs a (unused) table value.
             None => rope_full.clone().expect("the last layer is always full"),
         };
-        let masks = build_masks(
+        let bias = AttentionBias::new(
             (b, t),
             batch.attention_mask,
             batch.position_ids,
             self.cfg.sliding_window,
             self.cfg.is_causal,
-            self.dtype,
             dev,
         )?;
         Ok(Prepared {
@@ -298,7 +297,8 @@ impl Gemma4Model {
             inputs: LayerInputs {
                 rope_sliding,
                 rope_full,
-                masks,
+                bias,
+                sliding_window: self.cfg.sliding_window,
                 ple,
             },
         })
