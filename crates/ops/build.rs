@@ -17,7 +17,6 @@ const KERNELS: &[&str] = &[
     "attention",
     "adamw",
     "dropout",
-    "misc",
 ];
 
 fn main() {
@@ -45,6 +44,9 @@ fn main() {
             .arg(&dst)
             .status()
             .unwrap_or_else(|e| panic!("g4ft-ops build.rs: cannot run `{nvcc}` for {src}: {e} (hint: eval \"$(bash ../shared/cuda/setup-cuda-build.sh)\")"));
-        assert!(status.success(), "g4ft-ops build.rs: nvcc failed on {src} ({status})");
+        assert!(
+            status.success(),
+            "g4ft-ops build.rs: nvcc failed on {src} ({status})"
+        );
     }
 }

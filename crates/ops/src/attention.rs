@@ -27,7 +27,11 @@ struct Dims {
 impl Dims {
     /// Keys `lo..=i` query `i` may see before the padding mask.
     fn keys(&self, i: usize) -> std::ops::RangeInclusive<usize> {
-        let lo = if self.window > 0 { (i + 1).saturating_sub(self.window) } else { 0 };
+        let lo = if self.window > 0 {
+            (i + 1).saturating_sub(self.window)
+        } else {
+            0
+        };
         lo..=i
     }
 
@@ -141,7 +145,11 @@ fn bwd_cpu<T: Elem>(x: &BwdIn<'_, T>, n: &Dims) -> Vec<T> {
             }
         }
     }
-    dq.iter().chain(&dk).chain(&dv).map(|v| T::from_f32(*v)).collect()
+    dq.iter()
+        .chain(&dk)
+        .chain(&dv)
+        .map(|v| T::from_f32(*v))
+        .collect()
 }
 
 impl CustomOp3 for Attention {
@@ -182,7 +190,14 @@ impl CustomOp3 for Attention {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (o, lse) = cuda_impl::forward(self.name(), &self.n, (s1, l1), (s2, l2), (s3, l3), &self.mask)?;
+        let (o, lse) = cuda_impl::forward(
+            self.name(),
+            &self.n,
+            (s1, l1),
+            (s2, l2),
+            (s3, l3),
+            &self.mask,
+        )?;
         let n = &self.n;
         self.lse.put(crate::util::tensor_from_storage(
             candle_core::Storage::Cuda(lse),
@@ -322,7 +337,10 @@ mod cuda_impl {
         })
     }
 
-    pub(super) fn backward(a: &AttentionBwd, (s, l): (&CudaStorage, &Layout)) -> Result<CudaStorage> {
+    pub(super) fn backward(
+        a: &AttentionBwd,
+        (s, l): (&CudaStorage, &Layout),
+    ) -> Result<CudaStorage> {
         let op = "attention-bwd";
         let n = &a.n;
         let dev = s.device().clone();
@@ -388,12 +406,25 @@ fn dims(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>, scale: f64) -
         );
     }
     if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
-        bail!("attention: q, k, v dtypes differ: {:?} {:?} {:?}", q.dtype(), k.dtype(), v.dtype());
+        bail!(
+            "attention: q, k, v dtypes differ: {:?} {:?} {:?}",
+            q.dtype(),
+            k.dtype(),
+            v.dtype()
+        );
     }
     if window == Some(0) {
         bail!("attention: window must be at least 1 (it counts the query itself)");
     }
-    Ok(Dims { b, nh, nkv, t, d, window: window.unwrap_or(0), scale: scale as f32 })
+    Ok(Dims {
+        b,
+        nh,
+        nkv,
+        t,
+        d,
+        window: window.unwrap_or(0),
+        scale: scale as f32,
+    })
 }
 
 /// The key mask as (b, t) u8 with 1 = keep (all ones when `None`).
@@ -402,7 +433,12 @@ fn key_mask_u8(key_mask: Option<&Tensor>, q: &Tensor, n: &Dims) -> Result<Tensor
         None => Tensor::ones((n.b, n.t), DType::U8, q.device()),
         Some(m) => {
             if m.dims() != [n.b, n.t] {
-                bail!("attention: key_mask must be ({}, {}), got {:?}", n.b, n.t, m.dims());
+                bail!(
+                    "attention: key_mask must be ({}, {}), got {:?}",
+                    n.b,
+                    n.t,
+                    m.dims()
+                );
             }
             m.ne(0u32)?.contiguous()
         }
@@ -426,8 +462,13 @@ pub fn attention(
 ) -> Result<Tensor> {
     let n = dims(q, k, v, window, scale)?;
     let mask = key_mask_u8(key_mask, q, &n)?;
-    let op = Attention { n, mask, lse: Stash::default() };
-    q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+    let op = Attention {
+        n,
+        mask,
+        lse: Stash::default(),
+    };
+    q.contiguous()?
+        .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
 }
 
 /// Composite reference for [`attention`]: fp32 scores with an additive finite-min mask (as
@@ -475,7 +516,14 @@ mod tests {
     use crate::testing::{check_fused_vs_slow, randn};
     use candle_core::Device;
 
-    fn check(dtype: DType, nh: usize, nkv: usize, window: Option<usize>, masked: bool, tol: (f64, f64)) -> Result<()> {
+    fn check(
+        dtype: DType,
+        nh: usize,
+        nkv: usize,
+        window: Option<usize>,
+        masked: bool,
+        tol: (f64, f64),
+    ) -> Result<()> {
         let dev = Device::Cpu;
         let (b, t, d) = (2, 7, 8);
         let q = randn(&[b, nh, t, d], dtype, 1, &dev)?;
@@ -531,7 +579,15 @@ mod tests {
         let k = randn(&[1, 1, 4, 8], DType::F32, 2, &dev)?;
         let mask = Tensor::new(&[[0u8, 1, 1, 1]], &dev)?; // left padding: query 0 sees nothing
         let o = attention(&q, &k, &k, Some(&mask), None, 1.0)?;
-        assert_eq!(o.get(0)?.get(0)?.get(0)?.abs()?.sum_all()?.to_scalar::<f32>()?, 0.0);
+        assert_eq!(
+            o.get(0)?
+                .get(0)?
+                .get(0)?
+                .abs()?
+                .sum_all()?
+                .to_scalar::<f32>()?,
+            0.0
+        );
         let g = crate::backward_with_seed(&o, &randn(&[1, 2, 4, 8], DType::F32, 3, &dev)?)?;
         let s = g.get(&q).expect("dq").sum_all()?.to_scalar::<f32>()?;
         assert!(s.is_finite());

@@ -73,12 +73,20 @@ fn stats_cpu<T: Elem>(l: &[T], targets: &[u32], v: usize, cap: Cap) -> Result<Ve
 }
 
 fn grad_cpu<T: Elem>(l: &mut [T], targets: &[u32], stats: &[f32], v: usize, cap: Cap) {
-    for ((row, &t), st) in l.chunks_exact_mut(v).zip(targets).zip(stats.chunks_exact(2)) {
+    for ((row, &t), st) in l
+        .chunks_exact_mut(v)
+        .zip(targets)
+        .zip(stats.chunks_exact(2))
+    {
         let valid = (t as usize) < v;
         for (j, x) in row.iter_mut().enumerate() {
             let (z, dz) = cap.apply::<T>(x.to_f32());
             let onehot = if j == t as usize { 1.0 } else { 0.0 };
-            let d = if valid { ((z - st[1]).exp() - onehot) * dz } else { 0.0 };
+            let d = if valid {
+                ((z - st[1]).exp() - onehot) * dz
+            } else {
+                0.0
+            };
             *x = T::from_f32(d);
         }
     }
@@ -114,7 +122,10 @@ impl CustomOp2 for CeStats {
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (c, _) = l1.shape().dims2()?;
-        Ok((cuda_impl::stats(self.name(), s1, l1, s2, l2, self.0)?, Shape::from((c, 2))))
+        Ok((
+            cuda_impl::stats(self.name(), s1, l1, s2, l2, self.0)?,
+            Shape::from((c, 2)),
+        ))
     }
 }
 
@@ -168,7 +179,9 @@ impl CustomOp1 for LinearCeOut {
     }
 
     fn cpu_fwd(&self, _s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
-        with_cpu_storage(&self.loss, self.name(), "loss", |s, _| Ok((s.clone(), Shape::from(()))))
+        with_cpu_storage(&self.loss, self.name(), "loss", |s, _| {
+            Ok((s.clone(), Shape::from(())))
+        })
     }
 
     #[cfg(feature = "cuda")]
@@ -185,7 +198,9 @@ impl CustomOp1 for LinearCeOut {
 
     fn bwd(&self, _h: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let Some(dh) = &self.dh else {
-            bail!("linear_cross_entropy: backward through a loss computed from an untracked hidden");
+            bail!(
+                "linear_cross_entropy: backward through a loss computed from an untracked hidden"
+            );
         };
         Ok(Some(dh.broadcast_mul(&g.to_dtype(dh.dtype())?)?))
     }
@@ -380,7 +395,14 @@ mod tests {
         let (a, b) = (gf.get(&hidden).expect("dh"), gs.get(&hidden).expect("dh"));
         assert_close(&format!("{name} d(hidden)"), a, b, tol.0, tol.1)?;
         // ignored rows get exactly zero gradient
-        assert_eq!(a.get(1)?.abs()?.sum_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?, 0.0);
+        assert_eq!(
+            a.get(1)?
+                .abs()?
+                .sum_all()?
+                .to_dtype(DType::F32)?
+                .to_scalar::<f32>()?,
+            0.0
+        );
         Ok(())
     }
 

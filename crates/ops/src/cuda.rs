@@ -26,7 +26,9 @@ pub(crate) use cuda_module;
 /// Kernel `name` of module `m` (loaded and cached by candle on first use). Launch it on candle's
 /// stream: `let stream = dev.cuda_stream(); stream.launch_builder(&f)`.
 pub(crate) fn func(dev: &CudaDevice, m: &Module, name: &str) -> Result<CudaFunction> {
-    Ok(dev.get_or_load_custom_func(name, m.name, m.ptx)?.into_cuda_function())
+    Ok(dev
+        .get_or_load_custom_func(name, m.name, m.ptx)?
+        .into_cuda_function())
 }
 
 /// `root_f32` / `root_bf16` / `root_f16` for element type `T`.
@@ -123,7 +125,11 @@ pub(crate) fn with_cuda_storage<R>(
 }
 
 /// The CUDA storage inside a locked `Storage`, or an error naming `op` and `what`.
-pub(crate) fn cuda_of<'a>(s: &'a candle_core::Storage, op: &str, what: &str) -> Result<&'a CudaStorage> {
+pub(crate) fn cuda_of<'a>(
+    s: &'a candle_core::Storage,
+    op: &str,
+    what: &str,
+) -> Result<&'a CudaStorage> {
     match s {
         candle_core::Storage::Cuda(cs) => Ok(cs),
         _ => bail!("{op}: {what} is not on the GPU like the op's inputs"),

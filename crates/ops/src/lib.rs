@@ -17,8 +17,10 @@ mod attention;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod dropout;
 mod geglu;
 mod linear_frozen;
+mod optim;
 mod rms_norm;
 mod rope;
 mod seed_grad;
@@ -31,8 +33,10 @@ pub use attention::{attention, attention_slow};
 pub use cross_entropy::{
     cross_entropy_sum, linear_cross_entropy, linear_cross_entropy_slow, softcap,
 };
+pub use dropout::{dropout_key, dropout_mask, lora_dropout, lora_dropout_slow};
 pub use geglu::{gelu_tanh, gelu_tanh_mul, gelu_tanh_mul_slow};
 pub use linear_frozen::{linear_frozen, linear_frozen_slow};
+pub use optim::{adamw_step, adamw_step_slow, clip_coefficient, AdamW};
 pub use rms_norm::{rms_norm, rms_norm_slow};
 pub use rope::{rope, rope_slow};
 pub use seed_grad::backward_with_seed;

@@ -96,7 +96,13 @@ mod tests {
         let dev = Device::Cpu;
         let x = randn(&[2, 3, 5], DType::F32, 1, &dev)?;
         let w = randn(&[4, 5], DType::F32, 2, &dev)?;
-        assert_close("y", &linear_frozen(&x, &w)?, &linear_frozen_slow(&x, &w)?, 1e-6, 1e-6)
+        assert_close(
+            "y",
+            &linear_frozen(&x, &w)?,
+            &linear_frozen_slow(&x, &w)?,
+            1e-6,
+            1e-6,
+        )
     }
 
     #[test]
@@ -108,12 +114,25 @@ mod tests {
         let g = randn(&[2, 3, 4], DType::F32, 5, &dev)?;
         let slow = crate::backward_with_seed(&linear_frozen_slow(&x, &w)?, &g)?;
         let fast = crate::backward_with_seed(&linear_frozen(&x, &w)?, &g)?;
-        assert_close("dx", fast.get(&x).expect("dx"), slow.get(&x).expect("dx"), 1e-6, 1e-6)?;
-        assert!(slow.get(&w).is_some(), "the reference keeps a d(w): the check below can fail");
+        assert_close(
+            "dx",
+            fast.get(&x).expect("dx"),
+            slow.get(&x).expect("dx"),
+            1e-6,
+            1e-6,
+        )?;
+        assert!(
+            slow.get(&w).is_some(),
+            "the reference keeps a d(w): the check below can fail"
+        );
         assert!(fast.get(&w).is_none());
         for id in fast.get_ids() {
             let t = fast.get_id(*id).expect("listed id");
-            assert_ne!(t.dims(), w.dims(), "weight-shaped gradient left in the store");
+            assert_ne!(
+                t.dims(),
+                w.dims(),
+                "weight-shaped gradient left in the store"
+            );
         }
         Ok(())
     }

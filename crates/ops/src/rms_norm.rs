@@ -5,7 +5,9 @@
 //! returns only `dx = r·(u − x·r²·mean(u·x))` with `u = g·w` (fp32), and never a weight gradient.
 
 use crate::util::{cpu_slice, with_cpu_storage, with_float_type, Elem, Storable};
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{
+    bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor, D,
+};
 
 /// Forward op on `x`; `weight` (d,) in `x`'s dtype or `None` (scale-free).
 struct RmsNorm {
@@ -40,8 +42,8 @@ fn bwd_cpu<T: Elem>(x: &[T], w: Option<&[T]>, g: &[T], d: usize, eps: f32) -> Ve
         let ux: f32 = (0..d).map(|i| u(i) * row[i].to_f32()).sum();
         let r = 1.0 / (ss / d as f32 + eps).sqrt();
         let c = r * r * ux / d as f32;
-        for i in 0..d {
-            dx.push(T::from_f32(r * (u(i) - row[i].to_f32() * c)));
+        for (i, x) in row.iter().enumerate() {
+            dx.push(T::from_f32(r * (u(i) - x.to_f32() * c)));
         }
     }
     dx
@@ -134,7 +136,14 @@ impl CustomOp2 for RmsNormBwd {
         gs: &candle_core::CudaStorage,
         gl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let dx = cuda_impl::launch(self.name(), s, l, Some((gs, gl)), self.weight.as_ref(), self.eps)?;
+        let dx = cuda_impl::launch(
+            self.name(),
+            s,
+            l,
+            Some((gs, gl)),
+            self.weight.as_ref(),
+            self.eps,
+        )?;
         Ok((dx, l.shape().clone()))
     }
 }
@@ -222,7 +231,6 @@ pub fn rms_norm_slow(x: &Tensor, weight: Option<&Tensor>, eps: f64) -> Result<Te
     }
     y.to_dtype(dtype)
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -13,7 +13,10 @@ struct SoftmaxBwd;
 fn fwd_cpu<T: Elem>(x: &[T], d: usize) -> Vec<T> {
     let mut y = Vec::with_capacity(x.len());
     for row in x.chunks_exact(d) {
-        let m = row.iter().map(|v| v.to_f32()).fold(f32::NEG_INFINITY, f32::max);
+        let m = row
+            .iter()
+            .map(|v| v.to_f32())
+            .fold(f32::NEG_INFINITY, f32::max);
         let s: f32 = row.iter().map(|v| (v.to_f32() - m).exp()).sum();
         y.extend(row.iter().map(|v| T::from_f32((v.to_f32() - m).exp() / s)));
     }
@@ -23,8 +26,16 @@ fn fwd_cpu<T: Elem>(x: &[T], d: usize) -> Vec<T> {
 fn bwd_cpu<T: Elem>(y: &[T], g: &[T], d: usize) -> Vec<T> {
     let mut dx = Vec::with_capacity(y.len());
     for (yr, gr) in y.chunks_exact(d).zip(g.chunks_exact(d)) {
-        let dot: f32 = yr.iter().zip(gr).map(|(a, b)| a.to_f32() * b.to_f32()).sum();
-        dx.extend(yr.iter().zip(gr).map(|(a, b)| T::from_f32(a.to_f32() * (b.to_f32() - dot))));
+        let dot: f32 = yr
+            .iter()
+            .zip(gr)
+            .map(|(a, b)| a.to_f32() * b.to_f32())
+            .sum();
+        dx.extend(
+            yr.iter()
+                .zip(gr)
+                .map(|(a, b)| T::from_f32(a.to_f32() * (b.to_f32() - dot))),
+        );
     }
     dx
 }
@@ -51,7 +62,10 @@ impl CustomOp1 for Softmax {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        Ok((cuda_impl::launch(self.name(), s, l, None)?, l.shape().clone()))
+        Ok((
+            cuda_impl::launch(self.name(), s, l, None)?,
+            l.shape().clone(),
+        ))
     }
 
     fn bwd(&self, _x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
@@ -86,7 +100,10 @@ impl CustomOp2 for SoftmaxBwd {
         gs: &candle_core::CudaStorage,
         gl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        Ok((cuda_impl::launch(self.name(), s, l, Some((gs, gl)))?, l.shape().clone()))
+        Ok((
+            cuda_impl::launch(self.name(), s, l, Some((gs, gl)))?,
+            l.shape().clone(),
+        ))
     }
 }
 

@@ -22,7 +22,11 @@ pub(crate) fn randn(dims: &[usize], dtype: DType, seed: u64, dev: &Device) -> Re
 /// Max abs and max rel (|got-want| / max(|want|, atol)) difference and the worst flat index.
 pub(crate) fn diff(got: &Tensor, want: &Tensor, atol: f64) -> Result<(f64, f64, usize)> {
     if got.dims() != want.dims() {
-        bail!("shape mismatch: got {:?}, want {:?}", got.dims(), want.dims());
+        bail!(
+            "shape mismatch: got {:?}, want {:?}",
+            got.dims(),
+            want.dims()
+        );
     }
     let g = got.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
     let w = want.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
@@ -54,7 +58,10 @@ pub(crate) fn assert_close(
     let bad = g
         .iter()
         .zip(&w)
-        .filter(|(a, b)| !((*a - *b).abs() <= atol + rtol * b.abs()))
+        .filter(|(a, b)| {
+            let d = (*a - *b).abs();
+            d.is_nan() || d > atol + rtol * b.abs()
+        })
         .count();
     if bad > 0 {
         bail!(
@@ -102,7 +109,11 @@ pub(crate) fn check_fused_vs_slow(
             continue;
         }
         let (Some(a), Some(b)) = (gf.get(v), gs.get(v)) else {
-            bail!("{name}: input {i} has no gradient (fused {}, slow {})", gf.get(v).is_some(), gs.get(v).is_some());
+            bail!(
+                "{name}: input {i} has no gradient (fused {}, slow {})",
+                gf.get(v).is_some(),
+                gs.get(v).is_some()
+            );
         };
         assert_close(&format!("{name} d(input {i})"), a, b, atol, rtol)?;
     }

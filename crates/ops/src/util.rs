@@ -130,12 +130,19 @@ pub(crate) struct Stash(Mutex<Option<Tensor>>);
 impl Stash {
     /// Keep `t` for the backward.
     pub(crate) fn put(&self, t: Tensor) {
-        *self.0.lock().expect("stash lock is never poisoned: no panics while held") = Some(t);
+        *self
+            .0
+            .lock()
+            .expect("stash lock is never poisoned: no panics while held") = Some(t);
     }
 
     /// The kept tensor, or an error naming `op` if the forward did not run.
     pub(crate) fn get(&self, op: &str) -> Result<Tensor> {
-        match &*self.0.lock().expect("stash lock is never poisoned: no panics while held") {
+        match &*self
+            .0
+            .lock()
+            .expect("stash lock is never poisoned: no panics while held")
+        {
             Some(t) => Ok(t.clone()),
             None => bail!("{op}: backward called before the forward stored its saved tensor"),
         }
@@ -143,6 +150,7 @@ impl Stash {
 }
 
 /// A tensor from a storage the op produced (contiguous, no graph).
+#[cfg(feature = "cuda")]
 pub(crate) fn tensor_from_storage(s: Storage, shape: &[usize]) -> Tensor {
     Tensor::from_storage(s, shape, candle_core::op::BackpropOp::none(), false)
 }

@@ -1,0 +1,25 @@
+// Fused AdamW + gradient clip over flat fp32 buffers (CPU reference: src/optim.rs).
+// torch.optim.AdamW (foreach/single-tensor, no amsgrad) with the clip coefficient read from device
+// memory (no host sync): g = grad * clip; p *= 1 - lr*wd; m = lerp(m, g, 1 - beta1);
+// v = v*beta2 + (1 - beta2)*g*g; p += -step_size * (m / (sqrt(v) / bc2_sqrt + eps)).
+// Explicit _rn intrinsics stop nvcc from contracting into FMAs, so the result is bit-identical to
+// the CPU reference (sqrt and division are IEEE in both).
+#include "common.cuh"
+
+extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* v, const float* clip,
+                                     size_t n, float decay, float w1, float beta2, float one_m_beta2,
+                                     float eps, float step_size, float bc2_sqrt) {
+    float c = *clip;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float gi = __fmul_rn(g[i], c);
+        float pi = __fmul_rn(p[i], decay);
+        float mi = m[i];
+        mi = w1 < 0.5f ? __fadd_rn(mi, __fmul_rn(w1, __fsub_rn(gi, mi)))
+                       : __fsub_rn(gi, __fmul_rn(__fsub_rn(gi, mi), __fsub_rn(1.f, w1)));
+        float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(__fmul_rn(one_m_beta2, gi), gi));
+        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+        p[i] = __fadd_rn(pi, __fmul_rn(-step_size, __fdiv_rn(mi, denom)));
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
