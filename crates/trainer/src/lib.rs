@@ -14,7 +14,11 @@ pub mod clip;
 pub mod config;
 pub mod error;
 pub mod layer;
+pub mod metrics;
+pub mod mfu;
+pub mod nonfinite;
 pub mod optim;
+pub mod plot;
 pub mod schedule;
 
 pub use cli::Cli;

@@ -1,0 +1,517 @@
+//! Step metrics on rank 0: one fixed-width log line per logged step, the same numbers as JSONL,
+//! steady-state averages (the first recorded step is warm-up and left out), an `indicatif`
+//! progress bar when stderr is a terminal, and the loss curve handed to [`crate::plot`] at the end.
+//!
+//! The logger does no collectives and no device syncs: the loop passes numbers that are already
+//! all-reduced (loss, tokens over all ranks) and a step time measured after a sync, as the post
+//! does with `.item()`.
+
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::mfu::{mfu, FlopsModel};
+
+/// What the loop measured for one optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepStats {
+    /// 0-based epoch.
+    pub epoch: usize,
+    /// 1-based global optimizer step.
+    pub step: u64,
+    /// Loss averaged over ranks (and micro-batches), as the post logs it.
+    pub loss: f64,
+    /// Pre-clip global gradient norm.
+    pub grad_norm: f32,
+    /// Learning rate this step used.
+    pub lr: f64,
+    /// Wall time of the step in seconds, measured after a device sync.
+    pub step_s: f64,
+    /// Non-padding tokens of this step summed over all ranks.
+    pub tokens: u64,
+    /// Padded sequence length the step ran at (for the attention term of the FLOP count).
+    pub seq_len: usize,
+    /// Peak device memory in bytes on this rank, if known.
+    pub peak_mem_bytes: Option<u64>,
+}
+
+/// One line of `metrics.jsonl` (`"kind": "train"`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepRecord {
+    /// Always `"train"`.
+    pub kind: &'static str,
+    /// 0-based epoch.
+    pub epoch: usize,
+    /// 1-based optimizer step.
+    pub step: u64,
+    /// Steps of the whole run.
+    pub total_steps: u64,
+    /// All-reduced loss.
+    pub loss: f64,
+    /// Pre-clip gradient norm.
+    pub grad_norm: f32,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Step wall time in seconds.
+    pub step_s: f64,
+    /// Non-padding tokens over all ranks.
+    pub tokens: u64,
+    /// `tokens / step_s`.
+    pub tokens_per_s: f64,
+    /// Model FLOPs utilisation per device in [0, 1], when a FLOP model and a peak are known.
+    pub mfu: Option<f64>,
+    /// Peak device memory in bytes.
+    pub peak_mem_bytes: Option<u64>,
+}
+
+/// One evaluation result (`"kind": "eval"` in the JSONL).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct EvalRecord {
+    /// Always `"eval"`.
+    pub kind: &'static str,
+    /// Optimizer step after which evaluation ran.
+    pub step: u64,
+    /// Token-weighted mean loss over the eval set (all ranks).
+    pub loss: f64,
+    /// `exp(loss)`.
+    pub perplexity: f64,
+    /// Non-padding target tokens evaluated.
+    pub tokens: u64,
+}
+
+/// Averages over the steady window (every recorded step except the first).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Summary {
+    /// Steps in the window.
+    pub steps: u64,
+    /// Total tokens / total seconds over the window (not a mean of rates).
+    pub tokens_per_s: f64,
+    /// Mean seconds per optimizer step.
+    pub s_per_step: f64,
+    /// MFU at the window's throughput, if known.
+    pub mfu: Option<f64>,
+}
+
+/// How to compute MFU: the model's FLOP shape and one device's peak TFLOP/s.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MfuSpec {
+    /// FLOP shape of the model.
+    pub model: FlopsModel,
+    /// Peak of one device in TFLOP/s.
+    pub peak_tflops: f64,
+}
+
+/// Rank 0's step logger. Construct it on rank 0 only.
+#[derive(Debug)]
+pub struct MetricsLogger {
+    jsonl: Option<(PathBuf, BufWriter<File>)>,
+    mfu: Option<MfuSpec>,
+    world_size: usize,
+    total_steps: u64,
+    bar: Option<ProgressBar>,
+    train_curve: Vec<(u64, f64)>,
+    eval_curve: Vec<(u64, f64)>,
+    window: Window,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Window {
+    recorded: u64,
+    steps: u64,
+    tokens: u64,
+    secs: f64,
+    flops: f64,
+}
+
+impl MetricsLogger {
+    /// A logger for a run of `total_steps` optimizer steps on `world_size` ranks. `jsonl`:
+    /// where to append the metrics (created with its parent directory). `progress`: show a bar
+    /// if stderr is a terminal.
+    pub fn new(
+        total_steps: u64,
+        world_size: usize,
+        jsonl: Option<&Path>,
+        mfu: Option<MfuSpec>,
+        progress: bool,
+    ) -> Result<Self> {
+        let jsonl = match jsonl {
+            Some(path) => {
+                let io = |source| Error::MetricsIo {
+                    path: path.to_path_buf(),
+                    source,
+                };
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(io)?;
+                }
+                let file = File::options()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(io)?;
+                Some((path.to_path_buf(), BufWriter::new(file)))
+            }
+            None => None,
+        };
+        let bar = (progress && std::io::stderr().is_terminal()).then(|| {
+            let bar = ProgressBar::new(total_steps);
+            let style = ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} steps [{elapsed_precise} < {eta_precise}]",
+            )
+            .expect("the progress template is a valid constant");
+            bar.set_style(style);
+            bar
+        });
+        Ok(Self {
+            jsonl,
+            mfu,
+            world_size: world_size.max(1),
+            total_steps,
+            bar,
+            train_curve: Vec::new(),
+            eval_curve: Vec::new(),
+            window: Window::default(),
+        })
+    }
+
+    /// Turns measurements into a record: rates, MFU, JSONL line, curve point and steady-window
+    /// totals (the first step recorded by this process is warm-up: CUDA context, allocator,
+    /// communicator setup, so it is not averaged).
+    pub fn record_step(&mut self, s: &StepStats) -> Result<StepRecord> {
+        let tokens_per_s = if s.step_s > 0.0 {
+            s.tokens as f64 / s.step_s
+        } else {
+            0.0
+        };
+        let flops_per_token = self
+            .mfu
+            .as_ref()
+            .map(|m| m.model.flops_per_token(s.seq_len).brief);
+        let mfu_now = self
+            .mfu
+            .as_ref()
+            .zip(flops_per_token)
+            .map(|(m, f)| mfu(tokens_per_s / self.world_size as f64, f, m.peak_tflops));
+        let record = StepRecord {
+            kind: "train",
+            epoch: s.epoch,
+            step: s.step,
+            total_steps: self.total_steps,
+            loss: s.loss,
+            grad_norm: s.grad_norm,
+            lr: s.lr,
+            step_s: s.step_s,
+            tokens: s.tokens,
+            tokens_per_s,
+            mfu: mfu_now,
+            peak_mem_bytes: s.peak_mem_bytes,
+        };
+        self.window.recorded += 1;
+        if self.window.recorded > 1 {
+            self.window.steps += 1;
+            self.window.tokens += s.tokens;
+            self.window.secs += s.step_s;
+            self.window.flops += s.tokens as f64 * flops_per_token.unwrap_or(0.0);
+        }
+        self.train_curve.push((s.step, s.loss));
+        self.write_json(&record)?;
+        self.progress_to(s.step);
+        Ok(record)
+    }
+
+    /// Records, formats and prints one step (the usual call on logged steps).
+    pub fn log_step(&mut self, s: &StepStats) -> Result<StepRecord> {
+        let record = self.record_step(s)?;
+        self.println(&format_step_line(&record));
+        Ok(record)
+    }
+
+    /// Records and prints an evaluation result.
+    pub fn log_eval(&mut self, step: u64, loss: f64, tokens: u64) -> Result<EvalRecord> {
+        let record = EvalRecord {
+            kind: "eval",
+            step,
+            loss,
+            perplexity: loss.exp(),
+            tokens,
+        };
+        self.eval_curve.push((step, loss));
+        self.write_json(&record)?;
+        self.println(&format!(
+            "eval @ step {step} | loss {loss:.4} | ppl {:.2} | {tokens} tokens",
+            record.perplexity
+        ));
+        Ok(record)
+    }
+
+    /// Moves the progress bar (for steps that are not logged).
+    pub fn progress_to(&self, step: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(step);
+        }
+    }
+
+    /// Prints a line to stdout, above the progress bar if one is shown.
+    pub fn println(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => println!("{line}"),
+        }
+    }
+
+    /// Averages over the steady window; `None` until two steps were recorded.
+    pub fn summary(&self) -> Option<Summary> {
+        let w = &self.window;
+        if w.steps == 0 || w.secs <= 0.0 {
+            return None;
+        }
+        let tokens_per_s = w.tokens as f64 / w.secs;
+        let mfu = self
+            .mfu
+            .as_ref()
+            .map(|m| w.flops / w.secs / self.world_size as f64 / (m.peak_tflops * 1e12));
+        Some(Summary {
+            steps: w.steps,
+            tokens_per_s,
+            s_per_step: w.secs / w.steps as f64,
+            mfu,
+        })
+    }
+
+    /// The recorded training `(step, loss)` points, for [`crate::plot::write_loss_svg`].
+    pub fn train_curve(&self) -> &[(u64, f64)] {
+        &self.train_curve
+    }
+
+    /// The recorded evaluation `(step, loss)` points.
+    pub fn eval_curve(&self) -> &[(u64, f64)] {
+        &self.eval_curve
+    }
+
+    /// Flushes the JSONL, writes the summary line to it, clears the progress bar, and returns
+    /// the summary.
+    pub fn finish(&mut self) -> Result<Option<Summary>> {
+        let summary = self.summary();
+        if let Some(s) = summary {
+            #[derive(Serialize)]
+            struct Line {
+                kind: &'static str,
+                #[serde(flatten)]
+                summary: Summary,
+            }
+            self.write_json(&Line {
+                kind: "summary",
+                summary: s,
+            })?;
+        }
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+        Ok(summary)
+    }
+
+    fn write_json<T: Serialize>(&mut self, value: &T) -> Result<()> {
+        if let Some((path, w)) = &mut self.jsonl {
+            let line = serde_json::to_string(value).expect("metrics records serialize");
+            let io = |source| Error::MetricsIo {
+                path: path.clone(),
+                source,
+            };
+            // flushed per line so a crash keeps every step written so far
+            writeln!(w, "{line}").map_err(io)?;
+            w.flush().map_err(io)?;
+        }
+        Ok(())
+    }
+}
+
+/// The rank-0 line, e.g.
+/// `epoch 0 | step  12/400 | loss 1.2345 | norm 0.810 | lr 2.0e-04 | 412 ms | 61.2k tok/s | 38.1% MFU | 52.3 GiB peak`;
+/// MFU and memory are left out when unknown.
+pub fn format_step_line(r: &StepRecord) -> String {
+    let width = r.total_steps.to_string().len();
+    let mut line = format!(
+        "epoch {} | step {:>width$}/{} | loss {:.4} | norm {:.3} | lr {} | {} | {} tok/s",
+        r.epoch,
+        r.step,
+        r.total_steps,
+        r.loss,
+        r.grad_norm,
+        format_sci(r.lr),
+        format_duration(r.step_s),
+        format_count(r.tokens_per_s),
+    );
+    if let Some(m) = r.mfu {
+        line.push_str(&format!(" | {:.1}% MFU", m * 100.0));
+    }
+    if let Some(b) = r.peak_mem_bytes {
+        line.push_str(&format!(
+            " | {:.1} GiB peak",
+            b as f64 / (1u64 << 30) as f64
+        ));
+    }
+    line
+}
+
+/// `2.0e-04`: one decimal, two-digit exponent (Python's `:.1e`).
+fn format_sci(x: f64) -> String {
+    let s = format!("{x:.1e}");
+    match s.split_once('e') {
+        Some((mantissa, exp)) => {
+            let exp: i32 = exp.parse().expect("Rust's {:e} writes an integer exponent");
+            let sign = if exp < 0 { '-' } else { '+' };
+            format!("{mantissa}e{sign}{:02}", exp.abs())
+        }
+        None => s, // NaN, inf
+    }
+}
+
+/// `412 ms` below ten seconds, `12.3 s` above.
+fn format_duration(secs: f64) -> String {
+    if secs < 10.0 {
+        format!("{:.0} ms", secs * 1e3)
+    } else {
+        format!("{secs:.1} s")
+    }
+}
+
+/// `950`, `61.2k`, `1.25M`.
+fn format_count(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.1}k", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+/// Peak resident memory of this process in bytes (`VmHWM` in `/proc/self/status`), the CPU
+/// stand-in for peak device memory; `None` where that file does not exist.
+pub fn peak_host_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mfu::AttnLayer;
+
+    fn stats(step: u64, step_s: f64) -> StepStats {
+        StepStats {
+            epoch: 0,
+            step,
+            loss: 1.2345,
+            grad_norm: 0.81,
+            lr: 2e-4,
+            step_s,
+            tokens: 1000,
+            seq_len: 2048,
+            peak_mem_bytes: None,
+        }
+    }
+
+    #[test]
+    fn line_matches_the_style_guide() {
+        let r = StepRecord {
+            kind: "train",
+            epoch: 0,
+            step: 12,
+            total_steps: 400,
+            loss: 1.2345,
+            grad_norm: 0.81,
+            lr: 2e-4,
+            step_s: 0.412,
+            tokens: 25214,
+            tokens_per_s: 61_200.0,
+            mfu: Some(0.381),
+            peak_mem_bytes: Some((52.3 * (1u64 << 30) as f64) as u64),
+        };
+        assert_eq!(
+            format_step_line(&r),
+            "epoch 0 | step  12/400 | loss 1.2345 | norm 0.810 | lr 2.0e-04 | 412 ms | 61.2k tok/s | 38.1% MFU | 52.3 GiB peak"
+        );
+        let r = StepRecord {
+            mfu: None,
+            peak_mem_bytes: None,
+            step_s: 12.34,
+            tokens_per_s: 950.0,
+            ..r
+        };
+        assert!(format_step_line(&r).ends_with("| 12.3 s | 950 tok/s"));
+    }
+
+    #[test]
+    fn scientific_lr_has_two_digit_exponent() {
+        assert_eq!(format_sci(2e-4), "2.0e-04");
+        assert_eq!(format_sci(1.0), "1.0e+00");
+        assert_eq!(format_sci(0.0), "0.0e+00");
+        assert_eq!(format_sci(f64::NAN), "NaN");
+    }
+
+    #[test]
+    fn first_step_is_left_out_of_averages() {
+        let model = FlopsModel {
+            n_linear: 1_000_000,
+            n_head: 0,
+            layers: vec![AttnLayer {
+                n_heads: 1,
+                head_dim: 1,
+                window: Some(1),
+            }],
+        };
+        let spec = MfuSpec {
+            model,
+            peak_tflops: 1e-3,
+        };
+        let mut log = MetricsLogger::new(10, 2, None, Some(spec), false).unwrap();
+        log.record_step(&stats(1, 5.0)).unwrap();
+        assert_eq!(log.summary(), None);
+        log.record_step(&stats(2, 1.0)).unwrap();
+        log.record_step(&stats(3, 1.0)).unwrap();
+        let s = log.summary().unwrap();
+        assert_eq!((s.steps, s.tokens_per_s, s.s_per_step), (2, 1000.0, 1.0));
+        // 500 tok/s per device × (6e6 + 16) FLOP/token / 1e9 FLOP/s
+        let want = 500.0 * (6e6 + 16.0) / 1e9;
+        assert!((s.mfu.unwrap() - want).abs() < 1e-12, "{s:?}");
+    }
+
+    #[test]
+    fn jsonl_has_one_object_per_line() {
+        let dir = std::env::temp_dir().join(format!("g4ft-metrics-{}", std::process::id()));
+        let path = dir.join("sub/metrics.jsonl");
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut log = MetricsLogger::new(3, 1, Some(&path), None, false).unwrap();
+        log.record_step(&stats(1, 1.0)).unwrap();
+        log.record_step(&stats(2, 0.5)).unwrap();
+        log.log_eval(2, 1.0, 77).unwrap();
+        log.finish().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 4);
+        assert_eq!(lines[1]["kind"], "train");
+        assert_eq!(lines[1]["tokens_per_s"], 2000.0);
+        assert_eq!(lines[2]["kind"], "eval");
+        assert_eq!(lines[2]["perplexity"], std::f64::consts::E);
+        assert_eq!(lines[3]["kind"], "summary");
+        assert_eq!(log.train_curve(), &[(1, 1.2345), (2, 1.2345)]);
+        assert_eq!(log.eval_curve(), &[(2, 1.0)]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn host_rss_is_known_on_linux() {
+        if Path::new("/proc/self/status").exists() {
+            assert!(peak_host_rss_bytes().unwrap() > 0);
+        }
+    }
+}
