@@ -3,7 +3,7 @@
 //! Per element, with `t` the 1-based step and `g` the (already clipped) gradient:
 //! ```text
 //! p ← p·(1 − lr·wd)                                  (decoupled weight decay, only if wd ≠ 0)
-//! m ← m + (1 − β₁)·(g − m)                           (torch: exp_avg.lerp_(g, 1 − β₁))
+//! m ← lerp(m, g, 1 − β₁) = m + (1 − β₁)·(g − m)      (torch: exp_avg.lerp_(g, 1 − β₁))
 //! v ← v·β₂ + (1 − β₂)·g·g
 //! p ← p − (lr / (1 − β₁ᵗ)) · m / (√v / √(1 − β₂ᵗ) + ε)
 //! ```
@@ -119,12 +119,23 @@ pub fn adamw_update_cpu(
         if s.apply_decay {
             p *= s.decay;
         }
-        let m = s.one_minus_beta1.mul_add(g - exp_avg[i], exp_avg[i]);
+        let m = lerp(exp_avg[i], g, s.one_minus_beta1);
         let v = exp_avg_sq[i] * s.beta2 + s.one_minus_beta2 * g * g;
         let denom = v.sqrt() / s.bias_correction2_sqrt + s.eps;
         params[i] = p + neg_step * m / denom;
         exp_avg[i] = m;
         exp_avg_sq[i] = v;
+    }
+}
+
+/// torch's scalar `lerp(start, end, weight)` (ATen `Lerp.h`): two forms for accuracy near 0 and
+/// 1, no fused multiply-add (the same arithmetic as `g4ft_ops`' CUDA kernel, so the two agree
+/// bit for bit).
+fn lerp(start: f32, end: f32, weight: f32) -> f32 {
+    if weight.abs() < 0.5 {
+        start + weight * (end - start)
+    } else {
+        end - (end - start) * (1.0 - weight)
     }
 }
 

@@ -7,8 +7,8 @@
 //! Tolerance: 1e-6 relative per element (f32 elementwise math in the same order as torch). The
 //! moments get an absolute floor of 1e-6 × the buffer's largest magnitude: an `exp_avg` element
 //! that is a near-cancelling sum of gradients of both signs inherits the 1-ulp differences of the
-//! clip coefficient (our norm accumulates in f64, torch's per tensor in f32) at ~1e-5 of its own
-//! size, which says nothing about the optimizer.
+//! clip coefficient (our norm accumulates in f64, torch's per tensor in f32) and of the FMA in
+//! torch's vectorised lerp at ~1e-5 of its own size, which says nothing about the optimizer.
 
 use std::path::Path;
 
