@@ -9,6 +9,7 @@
 //! example, readable top to bottom), the model, the data pipeline and the collectives; this crate
 //! takes plain buffers, numbers and closures, and never issues a collective.
 
+pub mod checkpoint;
 pub mod cli;
 pub mod clip;
 pub mod config;
@@ -20,6 +21,7 @@ pub mod nonfinite;
 pub mod optim;
 pub mod plot;
 pub mod schedule;
+pub mod state;
 
 pub use cli::Cli;
 pub use config::{ResolvedConfig, TrainConfig};

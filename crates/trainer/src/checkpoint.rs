@@ -1,0 +1,374 @@
+//! Atomic checkpoint directories: a crash never leaves a half-written directory that looks like
+//! the latest checkpoint.
+//!
+//! Protocol (rank 0 only; the other ranks wait at a barrier, as in the post):
+//! 1. write everything into `OUTPUT/.tmp-<name>-<pid>/` (the caller's closure: PEFT adapter,
+//!    trainer state);
+//! 2. fsync every file, then write the completion marker [`COMPLETE_MARKER`] listing each file
+//!    and its size, fsync it and the directory;
+//! 3. rename to `OUTPUT/<name>/` (an existing one is first moved aside and deleted after), fsync
+//!    `OUTPUT`.
+//!
+//! A directory counts as a checkpoint only if its marker parses and every listed file exists with
+//! the listed size; dot-directories (temporaries) never count. [`latest_complete_checkpoint`] picks
+//! the valid one with the highest step, which is what an elastic restart resumes from.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Name of the completion marker inside a checkpoint directory.
+pub const COMPLETE_MARKER: &str = "checkpoint_complete.json";
+
+/// What the caller's writer returns: any error type (the LoRA crate's, candle's, anyhow's).
+pub type WriterResult = std::result::Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// Contents of [`COMPLETE_MARKER`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompleteMarker {
+    /// Directory name (`epoch-0`, `step-200`).
+    pub name: String,
+    /// Optimizer steps completed when it was written.
+    pub step: u64,
+    /// Every other file, relative path → size in bytes.
+    pub files: BTreeMap<String, u64>,
+}
+
+/// A complete checkpoint found on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// The checkpoint directory.
+    pub dir: PathBuf,
+    /// Its marker.
+    pub marker: CompleteMarker,
+}
+
+fn io_err(path: &Path, op: &str) -> impl FnOnce(std::io::Error) -> Error {
+    let (path, op) = (path.to_path_buf(), op.to_string());
+    move |source| Error::CheckpointIo { path, op, source }
+}
+
+/// Writes checkpoint `name` (after `step` optimizer steps) atomically under `output_dir`:
+/// `write` fills the temporary directory it is given; on success the directory appears as
+/// `output_dir/name` with a completion marker, replacing an older one of the same name. If
+/// `write` fails, the temporary directory is removed and nothing else changes.
+pub fn write_checkpoint_atomic(
+    output_dir: &Path,
+    name: &str,
+    step: u64,
+    write: impl FnOnce(&Path) -> WriterResult,
+) -> Result<CheckpointInfo> {
+    std::fs::create_dir_all(output_dir).map_err(io_err(output_dir, "create output dir"))?;
+    let pid = std::process::id();
+    let tmp = output_dir.join(format!(".tmp-{name}-{pid}"));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io_err(&tmp, "remove stale temporary dir"))?;
+    }
+    std::fs::create_dir(&tmp).map_err(io_err(&tmp, "create temporary dir"))?;
+
+    if let Err(source) = write(&tmp) {
+        let _ = std::fs::remove_dir_all(&tmp); // best effort: the error below is what matters
+        return Err(Error::CheckpointWriter { dir: tmp, source });
+    }
+
+    let mut files = BTreeMap::new();
+    sync_tree(&tmp, &tmp, &mut files)?;
+    let marker = CompleteMarker {
+        name: name.to_string(),
+        step,
+        files,
+    };
+    let marker_path = tmp.join(COMPLETE_MARKER);
+    let json = serde_json::to_vec_pretty(&marker).expect("the marker serializes");
+    std::fs::write(&marker_path, json).map_err(io_err(&marker_path, "write marker"))?;
+    sync_path(&marker_path)?;
+    sync_path(&tmp)?;
+
+    let dir = output_dir.join(name);
+    if dir.exists() {
+        let old = output_dir.join(format!(".old-{name}-{pid}"));
+        std::fs::rename(&dir, &old).map_err(io_err(&dir, "move the previous checkpoint aside"))?;
+        std::fs::rename(&tmp, &dir)
+            .map_err(io_err(&tmp, &format!("rename to {}", dir.display())))?;
+        std::fs::remove_dir_all(&old).map_err(io_err(&old, "remove the previous checkpoint"))?;
+    } else {
+        std::fs::rename(&tmp, &dir)
+            .map_err(io_err(&tmp, &format!("rename to {}", dir.display())))?;
+    }
+    sync_path(output_dir)?;
+    Ok(CheckpointInfo { dir, marker })
+}
+
+/// fsyncs every file under `dir` (recursively) and its directories, recording sizes relative to
+/// `root`.
+fn sync_tree(root: &Path, dir: &Path, files: &mut BTreeMap<String, u64>) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(io_err(dir, "list"))? {
+        let path = entry.map_err(io_err(dir, "list"))?.path();
+        if path.is_dir() {
+            sync_tree(root, &path, files)?;
+            sync_path(&path)?;
+        } else {
+            sync_path(&path)?;
+            let len = std::fs::metadata(&path)
+                .map_err(io_err(&path, "stat"))?
+                .len();
+            let rel = path
+                .strip_prefix(root)
+                .expect("walked from root")
+                .to_string_lossy()
+                .into_owned();
+            files.insert(rel, len);
+        }
+    }
+    Ok(())
+}
+
+/// fsync of a file or a directory (directories: so the renames and new entries are durable).
+fn sync_path(path: &Path) -> Result<()> {
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err(path, "fsync"))
+}
+
+/// Reads and validates the checkpoint in `dir`: the marker must parse and every listed file must
+/// exist with its listed size. Errors explain what is missing (used for `--resume DIR`).
+pub fn read_checkpoint(dir: &Path) -> Result<CheckpointInfo> {
+    let invalid = |path: PathBuf, reason: String, hint: &'static str| Error::CheckpointInvalid {
+        path,
+        reason,
+        hint,
+    };
+    let marker_path = dir.join(COMPLETE_MARKER);
+    let text = std::fs::read_to_string(&marker_path).map_err(|e| {
+        invalid(
+            marker_path.clone(),
+            format!("no completion marker ({e})"),
+            "the checkpoint was never completed (crash while saving?) or this is not a checkpoint directory; \
+             pick an older one, or point --resume at the output directory's latest `step-*`/`epoch-*`",
+        )
+    })?;
+    let marker: CompleteMarker = serde_json::from_str(&text).map_err(|e| {
+        invalid(
+            marker_path.clone(),
+            format!("unreadable marker: {e}"),
+            "the marker was edited or truncated",
+        )
+    })?;
+    for (file, &want) in &marker.files {
+        let path = dir.join(file);
+        let got = std::fs::metadata(&path).map(|m| m.len());
+        match got {
+            Ok(len) if len == want => {}
+            Ok(len) => {
+                return Err(invalid(
+                    path,
+                    format!("size {len} bytes, expected {want} from the marker"),
+                    "a file was modified or truncated after the checkpoint was written",
+                ))
+            }
+            Err(e) => {
+                return Err(invalid(
+                    path,
+                    format!("listed in the marker but unreadable: {e}"),
+                    "files were deleted from the checkpoint",
+                ))
+            }
+        }
+    }
+    Ok(CheckpointInfo {
+        dir: dir.to_path_buf(),
+        marker,
+    })
+}
+
+/// The valid checkpoint with the highest step directly under `output_dir` (ties: the later name),
+/// `None` if there is none or the directory does not exist. Incomplete directories and
+/// temporaries are ignored.
+pub fn latest_complete_checkpoint(output_dir: &Path) -> Result<Option<CheckpointInfo>> {
+    let entries = match std::fs::read_dir(output_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(output_dir, "list")(e)),
+    };
+    let mut best: Option<CheckpointInfo> = None;
+    for entry in entries {
+        let path = entry.map_err(io_err(output_dir, "list"))?.path();
+        let hidden = path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'));
+        if hidden || !path.is_dir() {
+            continue;
+        }
+        if let Ok(info) = read_checkpoint(&path) {
+            let key = |i: &CheckpointInfo| (i.marker.step, i.marker.name.clone());
+            if best.as_ref().is_none_or(|b| key(&info) > key(b)) {
+                best = Some(info);
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// Removes `.tmp-*` and `.old-*` directories left in `output_dir` by crashed saves; returns what
+/// it removed. Call on rank 0 before training (only rank 0 writes, so nothing else is writing).
+pub fn remove_stale_temporaries(output_dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    let entries = match std::fs::read_dir(output_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
+        Err(e) => return Err(io_err(output_dir, "list")(e)),
+    };
+    for entry in entries {
+        let path = entry.map_err(io_err(output_dir, "list"))?.path();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if path.is_dir() && (name.starts_with(".tmp-") || name.starts_with(".old-")) {
+            std::fs::remove_dir_all(&path).map_err(io_err(&path, "remove stale temporary dir"))?;
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+    impl TempDir {
+        fn new(tag: &str) -> Self {
+            let p = std::env::temp_dir().join(format!("g4ft-ckpt-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            Self(p)
+        }
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn write_files(
+        files: &'static [(&'static str, &'static str)],
+    ) -> impl FnOnce(&Path) -> WriterResult {
+        move |dir| {
+            for (name, text) in files {
+                std::fs::write(dir.join(name), text)?;
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn write_then_find_latest() {
+        let out = TempDir::new("latest");
+        write_checkpoint_atomic(&out.0, "step-2", 2, write_files(&[("a.txt", "two")])).unwrap();
+        let info =
+            write_checkpoint_atomic(&out.0, "step-10", 10, write_files(&[("a.txt", "ten!")]))
+                .unwrap();
+        assert_eq!(info.dir, out.0.join("step-10"));
+        assert_eq!(info.marker.files.get("a.txt"), Some(&4));
+        let latest = latest_complete_checkpoint(&out.0).unwrap().unwrap();
+        assert_eq!(latest.marker.name, "step-10", "by step, not by name order");
+        let names: Vec<String> = std::fs::read_dir(&out.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|n| !n.starts_with('.')),
+            "no temporaries left: {names:?}"
+        );
+    }
+
+    #[test]
+    fn failed_writer_leaves_nothing() {
+        let out = TempDir::new("fail");
+        write_checkpoint_atomic(&out.0, "step-1", 1, write_files(&[("a.txt", "ok")])).unwrap();
+        let err = write_checkpoint_atomic(&out.0, "step-2", 2, |dir| {
+            std::fs::write(dir.join("half.bin"), "partial")?;
+            Err("disk full".into())
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("disk full"), "{err}");
+        assert!(!out.0.join("step-2").exists());
+        assert_eq!(std::fs::read_dir(&out.0).unwrap().count(), 1);
+        assert_eq!(
+            latest_complete_checkpoint(&out.0)
+                .unwrap()
+                .unwrap()
+                .marker
+                .step,
+            1
+        );
+    }
+
+    #[test]
+    fn crash_leftovers_are_not_the_latest() {
+        let out = TempDir::new("crash");
+        write_checkpoint_atomic(&out.0, "step-5", 5, write_files(&[("a.txt", "five")])).unwrap();
+        // a crash before the rename: a temporary with everything but the marker
+        let tmp = out.0.join(".tmp-step-9-123");
+        std::fs::create_dir(&tmp).unwrap();
+        std::fs::write(tmp.join("a.txt"), "nine").unwrap();
+        // a directory without a marker (e.g. copied by hand, or a non-atomic writer)
+        std::fs::create_dir(out.0.join("step-8")).unwrap();
+        // a complete marker whose file was truncated afterwards
+        write_checkpoint_atomic(&out.0, "step-7", 7, write_files(&[("a.txt", "seven")])).unwrap();
+        std::fs::write(out.0.join("step-7/a.txt"), "sev").unwrap();
+
+        assert_eq!(
+            latest_complete_checkpoint(&out.0)
+                .unwrap()
+                .unwrap()
+                .marker
+                .name,
+            "step-5"
+        );
+        let msg = read_checkpoint(&out.0.join("step-8"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("no completion marker") && msg.contains("hint:"),
+            "{msg}"
+        );
+        let msg = read_checkpoint(&out.0.join("step-7"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("size 3 bytes, expected 5"), "{msg}");
+
+        let removed = remove_stale_temporaries(&out.0).unwrap();
+        assert_eq!(removed, vec![tmp]);
+    }
+
+    #[test]
+    fn rewriting_a_name_replaces_it() {
+        let out = TempDir::new("rewrite");
+        write_checkpoint_atomic(
+            &out.0,
+            "epoch-0",
+            3,
+            write_files(&[("a.txt", "old"), ("b.txt", "x")]),
+        )
+        .unwrap();
+        write_checkpoint_atomic(&out.0, "epoch-0", 4, write_files(&[("a.txt", "new!")])).unwrap();
+        let info = read_checkpoint(&out.0.join("epoch-0")).unwrap();
+        assert_eq!(info.marker.step, 4);
+        assert!(!out.0.join("epoch-0/b.txt").exists());
+        assert_eq!(std::fs::read_dir(&out.0).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn missing_output_dir_has_no_checkpoint() {
+        assert!(latest_complete_checkpoint(Path::new("/nonexistent/g4ft"))
+            .unwrap()
+            .is_none());
+    }
+}
