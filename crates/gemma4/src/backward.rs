@@ -135,10 +135,11 @@ impl Gemma4Model {
         let grads = (loss_sum * factor)
             .and_then(|l| l.backward())
             .map_err(Error::from)?;
-        let mut g = grads
-            .get(&hv)
-            .ok_or_else(|| Error::batch("labels", "the loss does not depend on the hidden states"))?
-            .detach();
+        // No valid target: the fused loss records no gradient; walk on with zeros.
+        let mut g = match grads.get(&hv) {
+            Some(g) => g.detach(),
+            None => h.zeros_like().map_err(Error::from)?,
+        };
         drop(grads);
         drop(hv);
 
