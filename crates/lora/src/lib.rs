@@ -3,9 +3,42 @@
 //! A [`LoraLinear`] is a frozen base weight `W (out, in)` plus an optional adapter with fp32
 //! `A (r, in)` and `B (out, r)`: `y = x·Wᵀ + dropout(x)·Aᵀ·Bᵀ·scale` (PEFT `peft/tuners/lora/layer.py`).
 //! The crate is model-agnostic: a model builds its projections as `LoraLinear`s named by their
-//! checkpoint module path, and the adapter machinery (config, targeting, init, dropout, PEFT I/O,
-//! merge) works on those paths.
+//! checkpoint module path, and the adapter machinery works on those paths:
+//!
+//! - [`LoraConfig`] and [`Targeting`]: PEFT's config and `target_modules` semantics;
+//! - [`attach`]: PEFT's init from a seeded counter-based RNG, identical on every rank;
+//! - [`lora_dropout`]: replayable dropout masks keyed on `(seed, micro_step, module)`;
+//! - [`count_trainable`], [`ParamReport`]: `print_trainable_parameters` from shapes alone;
+//! - [`save_adapter`], [`load_adapter`]: PEFT's `adapter_config.json` + `adapter_model.safetensors`;
+//! - [`merge_adapter_dir`], [`merge_projections`]: a merged full HF checkpoint.
+//!
+//! Left out on purpose: DoRA, adapter biases, embedding LoRA, `modules_to_save`, quantised bases;
+//! configs asking for them are rejected with an error naming the field.
 
+mod attach;
+mod config;
+mod count;
+mod dropout;
+mod error;
+mod init;
+mod io;
 mod linear;
+mod merge;
+mod rng;
+mod target;
 
+pub use attach::{attach, lora_parameters, NamedVar};
+pub use config::{InitLoraWeights, LoraConfig, TargetModules};
+pub use count::{count_trainable, ParamReport};
+pub use dropout::{dropout_key, lora_dropout};
+pub use error::{LoraError, Result};
+pub use init::init_adapter_values;
+pub use io::{
+    load_adapter, peft_key, read_adapter, save_adapter, AdapterWeights, CONFIG_NAME, KEY_PREFIX,
+    WEIGHTS_NAME,
+};
 pub use linear::{Adapter, LoraContext, LoraLinear};
+pub use merge::{
+    merge_adapter_dir, merge_deltas, merge_projections, MergeDelta, MergeOptions, MergeReport,
+};
+pub use target::{ProjectionShape, Targeting};

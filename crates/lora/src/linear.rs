@@ -42,6 +42,13 @@ pub struct Adapter {
     pub dropout: f64,
 }
 
+impl Adapter {
+    /// The rank `r` (rows of `A`).
+    pub fn rank(&self) -> usize {
+        self.a.dims()[0]
+    }
+}
+
 /// A frozen linear layer (no bias) with an optional LoRA adapter, named by its module path.
 #[derive(Debug, Clone)]
 pub struct LoraLinear {
@@ -90,7 +97,9 @@ impl LoraLinear {
         self.adapter = adapter;
     }
 
-    /// `x (..., in) → (..., out)`: frozen base GEMM plus the adapter branch in `x`'s dtype.
+    /// `x (..., in) → (..., out)`: frozen base GEMM plus `dropout(x)·Aᵀ·Bᵀ·scale`, the adapter
+    /// matmuls in `x`'s dtype. Dropout (training only) follows [`crate::lora_dropout`]: its mask is
+    /// keyed on `(ctx.seed, ctx.micro_step, path)`, so a recompute with the same context replays it.
     pub fn forward(&self, x: &Tensor, ctx: &LoraContext) -> Result<Tensor> {
         let base = g4ft_ops::linear_frozen(x, &self.weight)?;
         let Some(ad) = &self.adapter else {
@@ -107,9 +116,9 @@ impl LoraLinear {
         } else {
             (a.to_dtype(dtype)?, b.to_dtype(dtype)?)
         };
-        // TODO(lora issue): dropout on the adapter input, keyed on (seed, micro_step, path).
-        let low = x.broadcast_matmul(&a.t()?)?;
-        let up = low.broadcast_matmul(&b.t()?)?;
+        let x = crate::dropout::lora_dropout(x, ad.dropout, ctx, &self.path)?;
+        let low = x.broadcast_matmul(&a.t()?)?; // (..., r)
+        let up = low.broadcast_matmul(&b.t()?)?; // (..., out)
         base + (up * ad.scale)?
     }
 }

@@ -1,0 +1,306 @@
+//! Merging adapters into a full Hugging Face checkpoint: `W' = W + scale·B·A`.
+//!
+//! Model-agnostic: the base checkpoint is read tensor by tensor (memory-mapped, one output shard in
+//! memory at a time), the tensor `<module path>.weight` of every adapted module is replaced, and
+//! everything else is copied bit for bit. Output is HF layout: `model.safetensors`, or
+//! `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json` when larger than
+//! [`MergeOptions::max_shard_bytes`], plus every other regular file of the base directory
+//! (`config.json`, tokenizer, chat template, ...).
+//!
+//! Arithmetic as PEFT's `merge_and_unload` (`peft/tuners/lora/layer.py`): the delta
+//! `(B @ A)·scale` in fp32, cast to the weight's dtype, then added in that dtype.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor};
+use serde_json::{json, Value};
+
+use crate::error::{io_err, CandleContext, LoraError, Result};
+use crate::io::{read_adapter, write_safetensors};
+use crate::linear::LoraLinear;
+use crate::target::Targeting;
+
+/// transformers' single-file and index names.
+const SINGLE_NAME: &str = "model.safetensors";
+const INDEX_NAME: &str = "model.safetensors.index.json";
+
+/// One adapter to fold into `<path>.weight`.
+#[derive(Debug, Clone)]
+pub struct MergeDelta {
+    /// Module path; the base tensor is `<path>.weight`, shape (out, in).
+    pub path: String,
+    /// `lora_A` (r, in).
+    pub a: Tensor,
+    /// `lora_B` (out, r).
+    pub b: Tensor,
+    /// `alpha / r` or `alpha / √r`.
+    pub scale: f64,
+}
+
+/// How the merged checkpoint is written.
+#[derive(Debug, Clone, Copy)]
+pub struct MergeOptions {
+    /// Largest shard in bytes before a new one is started (a larger single tensor gets its own
+    /// shard). Default 5 GB (`5_000_000_000`), the size most Hub checkpoints use.
+    pub max_shard_bytes: u64,
+}
+
+impl Default for MergeOptions {
+    fn default() -> Self {
+        Self {
+            max_shard_bytes: 5_000_000_000,
+        }
+    }
+}
+
+/// What a merge wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergeReport {
+    /// Weight files written, in order.
+    pub shards: Vec<PathBuf>,
+    /// Number of weights that were changed.
+    pub merged: usize,
+    /// Total tensor bytes written.
+    pub total_bytes: u64,
+}
+
+/// Merges the PEFT adapter in `adapter_dir` into the checkpoint in `base_dir`, writing `out_dir`.
+/// Needs no model code: module paths come from the adapter keys.
+pub fn merge_adapter_dir(
+    base_dir: &Path,
+    adapter_dir: &Path,
+    out_dir: &Path,
+    opts: MergeOptions,
+) -> Result<MergeReport> {
+    let adapter = read_adapter(adapter_dir)?;
+    let targeting = Targeting::new(&adapter.config)?;
+    let deltas: Vec<MergeDelta> = adapter
+        .modules
+        .into_iter()
+        .map(|(path, (a, b))| MergeDelta {
+            scale: targeting.scale(&path),
+            path,
+            a,
+            b,
+        })
+        .collect();
+    merge_deltas(base_dir, out_dir, &deltas, opts)
+}
+
+/// Merges the adapters currently attached to `projections` (e.g. after training).
+pub fn merge_projections<'a>(
+    base_dir: &Path,
+    out_dir: &Path,
+    projections: impl IntoIterator<Item = &'a LoraLinear>,
+    opts: MergeOptions,
+) -> Result<MergeReport> {
+    let deltas: Vec<MergeDelta> = projections
+        .into_iter()
+        .filter_map(|p| {
+            p.adapter().map(|ad| MergeDelta {
+                path: p.path().to_string(),
+                a: ad.a.as_detached_tensor(),
+                b: ad.b.as_detached_tensor(),
+                scale: ad.scale,
+            })
+        })
+        .collect();
+    merge_deltas(base_dir, out_dir, &deltas, opts)
+}
+
+/// Writes `base + deltas` to `out_dir` (see the module doc). Errors when a delta's
+/// `<path>.weight` is not in the base checkpoint or has a shape other than `(out, in)` of its
+/// adapter, and on I/O errors (naming the file).
+pub fn merge_deltas(
+    base_dir: &Path,
+    out_dir: &Path,
+    deltas: &[MergeDelta],
+    opts: MergeOptions,
+) -> Result<MergeReport> {
+    let inputs = input_shards(base_dir)?;
+    // SAFETY: the base checkpoint files must not be modified while the merge runs (the mmaps
+    // would change under us); they are only read.
+    let base =
+        unsafe { MmapedSafetensors::multi(&inputs) }.map_err(|e| LoraError::Safetensors {
+            path: base_dir.to_path_buf(),
+            msg: e.to_string(),
+        })?;
+    let mut sizes: Vec<(String, u64)> = base
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.data().len() as u64))
+        .collect();
+    sizes.sort();
+    let by_key: BTreeMap<String, &MergeDelta> = deltas
+        .iter()
+        .map(|d| (format!("{}.weight", d.path), d))
+        .collect();
+    if let Some(key) = by_key
+        .keys()
+        .find(|k| sizes.binary_search_by(|(n, _)| n.as_str().cmp(k)).is_err())
+    {
+        return Err(LoraError::MissingKey {
+            path: base_dir.to_path_buf(),
+            key: key.clone(),
+            why: "the adapter changes this module but the base checkpoint has no such weight"
+                .into(),
+        });
+    }
+    std::fs::create_dir_all(out_dir).map_err(io_err(out_dir))?;
+    let plan = plan_shards(&sizes, opts.max_shard_bytes);
+    let n = plan.len();
+    let mut report = MergeReport {
+        shards: Vec::new(),
+        merged: 0,
+        total_bytes: sizes.iter().map(|(_, s)| s).sum(),
+    };
+    let mut weight_map = BTreeMap::new();
+    for (i, names) in plan.iter().enumerate() {
+        let file = if n == 1 {
+            SINGLE_NAME.to_string()
+        } else {
+            format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+        };
+        let mut tensors = Vec::with_capacity(names.len());
+        for name in names {
+            let w = base
+                .load(name, &Device::Cpu)
+                .ctx(|| format!("{}: {name}", base_dir.display()))?;
+            let w = match by_key.get(name.as_str()) {
+                Some(d) => {
+                    report.merged += 1;
+                    apply_delta(&w, d, base_dir, name)?
+                }
+                None => w,
+            };
+            weight_map.insert(name.clone(), file.clone());
+            tensors.push((name.clone(), w));
+        }
+        let path = out_dir.join(&file);
+        write_safetensors(&path, tensors)?;
+        report.shards.push(path);
+    }
+    if n > 1 {
+        let index =
+            json!({"metadata": {"total_size": report.total_bytes}, "weight_map": weight_map});
+        write_json(&out_dir.join(INDEX_NAME), &index)?;
+    }
+    copy_side_files(base_dir, out_dir)?;
+    Ok(report)
+}
+
+/// `W + ((B @ A)·scale).to(W.dtype)`, checking shapes.
+fn apply_delta(w: &Tensor, d: &MergeDelta, base_dir: &Path, name: &str) -> Result<Tensor> {
+    let (out_f, r) = d.b.dims2().ctx(|| format!("{}: lora_B", d.path))?;
+    let (_, in_f) = d.a.dims2().ctx(|| format!("{}: lora_A", d.path))?;
+    if w.dims() != [out_f, in_f] {
+        return Err(LoraError::Shape {
+            path: base_dir.to_path_buf(),
+            key: name.to_string(),
+            expected: vec![out_f, in_f],
+            got: w.dims().to_vec(),
+            hint: format!("; the adapter's lora_B is ({out_f}, {r}) and lora_A ({r}, {in_f})"),
+        });
+    }
+    let ctx = || format!("merging {}", d.path);
+    let a =
+        d.a.to_device(&Device::Cpu)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .ctx(ctx)?;
+    let b =
+        d.b.to_device(&Device::Cpu)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .ctx(ctx)?;
+    let delta = (b.matmul(&a).ctx(ctx)? * d.scale).ctx(ctx)?; // (out, in) f32
+    (w + delta.to_dtype(w.dtype()).ctx(ctx)?).ctx(ctx)
+}
+
+/// Greedy split of (name, bytes) in name order into shards of at most `max` bytes.
+fn plan_shards(sizes: &[(String, u64)], max: u64) -> Vec<Vec<String>> {
+    let mut plan: Vec<Vec<String>> = vec![Vec::new()];
+    let mut used = 0u64;
+    for (name, size) in sizes {
+        let current = plan.last_mut().expect("plan starts with one shard");
+        if !current.is_empty() && used + size > max {
+            plan.push(Vec::new());
+            used = 0;
+        }
+        plan.last_mut()
+            .expect("plan is never empty")
+            .push(name.clone());
+        used += size;
+    }
+    plan
+}
+
+/// The base weight files: the index's shards, or the single `model.safetensors`.
+fn input_shards(base_dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = base_dir.join(INDEX_NAME);
+    if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(io_err(&index))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| LoraError::Json {
+            path: index.clone(),
+            msg: e.to_string(),
+        })?;
+        let map = v
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| LoraError::Json {
+                path: index.clone(),
+                msg: "missing object `weight_map`".into(),
+            })?;
+        let mut files: Vec<&str> = map.values().filter_map(Value::as_str).collect();
+        files.sort();
+        files.dedup();
+        return Ok(files.into_iter().map(|f| base_dir.join(f)).collect());
+    }
+    let single = base_dir.join(SINGLE_NAME);
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    Err(LoraError::Safetensors {
+        path: base_dir.to_path_buf(),
+        msg: format!("no {SINGLE_NAME} or {INDEX_NAME}: not a safetensors checkpoint directory"),
+    })
+}
+
+/// Copies every regular file of `base_dir` except weights (`*.safetensors`, the index,
+/// `pytorch_model*.bin`).
+fn copy_side_files(base_dir: &Path, out_dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(base_dir).map_err(io_err(base_dir))? {
+        let entry = entry.map_err(io_err(base_dir))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        let is_weights = name.ends_with(".safetensors")
+            || name == INDEX_NAME
+            || name.starts_with("pytorch_model");
+        if is_weights || !entry.path().is_file() {
+            continue;
+        }
+        std::fs::copy(entry.path(), out_dir.join(&name)).map_err(io_err(entry.path()))?;
+    }
+    Ok(())
+}
+
+fn write_json(path: &Path, v: &Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(v)
+        .expect("a JSON value built from plain data always serialises");
+    std::fs::write(path, text).map_err(io_err(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_split_greedily() {
+        let sizes: Vec<(String, u64)> = [("a", 4), ("b", 4), ("c", 10), ("d", 1)]
+            .iter()
+            .map(|(n, s)| (n.to_string(), *s))
+            .collect();
+        let plan = plan_shards(&sizes, 8);
+        assert_eq!(plan, vec![vec!["a", "b"], vec!["c"], vec!["d"]]);
+        assert_eq!(plan_shards(&sizes, 100).len(), 1);
+    }
+}
