@@ -1,0 +1,353 @@
+//! Test worker for the multi-process tests in `crates/ddp/tests/` (run under `ddprun` or with a
+//! hand-made torchrun environment). `ddp_test_worker <scenario> [args]`; prints `OK <scenario>`
+//! on success, exits 1 with the error otherwise. `G4FT_DDP_TIMEOUT_S` sets the collective timeout.
+
+use candle_core::{DType, Device, Tensor, Var};
+use g4ft_ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup, ReduceOp};
+use std::time::Duration;
+
+type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let scenario = args.first().cloned().unwrap_or_default();
+    match run(&scenario, &args[1.min(args.len())..]) {
+        Ok(()) => println!("OK {scenario}"),
+        Err(e) => {
+            eprintln!("FAILED {scenario}: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn group() -> Res<ProcessGroup> {
+    let secs: f64 = std::env::var("G4FT_DDP_TIMEOUT_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(600.0);
+    let opts = GroupOptions {
+        timeout: Duration::from_secs_f64(secs),
+        ..Default::default()
+    };
+    Ok(ProcessGroup::from_env(&Device::Cpu, opts)?)
+}
+
+fn arg<T: std::str::FromStr>(a: &[String], i: usize, default: T) -> T {
+    a.get(i).and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+fn run(scenario: &str, a: &[String]) -> Res<()> {
+    let pg = group()?;
+    match scenario {
+        "collectives" => collectives(&pg),
+        "nosync" => nosync(&pg, arg(a, 0, 4), arg(a, 1, 3)),
+        "train" => train(&pg, arg(a, 0, 2), arg(a, 1, 1), arg(a, 2, String::new())),
+        "kill" => kill(&pg, arg(a, 0, 1)),
+        "skip" => skip(&pg),
+        "late" => late(&pg, arg(a, 0, 1)),
+        "unused" => unused(&pg, arg(a, 0, 0) == 1),
+        "drift" => drift(&pg),
+        "decide" => decide(&pg),
+        other => Err(format!("unknown scenario {other:?}").into()),
+    }
+}
+
+/// Value of element `i` on rank `r` (small integers: exact in every float dtype).
+fn val(r: usize, i: usize) -> f64 {
+    ((i * 7 + r * 13) % 17) as f64
+}
+
+fn collectives(pg: &ProcessGroup) -> Res<()> {
+    let (r, w) = (pg.rank(), pg.world_size());
+    for &n in &[0usize, 1, 2, 3, 5, 17, 100, 1023, 4096, 100_003] {
+        for dt in [
+            DType::F32,
+            DType::F64,
+            DType::BF16,
+            DType::F16,
+            DType::U32,
+            DType::I64,
+            DType::U8,
+        ] {
+            let mine: Vec<f64> = (0..n).map(|i| val(r, i)).collect();
+            let sum: Vec<f64> = (0..n).map(|i| (0..w).map(|q| val(q, i)).sum()).collect();
+            let t = Tensor::new(mine.as_slice(), &Device::Cpu)?.to_dtype(dt)?;
+            pg.all_reduce(&t, ReduceOp::Sum)?;
+            check(&t, &sum, &format!("all_reduce(sum) {dt:?} n={n}"))?;
+            if dt.is_float() {
+                // Averages of small integers are exact only in f32/f64; half types get a tolerance.
+                let avg: Vec<f64> = sum.iter().map(|s| s / w as f64).collect();
+                let t = Tensor::new(mine.as_slice(), &Device::Cpu)?.to_dtype(dt)?;
+                pg.all_reduce(&t, ReduceOp::Avg)?;
+                check(&t, &avg, &format!("all_reduce(avg) {dt:?} n={n}"))?;
+            }
+            for root in 0..w {
+                let t = Tensor::new(mine.as_slice(), &Device::Cpu)?.to_dtype(dt)?;
+                pg.broadcast(&t, root)?;
+                let want: Vec<f64> = (0..n).map(|i| val(root, i)).collect();
+                check(&t, &want, &format!("broadcast(root={root}) {dt:?} n={n}"))?;
+            }
+        }
+    }
+    // A view in the middle of a larger buffer: only the view changes.
+    let base = Tensor::ones(10, DType::F32, &Device::Cpu)?;
+    pg.all_reduce(&base.narrow(0, 3, 4)?, ReduceOp::Sum)?;
+    let want: Vec<f64> = (0..10)
+        .map(|i| if (3..7).contains(&i) { w as f64 } else { 1.0 })
+        .collect();
+    check(&base, &want, "all_reduce of a narrow view")?;
+    let names = pg.all_gather_object(&format!("rank-{r}-{}", "x".repeat(r * 1000)))?;
+    for (q, s) in names.iter().enumerate() {
+        if *s != format!("rank-{q}-{}", "x".repeat(q * 1000)) {
+            return Err(format!("all_gather_object: entry {q} is {s:?}").into());
+        }
+    }
+    pg.barrier()?;
+    println!("counts {:?}", pg.counts());
+    Ok(())
+}
+
+fn check(t: &Tensor, want: &[f64], what: &str) -> Res<()> {
+    let got: Vec<f64> = t.to_dtype(DType::F64)?.to_vec1()?;
+    for (i, (g, e)) in got.iter().zip(want).enumerate() {
+        let rel = match t.dtype() {
+            DType::BF16 | DType::F16 => 0.02,
+            DType::F32 => 1e-6,
+            _ => 1e-12,
+        };
+        let tol = rel * e.abs().max(1.0);
+        if (g - e).abs() > tol {
+            return Err(format!("{what}: element {i}: got {g}, expected {e}").into());
+        }
+    }
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} elements, expected {}", got.len(), want.len()).into());
+    }
+    Ok(())
+}
+
+/// Small two-parameter model; returns (name, var) in model order.
+fn params(rank: usize) -> Res<Vec<(String, Var)>> {
+    let d = 8;
+    let w: Vec<f32> = (0..d)
+        .map(|j| 0.05 * (j as f32 + 1.0) * (rank as f32 + 1.0))
+        .collect();
+    Ok(vec![
+        (
+            "linear.weight".into(),
+            Var::from_slice(&w, d, &Device::Cpu)?,
+        ),
+        (
+            "linear.bias".into(),
+            Var::from_slice(&[0.1f32 * (rank as f32 + 1.0)], 1, &Device::Cpu)?,
+        ),
+    ])
+}
+
+/// Sample `i`: features (8,) and target, deterministic.
+fn sample(i: usize) -> (Vec<f32>, f32) {
+    let x: Vec<f32> = (0..8)
+        .map(|j| ((i * 7 + j * 3) as f32 * 0.37).sin())
+        .collect();
+    let y = x
+        .iter()
+        .enumerate()
+        .map(|(j, v)| v * (j as f32 - 3.5) * 0.3)
+        .sum::<f32>()
+        + 0.5
+        + (i as f32).cos() * 0.01;
+    (x, y)
+}
+
+/// Mean-squared-error backward on samples `idx`, loss scaled by `1/scale`; returns the grads.
+fn backward(
+    ps: &[(String, Var)],
+    idx: &[usize],
+    scale: f32,
+) -> Res<candle_core::backprop::GradStore> {
+    let (xs, ys): (Vec<Vec<f32>>, Vec<f32>) = idx.iter().map(|i| sample(*i)).unzip();
+    let x = Tensor::from_vec(xs.concat(), (idx.len(), 8), &Device::Cpu)?; // (b, 8)
+    let y = Tensor::from_vec(ys, idx.len(), &Device::Cpu)?; // (b,)
+    let pred = x
+        .matmul(&ps[0].1.as_tensor().unsqueeze(1)?)?
+        .squeeze(1)?
+        .broadcast_add(ps[1].1.as_tensor())?;
+    let loss = ((pred - y)?.sqr()?.sum_all()? / scale as f64)?;
+    Ok(loss.backward()?)
+}
+
+/// SGD with DDP: `micro` samples per rank per micro-batch, `accum` micro-batches per step.
+fn train(pg: &ProcessGroup, micro: usize, accum: usize, out: String) -> Res<()> {
+    let (r, w) = (pg.rank(), pg.world_size());
+    let ps = params(r)?;
+    let opts = DdpOptions {
+        bucket_cap_mb: 4.0 / (1024.0 * 1024.0),
+        ..Default::default()
+    }; // 1 float/bucket cap
+    let mut ddp = DistributedDataParallel::new(pg, ps.clone(), opts)?;
+    let global = micro * w * accum;
+    for step in 0..6 {
+        // Step's samples [step*global, (step+1)*global); micro-batch m of rank r gets a slice.
+        let idx = |m: usize| -> Vec<usize> {
+            let start = step * global + m * micro * w + r * micro;
+            (start..start + micro).collect()
+        };
+        let scale = (micro * accum) as f32;
+        for m in 0..accum - 1 {
+            ddp.no_sync(|ns| -> Res<()> {
+                ns.grads_ready_from(&backward(&ps, &idx(m), scale)?)?;
+                Ok(())
+            })?;
+        }
+        let g = backward(&ps, &idx(accum - 1), scale)?;
+        // Layer-wise order: the bias (last parameter) becomes ready first.
+        for (name, v) in ps.iter().rev() {
+            ddp.grad_ready(name, g.get(v.as_tensor()).ok_or("missing grad")?)?;
+        }
+        ddp.finish()?;
+        for (name, v) in &ps {
+            v.set(&(v.as_tensor() - (ddp.grad(name)? * 0.1)?)?)?;
+        }
+    }
+    ddp.check_parameters()?;
+    if r == 0 && !out.is_empty() {
+        let vals: Vec<Vec<f32>> = ps
+            .iter()
+            .map(|(_, v)| v.as_tensor().to_vec1::<f32>())
+            .collect::<candle_core::Result<_>>()?;
+        std::fs::write(&out, serde_json::to_string(&vals)?)?;
+    }
+    println!(
+        "reductions {} buckets {}",
+        ddp.reductions(),
+        ddp.plan().buckets.len()
+    );
+    Ok(())
+}
+
+fn nosync(pg: &ProcessGroup, accum: usize, steps: usize) -> Res<()> {
+    let ps = params(pg.rank())?;
+    let opts = DdpOptions {
+        bucket_cap_mb: 4.0 / (1024.0 * 1024.0),
+        ..Default::default()
+    };
+    let mut ddp = DistributedDataParallel::new(pg, ps.clone(), opts)?;
+    let buckets = ddp.plan().buckets.len() as u64;
+    let before = pg.counts().get("all_reduce(avg)").copied().unwrap_or(0);
+    for step in 0..steps {
+        for m in 0..accum - 1 {
+            ddp.no_sync(|ns| -> Res<()> {
+                ns.grads_ready_from(&backward(&ps, &[step * 100 + m], 1.0)?)?;
+                Ok(())
+            })?;
+            let now = pg.counts().get("all_reduce(avg)").copied().unwrap_or(0);
+            if now != before + step as u64 * buckets {
+                return Err(format!(
+                    "step {step} micro {m}: {} all-reduces inside no_sync",
+                    now - before
+                )
+                .into());
+            }
+        }
+        ddp.grads_ready_from(&backward(&ps, &[step * 100 + accum], 1.0)?)?;
+        ddp.finish()?;
+    }
+    let after = pg.counts().get("all_reduce(avg)").copied().unwrap_or(0);
+    println!(
+        "all_reduce per step {} buckets {buckets}",
+        (after - before) as f64 / steps as f64
+    );
+    if after - before != steps as u64 * buckets || ddp.reductions() != steps as u64 * buckets {
+        return Err(format!(
+            "{} all-reduces for {steps} steps of {buckets} buckets",
+            after - before
+        )
+        .into());
+    }
+    Ok(())
+}
+
+fn kill(pg: &ProcessGroup, victim: usize) -> Res<()> {
+    let t = Tensor::ones(1000, DType::F32, &Device::Cpu)?;
+    for step in 0..1000 {
+        if step == 3 && pg.rank() == victim {
+            // SAFETY: kill(2) on our own pid; simulates a rank crashing mid-step.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
+        pg.all_reduce(&t, ReduceOp::Avg)?;
+    }
+    Err("survived 1000 steps although a rank was killed".into())
+}
+
+fn skip(pg: &ProcessGroup) -> Res<()> {
+    let t = Tensor::ones(16, DType::F32, &Device::Cpu)?;
+    pg.all_reduce(&t, ReduceOp::Sum)?;
+    if pg.rank() != 1 {
+        pg.all_reduce(&t, ReduceOp::Sum)?; // rank 1 skips this one
+    }
+    pg.barrier()?;
+    Ok(())
+}
+
+fn late(pg: &ProcessGroup, sleeper: usize) -> Res<()> {
+    if pg.rank() == sleeper {
+        std::thread::sleep(Duration::from_secs(30));
+    }
+    pg.barrier()?;
+    Ok(())
+}
+
+fn unused(pg: &ProcessGroup, find_unused: bool) -> Res<()> {
+    let ps = params(pg.rank())?;
+    let opts = DdpOptions {
+        find_unused_parameters: find_unused,
+        ..Default::default()
+    };
+    let mut ddp = DistributedDataParallel::new(pg, ps.clone(), opts)?;
+    let g = backward(&ps, &[0, 1], 1.0)?;
+    ddp.grad_ready(
+        "linear.weight",
+        g.get(ps[0].1.as_tensor()).ok_or("missing grad")?,
+    )?;
+    ddp.finish()?; // linear.bias never reported
+    let b = ddp.grad("linear.bias")?.to_vec1::<f32>()?;
+    if b != [0.0] {
+        return Err(format!("unused bias grad {b:?}, expected zero-filled").into());
+    }
+    Ok(())
+}
+
+fn drift(pg: &ProcessGroup) -> Res<()> {
+    let ps = params(pg.rank())?;
+    let ddp = DistributedDataParallel::new(pg, ps.clone(), DdpOptions::default())?;
+    ddp.check_parameters()?;
+    if pg.rank() == 1 {
+        ps[1].1.set(&Tensor::new(&[42f32], &Device::Cpu)?)?;
+    }
+    ddp.check_parameters()?;
+    Ok(())
+}
+
+fn decide(pg: &ProcessGroup) -> Res<()> {
+    let stop = pg.decide_on_rank0(|| format!("decided by rank {}", pg.rank()))?;
+    if stop != "decided by rank 0" {
+        return Err(format!("decision {stop:?}").into());
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "g4ft-ddp-decide-{}",
+        std::env::var("TORCHELASTIC_RUN_ID")?
+    ));
+    let out = pg.rank0_then_barrier(|| std::fs::write(&dir, b"ckpt"))?;
+    if (pg.rank() == 0) != out.is_some() || std::fs::read(&dir)? != b"ckpt" {
+        return Err("rank0_then_barrier: file not visible after the barrier".into());
+    }
+    pg.barrier()?;
+    let _ = std::fs::remove_file(&dir);
+    let failed = pg.rank0_then_barrier(|| Err::<(), _>("disk full"));
+    match failed {
+        Err(e) if e.to_string().contains("disk full") => Ok(()),
+        other => Err(format!("expected every rank to see rank 0's failure, got {other:?}").into()),
+    }
+}

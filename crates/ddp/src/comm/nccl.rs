@@ -1,0 +1,283 @@
+//! NCCL backend (feature `cuda`): one communicator per process, bound to a dedicated
+//! highest-priority stream, ordered against Candle's compute stream with events.
+//!
+//! Design (`candle-training-notes.md` §3.4): everything is issued from the one host thread that
+//! owns the Candle device (`Comm` is `!Send`). Per collective: record an event on the compute
+//! stream, make the comm stream wait on it, enqueue NCCL on the comm stream, record `done` there;
+//! [`CudaWork::wait`] makes the compute stream wait on `done` and bounds the wait on the host by
+//! the timeout. Buffers handed to NCCL are DDP's persistent buckets (or caller-owned tensors kept
+//! alive until `wait`), so they outlive the collective even without Candle's event tracking.
+//! Small-object gathers and barriers go through the store (bounded WAITs naming missing ranks).
+//! The NCCL unique id travels through the store (rank 0 SETs the 128 bytes, the others GET).
+
+use super::{Backend, Communicator, ReduceOp, Work, WorkInner};
+use crate::error::{RankTag, Result};
+use crate::fingerprint::{Fingerprint, Ledger};
+use crate::store::StoreClient;
+use candle_core::cuda_backend::CudaStorage;
+use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
+use cudarc::driver::{result as drv, CudaEvent, CudaStream};
+use cudarc::nccl::safe::{Comm, Id, ReduceOp as NcclReduce};
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The NCCL communicator of one rank (see module docs).
+pub struct NcclComm {
+    tag: RankTag,
+    comm: Comm,
+    compute: Arc<CudaStream>,
+    comm_stream: Arc<CudaStream>,
+    ledger: Ledger,
+}
+
+impl NcclComm {
+    /// Creates the comm stream (highest priority), shares the unique id through the store under
+    /// `<ns>/nccl_id` and runs `ncclCommInitRank`. Collective: every rank must call it.
+    pub fn new(
+        tag: RankTag,
+        device: &Device,
+        store: &Arc<Mutex<StoreClient>>,
+        ns: &str,
+    ) -> Result<Self> {
+        let cd = device
+            .as_cuda_device()
+            .map_err(tag.tensor("NCCL setup: CUDA device"))?;
+        let compute = cd.cuda_stream();
+        let ctx = compute.context().clone();
+        let drv_err = |what: &'static str| {
+            move |e: cudarc::driver::DriverError| {
+                tag.comm(format!("NCCL setup: {what}"), format!("{e:?}"))
+            }
+        };
+        ctx.bind_to_thread().map_err(drv_err("bind context"))?;
+        let (_least, greatest) =
+            drv::stream::get_priority_range().map_err(drv_err("stream priority range"))?;
+        let comm_stream = ctx
+            .new_stream_with_priority(greatest)
+            .map_err(drv_err("create comm stream"))?;
+        let key = format!("{ns}/nccl_id");
+        let id = if tag.rank == 0 {
+            let id =
+                Id::new().map_err(|e| tag.comm("NCCL setup: ncclGetUniqueId", format!("{e:?}")))?;
+            let bytes: Vec<u8> = id.internal().iter().map(|c| *c as u8).collect();
+            store
+                .lock()
+                .expect("store lock poisoned")
+                .set(&key, &bytes)?;
+            id
+        } else {
+            let bytes = store.lock().expect("store lock poisoned").get(&key)?;
+            let arr: [u8; 128] = bytes.as_slice().try_into().map_err(|_| {
+                tag.comm(
+                    "NCCL setup: unique id",
+                    format!("{} bytes in the store, expected 128", bytes.len()),
+                )
+            })?;
+            Id::uninit(arr.map(|b| b as core::ffi::c_char))
+        };
+        let comm = Comm::from_rank(comm_stream.clone(), tag.rank, tag.world, id)
+            .map_err(|e| tag.comm("NCCL setup: ncclCommInitRank", format!("{e:?}")))?;
+        Ok(NcclComm {
+            tag,
+            comm,
+            compute,
+            comm_stream,
+            ledger: Ledger::new(store.clone(), tag, ns),
+        })
+    }
+
+    fn enqueue(&self, t: &Tensor, kind: Kind, fp: &Fingerprint, timeout: Duration) -> Result<Work> {
+        if !t.device().is_cuda() || !t.is_contiguous() {
+            return Err(self
+                .tag
+                .comm(fp.to_string(), "NCCL needs a contiguous CUDA tensor"));
+        }
+        if !matches!(
+            t.dtype(),
+            DType::F32 | DType::F64 | DType::BF16 | DType::F16
+        ) {
+            return Err(self.tag.comm(
+                fp.to_string(),
+                format!("dtype {:?} not supported (f32 f64 bf16 f16)", t.dtype()),
+            ));
+        }
+        let op = NcclInPlace {
+            nc: self,
+            kind,
+            done: RefCell::new(None),
+            err: RefCell::new(None),
+        };
+        t.inplace_op1(&op)
+            .map_err(self.tag.tensor(fp.to_string()))?;
+        if let Some(e) = op.err.into_inner() {
+            return Err(self.tag.comm(fp.to_string(), e));
+        }
+        let done = op.done.into_inner().ok_or_else(|| {
+            self.tag
+                .comm(fp.to_string(), "no completion event recorded")
+        })?;
+        Ok(Work {
+            inner: WorkInner::Cuda(CudaWork {
+                done,
+                compute: self.compute.clone(),
+                tag: self.tag,
+                what: fp.to_string(),
+                timeout,
+                keep: t.clone(),
+            }),
+        })
+    }
+}
+
+impl Communicator for NcclComm {
+    fn backend(&self) -> Backend {
+        Backend::Nccl
+    }
+
+    fn all_reduce(
+        &self,
+        t: &Tensor,
+        op: ReduceOp,
+        fp: &Fingerprint,
+        timeout: Duration,
+    ) -> Result<Work> {
+        self.enqueue(t, Kind::Reduce(op), fp, timeout)
+    }
+
+    fn broadcast(
+        &self,
+        t: &Tensor,
+        root: usize,
+        fp: &Fingerprint,
+        timeout: Duration,
+    ) -> Result<Work> {
+        self.enqueue(t, Kind::Bcast(root), fp, timeout)
+    }
+
+    fn all_gather_bytes(
+        &self,
+        bytes: &[u8],
+        fp: &Fingerprint,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.ledger.gather(fp, bytes, timeout)
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        // Comm's Drop aborts the communicator: let queued collectives finish first.
+        let _ = self.comm_stream.synchronize();
+        let _ = self.compute.synchronize();
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Reduce(ReduceOp),
+    Bcast(usize),
+}
+
+/// Candle in-place op that enqueues the NCCL call on the tensor's CUDA buffer.
+struct NcclInPlace<'a> {
+    nc: &'a NcclComm,
+    kind: Kind,
+    done: RefCell<Option<CudaEvent>>,
+    err: RefCell<Option<String>>,
+}
+
+impl NcclInPlace<'_> {
+    fn run<T: cudarc::nccl::safe::NcclType + candle_core::cuda_backend::CudaDType>(
+        &self,
+        s: &mut CudaStorage,
+        a: usize,
+        b: usize,
+    ) -> candle_core::Result<()> {
+        let slice = s.as_cuda_slice_mut::<T>()?;
+        let mut view = slice.slice_mut(a..b);
+        let r = match self.kind {
+            Kind::Reduce(ReduceOp::Sum) => self
+                .nc
+                .comm
+                .all_reduce_in_place(&mut view, &NcclReduce::Sum),
+            Kind::Reduce(ReduceOp::Avg) => self
+                .nc
+                .comm
+                .all_reduce_in_place(&mut view, &NcclReduce::Avg),
+            Kind::Bcast(root) => self.nc.comm.broadcast_in_place(&mut view, root as i32),
+        };
+        if let Err(e) = r {
+            *self.err.borrow_mut() = Some(format!("NCCL: {e:?}"));
+        }
+        Ok(())
+    }
+}
+
+impl InplaceOp1 for NcclInPlace<'_> {
+    fn name(&self) -> &'static str {
+        "g4ft-ddp-nccl"
+    }
+
+    fn cpu_fwd(&self, _s: &mut CpuStorage, _l: &Layout) -> candle_core::Result<()> {
+        candle_core::bail!("NCCL collective on a CPU tensor")
+    }
+
+    fn cuda_fwd(&self, s: &mut CudaStorage, l: &Layout) -> candle_core::Result<()> {
+        let (a, b) = l.contiguous_offsets().ok_or_else(|| {
+            candle_core::Error::Msg("NCCL collective on a non-contiguous tensor".into())
+        })?;
+        let w = |e: cudarc::driver::DriverError| candle_core::Error::Msg(format!("{e:?}"));
+        // Comm stream waits for all compute work queued so far (the bucket's gradient copies).
+        let ready = self.nc.compute.record_event(None).map_err(w)?;
+        self.nc.comm_stream.wait(&ready).map_err(w)?;
+        match s.dtype() {
+            DType::F32 => self.run::<f32>(s, a, b)?,
+            DType::F64 => self.run::<f64>(s, a, b)?,
+            DType::BF16 => self.run::<half::bf16>(s, a, b)?,
+            DType::F16 => self.run::<half::f16>(s, a, b)?,
+            other => candle_core::bail!("NCCL: dtype {other:?} not supported"),
+        }
+        // Recorded after the NCCL call: the compute stream waits on it in CudaWork::wait.
+        let done = self.nc.comm_stream.record_event(None).map_err(w)?;
+        *self.done.borrow_mut() = Some(done);
+        Ok(())
+    }
+}
+
+/// A queued NCCL collective.
+pub(crate) struct CudaWork {
+    done: CudaEvent,
+    compute: Arc<CudaStream>,
+    tag: RankTag,
+    what: String,
+    timeout: Duration,
+    // Keeps the buffer alive until the collective is ordered before later compute work.
+    keep: Tensor,
+}
+
+impl CudaWork {
+    /// Orders the compute stream after the collective, then bounds completion on the host by the
+    /// timeout (a dead peer would otherwise hang NCCL forever).
+    pub(crate) fn wait(self) -> Result<()> {
+        self.compute.wait(&self.done).map_err(|e| {
+            self.tag
+                .comm(&self.what, format!("compute stream wait: {e:?}"))
+        })?;
+        let deadline = Instant::now() + self.timeout;
+        while !self.done.is_complete() {
+            if Instant::now() >= deadline {
+                return Err(self.tag.comm(
+                    &self.what,
+                    format!(
+                        "NCCL collective not complete after {:?} (a peer died or diverged)",
+                        self.timeout
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        drop(self.keep);
+        Ok(())
+    }
+}

@@ -1,0 +1,479 @@
+//! DistributedDataParallel over named Candle `Var`s: broadcast at construction, reverse-order
+//! fp32 buckets whose flat buffers *are* the gradient storage (`gradient_as_bucket_view`), an
+//! asynchronous all-reduce launched in the backward the moment a bucket is complete, `no_sync`
+//! for accumulation, unused-parameter detection and an opt-in replica checksum.
+//!
+//! Mirrors `torch.nn.parallel.DistributedDataParallel` and its C++ `Reducer`. Invariants:
+//! gradients accumulate with `+=`; the first report of a parameter in an accumulation window
+//! overwrites (so no zeroing pass is needed); buckets launch strictly in plan order (identical on
+//! all ranks); the flat buffers may only be read between [`DistributedDataParallel::finish`] and
+//! the next synchronised backward, when they hold the rank-average of every micro-batch's sum.
+
+use crate::bucket::{BucketPlan, ParamSlot};
+use crate::comm::{ReduceOp, Work};
+use crate::error::{DdpError, RankTag, Result};
+use crate::group::ProcessGroup;
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Shape, Tensor, Var};
+use std::collections::HashMap;
+use std::panic::Location;
+
+/// Options of [`DistributedDataParallel::new`] (PyTorch's names).
+#[derive(Debug, Clone)]
+pub struct DdpOptions {
+    /// Bucket capacity in MiB of fp32 gradients (default 25).
+    pub bucket_cap_mb: f64,
+    /// Parameters without a gradient at a synchronisation are zero-filled (or keep what earlier
+    /// micro-batches accumulated) instead of raising [`DdpError::UnusedParameters`]. For
+    /// data-dependent usage such as MoE experts.
+    pub find_unused_parameters: bool,
+    /// Compare a checksum of every parameter across ranks after every N-th `finish`.
+    pub check_parameters_every: Option<u64>,
+}
+
+impl Default for DdpOptions {
+    fn default() -> Self {
+        DdpOptions {
+            bucket_cap_mb: 25.0,
+            find_unused_parameters: false,
+            check_parameters_every: None,
+        }
+    }
+}
+
+/// One bucket: a flat fp32 gradient buffer and the parameters laid out in it.
+pub struct Bucket {
+    /// Flat fp32 buffer, shape `(numel,)`, on the parameters' device. After `finish` it holds
+    /// the averaged gradients; an optimizer or clipping may run over it directly.
+    pub grad: Tensor,
+    /// Parameters in layout order (reverse model order).
+    pub slots: Vec<ParamSlot>,
+}
+
+struct BucketState {
+    pending: usize,
+    work: Option<Work>,
+}
+
+/// The DDP wrapper (see module docs). Create it after every adapter exists and every freeze is
+/// applied: the parameter list is fixed here.
+pub struct DistributedDataParallel<'g> {
+    group: &'g ProcessGroup,
+    params: Vec<(String, Var)>,
+    by_name: HashMap<String, usize>,
+    plan: BucketPlan,
+    buckets: Vec<Bucket>,
+    state: Vec<BucketState>,
+    seen: Vec<bool>,
+    ready: Vec<bool>,
+    syncing: bool,
+    next_launch: usize,
+    syncs: u64,
+    reductions: u64,
+    opts: DdpOptions,
+    site: String,
+}
+
+impl<'g> DistributedDataParallel<'g> {
+    /// Wraps `params` (name, trainable `Var`; model order). Collective: checks that every rank
+    /// has the same names and shapes, broadcasts the values from rank 0 (so LoRA inits agree
+    /// even if seeds did not), then allocates the buckets. Errors name the first mismatch.
+    #[track_caller]
+    pub fn new(
+        group: &'g ProcessGroup,
+        params: Vec<(String, Var)>,
+        opts: DdpOptions,
+    ) -> Result<Self> {
+        let l = Location::caller();
+        let site = format!("{}:{}", l.file(), l.line());
+        let tag = group.tag();
+        let mut by_name = HashMap::new();
+        for (i, (n, v)) in params.iter().enumerate() {
+            if by_name.insert(n.clone(), i).is_some() {
+                return Err(tag.usage(format!("DDP parameter {n}"), "name appears twice"));
+            }
+            if !v.dtype().is_float() {
+                return Err(tag.usage(
+                    format!("DDP parameter {n}"),
+                    format!("dtype {:?} is not a float", v.dtype()),
+                ));
+            }
+        }
+        let Some(device) = params.first().map(|(_, v)| v.device().clone()) else {
+            return Err(tag.usage("DistributedDataParallel::new", "no trainable parameters"));
+        };
+        let sig: Vec<(String, Vec<usize>)> = params
+            .iter()
+            .map(|(n, v)| (n.clone(), v.dims().to_vec()))
+            .collect();
+        let all = group.all_gather_object(&sig)?;
+        for (r, other) in all.iter().enumerate() {
+            if let Some(diff) = first_difference(&sig, other) {
+                return Err(tag.usage(
+                    "DistributedDataParallel::new",
+                    format!("parameters differ from rank {r}: {diff}"),
+                ));
+            }
+        }
+        for (n, v) in &params {
+            group.broadcast(v.as_tensor(), 0).map_err(|e| match e {
+                DdpError::Comm {
+                    tag,
+                    context,
+                    reason,
+                } => DdpError::Comm {
+                    tag,
+                    context: format!("broadcast of {n}: {context}"),
+                    reason,
+                },
+                e => e,
+            })?;
+        }
+        let shapes: Vec<(String, Shape)> = params
+            .iter()
+            .map(|(n, v)| (n.clone(), v.shape().clone()))
+            .collect();
+        let cap = (opts.bucket_cap_mb * 1024.0 * 1024.0) as usize;
+        let plan = BucketPlan::new(&shapes, cap);
+        let mut buckets = Vec::new();
+        for (b, slots) in plan.buckets.iter().enumerate() {
+            let grad = Tensor::zeros(plan.numel(b), DType::F32, &device)
+                .map_err(tag.tensor(format!("allocate bucket {b}")))?;
+            buckets.push(Bucket {
+                grad,
+                slots: slots.clone(),
+            });
+        }
+        let state = plan
+            .buckets
+            .iter()
+            .map(|s| BucketState {
+                pending: s.len(),
+                work: None,
+            })
+            .collect();
+        let n = params.len();
+        Ok(DistributedDataParallel {
+            group,
+            params,
+            by_name,
+            plan,
+            buckets,
+            state,
+            seen: vec![false; n],
+            ready: vec![false; n],
+            syncing: false,
+            next_launch: 0,
+            syncs: 0,
+            reductions: 0,
+            opts,
+            site,
+        })
+    }
+
+    /// The process group.
+    pub fn group(&self) -> &'g ProcessGroup {
+        self.group
+    }
+
+    /// The wrapped parameters, model order.
+    pub fn params(&self) -> &[(String, Var)] {
+        &self.params
+    }
+
+    /// The bucket plan (launch order, offsets).
+    pub fn plan(&self) -> &BucketPlan {
+        &self.plan
+    }
+
+    /// Completed synchronisations (optimizer steps).
+    pub fn syncs(&self) -> u64 {
+        self.syncs
+    }
+
+    /// Bucket all-reduces launched so far.
+    pub fn reductions(&self) -> u64 {
+        self.reductions
+    }
+
+    fn tag(&self) -> RankTag {
+        self.group.tag()
+    }
+
+    fn index(&self, name: &str) -> Result<usize> {
+        self.by_name.get(name).copied().ok_or_else(|| {
+            self.tag().usage(
+                format!("grad_ready({name})"),
+                "not a parameter given to DistributedDataParallel::new",
+            )
+        })
+    }
+
+    /// Reports that `grad` (same shape as the parameter, any float dtype) is final for this
+    /// backward, on the synchronised (last) micro-batch: it is added to the bucket slice, and if
+    /// that completes the next bucket(s) in plan order, their all-reduce starts now while the
+    /// caller continues with the backward. Errors if the parameter was already reported in this
+    /// backward (its bucket may be on the wire).
+    pub fn grad_ready(&mut self, name: &str, grad: &Tensor) -> Result<()> {
+        let i = self.index(name)?;
+        if self.ready[i] {
+            return Err(self.tag().usage(
+                format!("grad_ready({name})"),
+                "reported twice in one synchronised backward",
+            ));
+        }
+        self.accumulate(i, grad)?;
+        self.ready[i] = true;
+        self.syncing = true;
+        self.state[self.plan.locate[i].0].pending -= 1;
+        self.launch_ready()
+    }
+
+    /// [`DistributedDataParallel::grad_ready`] for every wrapped parameter that has a gradient in
+    /// `grads` (e.g. one layer's store from a layer-wise backward). Returns how many it reported.
+    pub fn grads_ready_from(&mut self, grads: &GradStore) -> Result<usize> {
+        let found = self.found_in(grads);
+        for (name, g) in &found {
+            self.grad_ready(name, g)?;
+        }
+        Ok(found.len())
+    }
+
+    fn found_in(&self, grads: &GradStore) -> Vec<(String, Tensor)> {
+        self.params
+            .iter()
+            .filter_map(|(n, v)| grads.get(v.as_tensor()).map(|g| (n.clone(), g.clone())))
+            .collect()
+    }
+
+    /// Runs the non-final micro-batches of an accumulation window: inside `f`, gradients reported
+    /// through [`NoSync::grad_ready`] only accumulate locally. The next synchronised backward
+    /// ([`DistributedDataParallel::grad_ready`] + [`DistributedDataParallel::finish`]) reduces
+    /// everything accumulated. Errors if a synchronised backward is in progress.
+    pub fn no_sync<R, E: From<DdpError>>(
+        &mut self,
+        f: impl FnOnce(&mut NoSync<'_, 'g>) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E> {
+        if self.syncing {
+            return Err(self
+                .tag()
+                .usage(
+                    "no_sync",
+                    "a synchronised backward is in progress; call finish() first",
+                )
+                .into());
+        }
+        f(&mut NoSync { ddp: self })
+    }
+
+    fn accumulate(&mut self, i: usize, grad: &Tensor) -> Result<()> {
+        let (b, s) = self.plan.locate[i];
+        let slot = &self.plan.buckets[b][s];
+        let ctx = || {
+            format!(
+                "gradient of {} into bucket {b} at offset {}",
+                slot.name, slot.offset
+            )
+        };
+        if grad.shape() != &slot.shape {
+            return Err(self.tag().usage(
+                ctx(),
+                format!("shape {:?}, expected {:?}", grad.dims(), slot.shape.dims()),
+            ));
+        }
+        let tag = self.tag();
+        let run = || -> candle_core::Result<()> {
+            let g = grad.to_dtype(DType::F32)?.flatten_all()?.contiguous()?;
+            let flat = &self.buckets[b].grad;
+            let v = if self.seen[i] {
+                (flat.narrow(0, slot.offset, slot.numel)? + g)?
+            } else {
+                g
+            };
+            flat.slice_set(&v, 0, slot.offset)
+        };
+        run().map_err(tag.tensor(ctx()))?;
+        self.seen[i] = true;
+        Ok(())
+    }
+
+    /// Launch point of the overlap: starts the all-reduce of every complete bucket, in plan order.
+    /// CPU: the ring thread reduces it while the caller continues. CUDA: the comm stream waits
+    /// on an event recorded on the compute stream after the slice copies, then runs NCCL.
+    fn launch_ready(&mut self) -> Result<()> {
+        let n = self.buckets.len();
+        while self.next_launch < n && self.state[self.next_launch].pending == 0 {
+            let b = self.next_launch;
+            let label = format!("ddp bucket {}/{n} of DDP created at {}", b + 1, self.site);
+            let work =
+                self.group
+                    .all_reduce_labeled(&self.buckets[b].grad, ReduceOp::Avg, label)?;
+            self.state[b].work = Some(work);
+            self.next_launch += 1;
+            self.reductions += 1;
+        }
+        Ok(())
+    }
+
+    /// Ends the synchronised backward: handles parameters that got no gradient (error naming
+    /// them, or zero-fill with `find_unused_parameters`), launches what is left, waits for every
+    /// bucket and leaves the rank-averaged gradients in the flat buffers. With
+    /// `check_parameters_every = Some(n)` compares parameter checksums every n-th call.
+    pub fn finish(&mut self) -> Result<()> {
+        let unready: Vec<usize> = (0..self.params.len()).filter(|i| !self.ready[*i]).collect();
+        let mut first_err = None;
+        if !unready.is_empty() && !self.opts.find_unused_parameters {
+            first_err = Some(DdpError::UnusedParameters {
+                tag: self.tag(),
+                sync: self.syncs + 1,
+                count: unready.len(),
+                names: unready.iter().map(|i| self.params[*i].0.clone()).collect(),
+            });
+        } else {
+            for i in unready {
+                let (b, s) = self.plan.locate[i];
+                if !self.seen[i] {
+                    let slot = &self.plan.buckets[b][s];
+                    let zeros =
+                        Tensor::zeros(slot.numel, DType::F32, self.buckets[b].grad.device());
+                    zeros
+                        .and_then(|z| self.buckets[b].grad.slice_set(&z, 0, slot.offset))
+                        .map_err(self.tag().tensor(format!("zero-fill unused {}", slot.name)))?;
+                }
+                self.ready[i] = true;
+                self.state[b].pending -= 1;
+            }
+            if let Err(e) = self.launch_ready() {
+                first_err = Some(e);
+            }
+        }
+        for st in &mut self.state {
+            if let Some(w) = st.work.take() {
+                if let Err(e) = w.wait() {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        for (st, slots) in self.state.iter_mut().zip(&self.plan.buckets) {
+            st.pending = slots.len();
+        }
+        self.seen.iter_mut().for_each(|s| *s = false);
+        self.ready.iter_mut().for_each(|s| *s = false);
+        self.next_launch = 0;
+        self.syncing = false;
+        self.syncs += 1;
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        match self.opts.check_parameters_every {
+            Some(n) if n > 0 && self.syncs.is_multiple_of(n) => self.check_parameters(),
+            _ => Ok(()),
+        }
+    }
+
+    /// The buckets (flat averaged gradients + layout). Errors during a synchronised backward,
+    /// when buffers are being reduced.
+    pub fn buckets(&self) -> Result<&[Bucket]> {
+        if self.syncing {
+            return Err(self.tag().usage(
+                "buckets()",
+                "a synchronised backward is in progress; call finish() first",
+            ));
+        }
+        Ok(&self.buckets)
+    }
+
+    /// The averaged gradient of `name`, a view into its bucket with the parameter's shape.
+    pub fn grad(&self, name: &str) -> Result<Tensor> {
+        let i = self.index(name)?;
+        let (b, s) = self.plan.locate[i];
+        let slot = &self.plan.buckets[b][s];
+        self.buckets()?[b]
+            .grad
+            .narrow(0, slot.offset, slot.numel)
+            .and_then(|g| g.reshape(slot.shape.clone()))
+            .map_err(self.tag().tensor(format!("view of the gradient of {name}")))
+    }
+
+    /// Compares a checksum of every parameter across ranks; [`DdpError::ParameterDrift`] names
+    /// the first differing parameters and ranks. Collective.
+    pub fn check_parameters(&self) -> Result<()> {
+        let tag = self.tag();
+        let mut mine = Vec::with_capacity(self.params.len());
+        for (n, v) in &self.params {
+            let vals = v
+                .as_tensor()
+                .flatten_all()
+                .and_then(|t| t.to_dtype(DType::F32))
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(tag.tensor(format!("checksum of {n}")))?;
+            mine.push(fnv1a(&vals));
+        }
+        let all = self.group.all_gather_object(&mine)?;
+        let mut diffs = Vec::new();
+        for (r, theirs) in all.iter().enumerate() {
+            for (i, (a, b)) in mine.iter().zip(theirs).enumerate() {
+                if a != b && diffs.len() < 5 {
+                    diffs.push(format!(
+                        "{} differs on rank {r} ({b:#018x} vs {a:#018x} here)",
+                        self.params[i].0
+                    ));
+                }
+            }
+        }
+        if diffs.is_empty() {
+            Ok(())
+        } else {
+            Err(DdpError::ParameterDrift {
+                tag,
+                step: self.syncs,
+                detail: diffs.join("; "),
+            })
+        }
+    }
+}
+
+/// Handle given to the closure of [`DistributedDataParallel::no_sync`]: it can only accumulate.
+pub struct NoSync<'a, 'g> {
+    ddp: &'a mut DistributedDataParallel<'g>,
+}
+
+impl NoSync<'_, '_> {
+    /// Adds `grad` into the parameter's bucket slice; nothing goes on the wire.
+    pub fn grad_ready(&mut self, name: &str, grad: &Tensor) -> Result<()> {
+        let i = self.ddp.index(name)?;
+        self.ddp.accumulate(i, grad)
+    }
+
+    /// [`NoSync::grad_ready`] for every wrapped parameter present in `grads`.
+    pub fn grads_ready_from(&mut self, grads: &GradStore) -> Result<usize> {
+        let found = self.ddp.found_in(grads);
+        for (name, g) in &found {
+            self.grad_ready(name, g)?;
+        }
+        Ok(found.len())
+    }
+}
+
+fn first_difference(a: &[(String, Vec<usize>)], b: &[(String, Vec<usize>)]) -> Option<String> {
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        if x != y {
+            return Some(format!(
+                "parameter {i} is {} {:?} here, {} {:?} there",
+                x.0, x.1, y.0, y.1
+            ));
+        }
+    }
+    (a.len() != b.len()).then(|| format!("{} parameters here, {} there", a.len(), b.len()))
+}
+
+/// FNV-1a over the f32 bit patterns (bitwise replica comparison).
+fn fnv1a(v: &[f32]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for x in v {
+        for b in x.to_bits().to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}

@@ -1,0 +1,387 @@
+//! The process group: rendezvous through the store, one communicator, numbered and
+//! fingerprinted collectives, and the helpers for the post's rules (broadcast a decision from
+//! rank 0; rank-0-only work followed by a barrier).
+//!
+//! Mirrors `torch.distributed.init_process_group(env://)`: with `TORCHELASTIC_USE_AGENT_STORE=True`
+//! every rank connects to the launcher's store under `/worker/attempt_<n>/`; otherwise rank 0
+//! serves the store on `MASTER_PORT`. Invariants: `world_size == 1` returns early inside each
+//! collective (no store, no sockets); every collective is counted, numbered and announced, so a
+//! hang becomes an error naming the missing ranks, and a desync one naming both call sites.
+
+use crate::comm::{Backend, Communicator, CpuComm, ReduceOp, Work};
+use crate::env::DistEnv;
+use crate::error::{DdpError, RankTag, Result};
+use crate::fingerprint::{Fingerprint, Ledger};
+use crate::store::{StoreClient, StoreServer};
+use candle_core::{Device, Tensor};
+use serde::{de::DeserializeOwned, Serialize};
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::panic::Location;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Default collective timeout (PyTorch's default for NCCL is 10 minutes too).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+static GROUPS: AtomicUsize = AtomicUsize::new(0);
+
+/// Options of [`ProcessGroup::new`].
+#[derive(Debug, Clone)]
+pub struct GroupOptions {
+    /// Bound on every collective and store request (default 10 minutes; tests use seconds).
+    pub timeout: Duration,
+    /// Agree on every collective's fingerprint through the store before running it. The CPU
+    /// backend checks fingerprints in-band anyway; NCCL needs this to turn a desync into an
+    /// error instead of a hang. Default: on for NCCL, off for CPU.
+    pub store_checks: Option<bool>,
+    /// Namespace of this group's store keys; every rank must use the same. Default `pg<n>` for
+    /// the n-th group this process creates (set it when several ranks share one process).
+    pub name: Option<String>,
+}
+
+impl Default for GroupOptions {
+    fn default() -> Self {
+        GroupOptions {
+            timeout: DEFAULT_TIMEOUT,
+            store_checks: None,
+            name: None,
+        }
+    }
+}
+
+/// A group of `WORLD_SIZE` processes that run collectives together (see module docs).
+pub struct ProcessGroup {
+    env: DistEnv,
+    tag: RankTag,
+    timeout: Duration,
+    comm: Box<dyn Communicator>,
+    ledger: Option<Arc<Ledger>>,
+    store_checks: bool,
+    seq: Cell<u64>,
+    counts: RefCell<BTreeMap<String, u64>>,
+    // Declared last: dropped after the communicator, so peers see our sockets close first.
+    _server: Option<StoreServer>,
+}
+
+impl ProcessGroup {
+    /// Joins the group described by the torchrun environment; see [`ProcessGroup::new`].
+    pub fn from_env(device: &Device, opts: GroupOptions) -> Result<Self> {
+        Self::new(DistEnv::from_env()?, device, opts)
+    }
+
+    /// Joins the group: hosts the store on rank 0 when there is no agent store, connects to it,
+    /// and sets up the backend for `device` (NCCL for CUDA devices, the TCP ring otherwise).
+    /// Collective: every rank must call it.
+    pub fn new(env: DistEnv, device: &Device, opts: GroupOptions) -> Result<Self> {
+        let tag = RankTag {
+            rank: env.rank,
+            world: env.world_size,
+        };
+        let id = GROUPS.fetch_add(1, Ordering::SeqCst);
+        let base = |comm: Box<dyn Communicator>, ledger, store_checks, server| ProcessGroup {
+            env: env.clone(),
+            tag,
+            timeout: opts.timeout,
+            comm,
+            ledger,
+            store_checks,
+            seq: Cell::new(0),
+            counts: RefCell::new(BTreeMap::new()),
+            _server: server,
+        };
+        if env.world_size == 1 {
+            return Ok(base(Box::new(CpuComm::single(tag)), None, false, None));
+        }
+        let server = if !env.use_agent_store && env.rank == 0 {
+            Some(StoreServer::bind("0.0.0.0", env.master_port)?)
+        } else {
+            None
+        };
+        let client = StoreClient::connect(
+            &env.master_addr,
+            env.master_port,
+            &env.store_prefix(),
+            opts.timeout,
+        )?;
+        let store = Arc::new(Mutex::new(client));
+        let ns = format!(
+            "ddp/{}",
+            opts.name.clone().unwrap_or_else(|| format!("pg{id}"))
+        );
+        let ledger = Arc::new(Ledger::new(store.clone(), tag, &ns));
+        let (comm, backend): (Box<dyn Communicator>, Backend) = if device.is_cuda() {
+            (new_nccl(tag, device, &store, &ns)?, Backend::Nccl)
+        } else {
+            let c = CpuComm::connect(tag, &store, &ns, Some(ledger.clone()), opts.timeout)?;
+            (Box::new(c), Backend::Cpu)
+        };
+        let checks = opts.store_checks.unwrap_or(backend == Backend::Nccl);
+        Ok(base(comm, Some(ledger), checks, server))
+    }
+
+    /// This process's global rank.
+    pub fn rank(&self) -> usize {
+        self.tag.rank
+    }
+
+    /// Number of processes.
+    pub fn world_size(&self) -> usize {
+        self.tag.world
+    }
+
+    /// `rank r/world`, for messages.
+    pub fn tag(&self) -> RankTag {
+        self.tag
+    }
+
+    /// The environment the group was built from.
+    pub fn env(&self) -> &DistEnv {
+        &self.env
+    }
+
+    /// Which backend runs the tensor collectives.
+    pub fn backend(&self) -> Backend {
+        self.comm.backend()
+    }
+
+    /// The collective timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Number of collectives issued so far (the last sequence number).
+    pub fn seq(&self) -> u64 {
+        self.seq.get()
+    }
+
+    /// How many collectives of each kind were issued (`all_reduce(avg)`, `barrier`, ...).
+    pub fn counts(&self) -> BTreeMap<String, u64> {
+        self.counts.borrow().clone()
+    }
+
+    /// Numbers, counts and announces a collective; with store checks, agrees on it first.
+    fn begin(&self, op: String, dtype: String, numel: usize, site: String) -> Result<Fingerprint> {
+        *self.counts.borrow_mut().entry(op.clone()).or_default() += 1;
+        self.seq.set(self.seq.get() + 1);
+        let fp = Fingerprint {
+            seq: self.seq.get(),
+            op,
+            dtype,
+            numel: numel as u64,
+            site,
+        };
+        if let Some(l) = &self.ledger {
+            l.announce(&fp)?;
+            if self.store_checks {
+                l.agree(&fp, self.timeout)?;
+            }
+        }
+        Ok(fp)
+    }
+
+    /// In-place all-reduce of `t` (any supported dtype; `Avg` needs floats); blocks until done.
+    #[track_caller]
+    pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        self.all_reduce_async(t, op)?.wait()
+    }
+
+    /// Queues an in-place all-reduce of `t` and returns at once; read `t` only after
+    /// [`Work::wait`]. The fingerprint's call site is the caller's.
+    #[track_caller]
+    pub fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.all_reduce_labeled(t, op, site(Location::caller()))
+    }
+
+    /// [`ProcessGroup::all_reduce_async`] with an explicit fingerprint label instead of the call
+    /// site (DDP labels buckets so the launching call site may differ between ranks).
+    pub fn all_reduce_labeled(&self, t: &Tensor, op: ReduceOp, label: String) -> Result<Work> {
+        let fp = self.begin(
+            format!("all_reduce({})", op.name()),
+            dtype(t),
+            t.elem_count(),
+            label,
+        )?;
+        if self.tag.world == 1 {
+            return Ok(Work::done());
+        }
+        self.comm.all_reduce(t, op, &fp, self.timeout)
+    }
+
+    /// In-place broadcast of `t` from `root`; blocks until done.
+    #[track_caller]
+    pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<()> {
+        let fp = self.begin(
+            format!("broadcast(root={root})"),
+            dtype(t),
+            t.elem_count(),
+            site(Location::caller()),
+        )?;
+        if self.tag.world == 1 {
+            return Ok(());
+        }
+        self.comm.broadcast(t, root, &fp, self.timeout)?.wait()
+    }
+
+    /// Blocks until every rank has called `barrier` (at the same point of the sequence).
+    #[track_caller]
+    pub fn barrier(&self) -> Result<()> {
+        let fp = self.begin(
+            "barrier".into(),
+            "bytes".into(),
+            0,
+            site(Location::caller()),
+        )?;
+        if self.tag.world == 1 {
+            return Ok(());
+        }
+        self.comm
+            .all_gather_bytes(&[], &fp, self.timeout)
+            .map(|_| ())
+    }
+
+    /// All-gather of small byte blobs (sizes may differ), indexed by rank.
+    #[track_caller]
+    pub fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.gather_at(bytes, "all_gather", site(Location::caller()))
+    }
+
+    fn gather_at(&self, bytes: &[u8], op: &str, site: String) -> Result<Vec<Vec<u8>>> {
+        let fp = self.begin(op.into(), "bytes".into(), 0, site)?;
+        if self.tag.world == 1 {
+            return Ok(vec![bytes.to_vec()]);
+        }
+        self.comm.all_gather_bytes(bytes, &fp, self.timeout)
+    }
+
+    /// All-gather of a serde value (JSON on the wire), indexed by rank.
+    #[track_caller]
+    pub fn all_gather_object<T: Serialize + DeserializeOwned>(&self, v: &T) -> Result<Vec<T>> {
+        let site = site(Location::caller());
+        let bytes =
+            serde_json::to_vec(v).map_err(|e| self.tag.comm("all_gather_object", e.to_string()))?;
+        self.gather_at(&bytes, "all_gather_object", site)?
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                serde_json::from_slice(b).map_err(|e| {
+                    self.tag
+                        .comm("all_gather_object", format!("value from rank {r}: {e}"))
+                })
+            })
+            .collect()
+    }
+
+    /// Every rank gets `root`'s value (`v` is ignored elsewhere). Use it for decisions all ranks
+    /// must act on identically (early stop, NaN skip).
+    #[track_caller]
+    pub fn broadcast_object<T: Serialize + DeserializeOwned>(
+        &self,
+        v: &T,
+        root: usize,
+    ) -> Result<T> {
+        let site = site(Location::caller());
+        if root >= self.tag.world {
+            return Err(self.tag.comm(
+                "broadcast_object",
+                format!("root {root} >= world size {}", self.tag.world),
+            ));
+        }
+        let mine = if self.tag.rank == root {
+            serde_json::to_vec(v).map_err(|e| self.tag.comm("broadcast_object", e.to_string()))?
+        } else {
+            Vec::new()
+        };
+        let all = self.gather_at(&mine, &format!("broadcast_object(root={root})"), site)?;
+        serde_json::from_slice(&all[root]).map_err(|e| {
+            self.tag
+                .comm("broadcast_object", format!("value from rank {root}: {e}"))
+        })
+    }
+
+    /// Rank 0 evaluates `decide` and every rank returns its value: the post's rule "make the
+    /// decision on rank 0, broadcast it, act on the broadcast value".
+    #[track_caller]
+    pub fn decide_on_rank0<T: Serialize + DeserializeOwned>(
+        &self,
+        decide: impl FnOnce() -> T,
+    ) -> Result<T> {
+        let site = site(Location::caller());
+        let v = (self.tag.rank == 0).then(decide);
+        let mine = match &v {
+            Some(v) => serde_json::to_vec(v)
+                .map_err(|e| self.tag.comm("decide_on_rank0", e.to_string()))?,
+            None => Vec::new(),
+        };
+        let all = self.gather_at(&mine, "decide_on_rank0", site)?;
+        match v {
+            Some(v) => Ok(v),
+            None => serde_json::from_slice(&all[0]).map_err(|e| {
+                self.tag
+                    .comm("decide_on_rank0", format!("value from rank 0: {e}"))
+            }),
+        }
+    }
+
+    /// Runs `work` on rank 0 only (checkpoint writes, logging), then synchronises all ranks.
+    /// If `work` fails on rank 0, every rank returns an error naming it (no rank is left
+    /// waiting). Returns `Some(result)` on rank 0, `None` elsewhere.
+    #[track_caller]
+    pub fn rank0_then_barrier<R, E: std::fmt::Display>(
+        &self,
+        work: impl FnOnce() -> std::result::Result<R, E>,
+    ) -> Result<Option<R>> {
+        let site = site(Location::caller());
+        let out = (self.tag.rank == 0).then(work);
+        let status: Option<String> = match &out {
+            Some(Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
+        let mine = serde_json::to_vec(&status).expect("Option<String> serialises");
+        let all = self.gather_at(&mine, "rank0_then_barrier", site)?;
+        let status0: Option<String> = serde_json::from_slice(&all[0]).map_err(|e| {
+            self.tag
+                .comm("rank0_then_barrier", format!("status from rank 0: {e}"))
+        })?;
+        if let Some(msg) = status0 {
+            return Err(self
+                .tag
+                .comm("rank0_then_barrier", format!("rank 0's work failed: {msg}")));
+        }
+        Ok(out.and_then(|r| r.ok()))
+    }
+}
+
+fn site(l: &Location<'_>) -> String {
+    format!("{}:{}:{}", l.file(), l.line(), l.column())
+}
+
+fn dtype(t: &Tensor) -> String {
+    t.dtype().as_str().to_string()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn new_nccl(
+    tag: RankTag,
+    _device: &Device,
+    _store: &Arc<Mutex<StoreClient>>,
+    _ns: &str,
+) -> Result<Box<dyn Communicator>> {
+    Err(DdpError::FeatureDisabled {
+        what: format!("{tag}: a process group on a CUDA device (NCCL backend)"),
+        feature: "cuda",
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn new_nccl(
+    tag: RankTag,
+    device: &Device,
+    store: &Arc<Mutex<StoreClient>>,
+    ns: &str,
+) -> Result<Box<dyn Communicator>> {
+    Ok(Box::new(crate::comm::NcclComm::new(
+        tag, device, store, ns,
+    )?))
+}

@@ -1,0 +1,157 @@
+//! `ddprun`: a launcher with torchrun's interface and worker environment.
+//!
+//! Mirrors `torch.distributed.run` + `LocalElasticAgent` for the static case: it hosts the
+//! TCPStore (node 0, or whoever binds the rendezvous endpoint), starts `--nproc-per-node` workers
+//! with the full torchrun environment (`TORCHELASTIC_USE_AGENT_STORE=True`, so workers connect as
+//! clients under `/worker/attempt_<n>/`), prefixes their output lines with `[rank N]`, forwards
+//! SIGINT/SIGTERM/SIGHUP, and when a worker fails stops every worker (on every node, through the
+//! store) and exits 1, or restarts them all with `TORCHELASTIC_RESTART_COUNT+1` within
+//! `--max-restarts`. Not supported: elastic `--nnodes MIN:MAX` with MIN != MAX, `-m`/python
+//! modules (the command is always executed as given, like `--no-python`).
+
+mod args;
+mod signals;
+mod workers;
+
+pub use args::Args;
+
+use crate::error::{DdpError, Result};
+use crate::store::{StoreClient, StoreServer};
+use std::time::{Duration, Instant};
+use workers::{Outcome, WorkerSet};
+
+/// How long nodes wait for each other at a rendezvous.
+const RDZV_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Resolved job layout of this node.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// Nodes in the job.
+    pub nnodes: usize,
+    /// This node's rank.
+    pub node_rank: usize,
+    /// Workers per node.
+    pub nproc: usize,
+    /// Store host as workers should reach it.
+    pub master_addr: String,
+    /// Store port.
+    pub master_port: u16,
+    /// `TORCHELASTIC_RUN_ID`.
+    pub run_id: String,
+}
+
+/// Runs the launcher; returns the process exit code (0 when every worker of the last attempt
+/// succeeded on every node).
+pub fn run(args: &Args) -> Result<i32> {
+    signals::install();
+    let (layout, _server) = rendezvous_setup(args)?;
+    let mut store =
+        StoreClient::connect(&layout.master_addr, layout.master_port, "", RDZV_TIMEOUT)?;
+    let ns = format!("ddprun/{}", layout.run_id);
+    for attempt in 0..=args.max_restarts {
+        node_barrier(
+            &mut store,
+            &ns,
+            &format!("attempt_{attempt}/start"),
+            &layout,
+        )?;
+        let env = workers::worker_env(&layout, attempt, args.max_restarts);
+        let mut set = WorkerSet::spawn(&args.command, &layout, &env)?;
+        let outcome = set.monitor(&mut store, &format!("{ns}/attempt_{attempt}"), &layout)?;
+        match outcome {
+            Outcome::Success => {
+                // The store host keeps serving until every node's workers are done.
+                if layout.node_rank == 0 {
+                    node_barrier(&mut store, &ns, &format!("attempt_{attempt}/done"), &layout)?;
+                } else {
+                    store.set(
+                        &format!("{ns}/attempt_{attempt}/done/{}", layout.node_rank),
+                        b"1",
+                    )?;
+                }
+                return Ok(0);
+            }
+            Outcome::Signal(sig) => return Ok(128 + sig),
+            Outcome::Failed(why) => {
+                eprintln!("ddprun: {why}");
+                if attempt < args.max_restarts {
+                    eprintln!(
+                        "ddprun: restarting all workers (attempt {} of {})",
+                        attempt + 1,
+                        args.max_restarts
+                    );
+                } else {
+                    eprintln!(
+                        "ddprun: no restarts left (--max-restarts {}); exiting with failure",
+                        args.max_restarts
+                    );
+                }
+            }
+        }
+    }
+    Ok(1)
+}
+
+/// Decides who hosts the store and where workers find it.
+fn rendezvous_setup(args: &Args) -> Result<(Layout, Option<StoreServer>)> {
+    let nnodes = args.nnodes()?;
+    let (host, port) = if args.standalone {
+        ("127.0.0.1".to_string(), 0)
+    } else if let Some(ep) = &args.rdzv_endpoint {
+        split_endpoint(ep)?
+    } else {
+        let addr = args
+            .master_addr
+            .clone()
+            .unwrap_or_else(|| "127.0.0.1".into());
+        (addr, args.master_port.unwrap_or(29500))
+    };
+    let node_rank = args.node_rank;
+    let bind_host = if host == "127.0.0.1" || host == "localhost" {
+        "127.0.0.1"
+    } else {
+        "0.0.0.0"
+    };
+    let server = if node_rank == 0 {
+        Some(StoreServer::bind(bind_host, port)?)
+    } else {
+        None
+    };
+    let port = server.as_ref().map_or(port, |s| s.port());
+    let run_id = if args.standalone {
+        format!(
+            "{}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos()
+        )
+    } else {
+        args.rdzv_id.clone()
+    };
+    let layout = Layout {
+        nnodes,
+        node_rank,
+        nproc: args.nproc_per_node,
+        master_addr: host,
+        master_port: port,
+        run_id,
+    };
+    Ok((layout, server))
+}
+
+fn split_endpoint(ep: &str) -> Result<(String, u16)> {
+    let bad = || DdpError::Env {
+        var: "--rdzv-endpoint".into(),
+        value: ep.into(),
+        reason: "expected HOST:PORT".into(),
+    };
+    let (h, p) = ep.rsplit_once(':').ok_or_else(bad)?;
+    Ok((h.to_string(), p.parse().map_err(|_| bad())?))
+}
+
+/// All nodes set `<ns>/<what>/<node>` and wait for each other's key.
+fn node_barrier(store: &mut StoreClient, ns: &str, what: &str, l: &Layout) -> Result<()> {
+    store.set(&format!("{ns}/{what}/{}", l.node_rank), b"1")?;
+    let keys: Vec<String> = (0..l.nnodes).map(|n| format!("{ns}/{what}/{n}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    store.wait(&refs, RDZV_TIMEOUT)
+}

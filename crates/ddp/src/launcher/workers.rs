@@ -1,0 +1,239 @@
+//! Worker processes of one attempt: environment, spawn (each in its own process group), output
+//! prefixing, monitoring, and stopping (SIGTERM to the group, SIGKILL after a grace period).
+
+use super::{signals, Layout};
+use crate::error::{DdpError, Result};
+use crate::store::StoreClient;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Grace period between SIGTERM and SIGKILL when stopping workers.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// How an attempt ended on this node.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Every local worker exited 0.
+    Success,
+    /// A worker (here or on another node) failed; the text says which.
+    Failed(String),
+    /// The launcher got this signal; workers were given it and stopped.
+    Signal(i32),
+}
+
+/// The torchrun environment of every local worker of `attempt` (rank-specific variables are added
+/// per worker in [`WorkerSet::spawn`]).
+pub fn worker_env(l: &Layout, attempt: u32, max_restarts: u32) -> Vec<(String, String)> {
+    let world = l.nnodes * l.nproc;
+    let mut env = vec![
+        ("WORLD_SIZE", world.to_string()),
+        ("LOCAL_WORLD_SIZE", l.nproc.to_string()),
+        ("GROUP_RANK", l.node_rank.to_string()),
+        ("GROUP_WORLD_SIZE", l.nnodes.to_string()),
+        ("ROLE_NAME", "default".into()),
+        ("ROLE_WORLD_SIZE", world.to_string()),
+        ("MASTER_ADDR", l.master_addr.clone()),
+        ("MASTER_PORT", l.master_port.to_string()),
+        ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
+        ("TORCHELASTIC_MAX_RESTARTS", max_restarts.to_string()),
+        ("TORCHELASTIC_RUN_ID", l.run_id.clone()),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
+        (
+            "TORCHELASTIC_SIGNALS_TO_HANDLE",
+            "SIGTERM,SIGINT,SIGHUP,SIGQUIT".into(),
+        ),
+    ];
+    if std::env::var_os("TORCH_NCCL_ASYNC_ERROR_HANDLING").is_none() {
+        env.push(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".into()));
+    }
+    if l.nproc > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+        env.push(("OMP_NUM_THREADS", "1".into()));
+    }
+    env.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+struct Worker {
+    rank: usize,
+    local_rank: usize,
+    child: Child,
+    exit: Option<i32>,
+    pumps: Vec<JoinHandle<()>>,
+}
+
+/// The local workers of one attempt.
+pub struct WorkerSet {
+    workers: Vec<Worker>,
+}
+
+impl WorkerSet {
+    /// Starts `nproc` copies of `command` with `env` plus `RANK`, `LOCAL_RANK`, `ROLE_RANK`.
+    pub fn spawn(command: &[String], l: &Layout, env: &[(String, String)]) -> Result<Self> {
+        let mut set = WorkerSet {
+            workers: Vec::new(),
+        };
+        for local_rank in 0..l.nproc {
+            let rank = l.node_rank * l.nproc + local_rank;
+            let mut cmd = Command::new(&command[0]);
+            cmd.args(&command[1..])
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", local_rank.to_string())
+                .env("ROLE_RANK", rank.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0);
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    set.stop();
+                    return Err(DdpError::io(
+                        format!("ddprun: start worker {rank}: {:?}", command),
+                        e,
+                    ));
+                }
+            };
+            let mut pumps = Vec::new();
+            if let Some(out) = child.stdout.take() {
+                pumps.push(pump(out, rank, false));
+            }
+            if let Some(err) = child.stderr.take() {
+                pumps.push(pump(err, rank, true));
+            }
+            set.workers.push(Worker {
+                rank,
+                local_rank,
+                child,
+                exit: None,
+                pumps,
+            });
+        }
+        Ok(set)
+    }
+
+    /// Polls workers, the launcher's signals and the job-wide failure key `<ns>/failed` until
+    /// every worker exited 0, one failed (then the others are stopped and the failure is
+    /// published for the other nodes), or a signal arrived (forwarded, then workers stopped).
+    pub fn monitor(&mut self, store: &mut StoreClient, ns: &str, l: &Layout) -> Result<Outcome> {
+        let failed_key = format!("{ns}/failed");
+        let mut last_check = Instant::now();
+        loop {
+            if let Some(sig) = signals::received() {
+                self.signal_all(sig);
+                self.stop();
+                return Ok(Outcome::Signal(sig));
+            }
+            let mut failure = None;
+            for w in &mut self.workers {
+                if w.exit.is_none() {
+                    if let Some(status) = w
+                        .child
+                        .try_wait()
+                        .map_err(|e| DdpError::io("ddprun: wait for worker", e))?
+                    {
+                        let code = status.code().unwrap_or_else(|| 128 + signal_of(&status));
+                        w.exit = Some(code);
+                        if code != 0 && failure.is_none() {
+                            failure = Some(format!(
+                                "worker rank {} (node {}, local rank {}) exited with code {code}; stopping the other workers",
+                                w.rank, l.node_rank, w.local_rank
+                            ));
+                        }
+                    }
+                }
+            }
+            if let Some(why) = failure {
+                store.set(&failed_key, why.as_bytes())?;
+                self.stop();
+                return Ok(Outcome::Failed(why));
+            }
+            if self.workers.iter().all(|w| w.exit == Some(0)) {
+                self.join_pumps();
+                return Ok(Outcome::Success);
+            }
+            if l.nnodes > 1 && last_check.elapsed() > Duration::from_millis(200) {
+                last_check = Instant::now();
+                if store.check(&[&failed_key])? {
+                    let why = String::from_utf8_lossy(&store.get(&failed_key)?).into_owned();
+                    self.stop();
+                    return Ok(Outcome::Failed(format!("another node failed: {why}")));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn signal_all(&self, sig: i32) {
+        for w in self.workers.iter().filter(|w| w.exit.is_none()) {
+            // SAFETY: kill(2) on the worker's own process group (created with process_group(0),
+            // so its id is the child's pid); no memory is touched.
+            unsafe {
+                libc::kill(-(w.child.id() as libc::pid_t), sig);
+            }
+        }
+    }
+
+    /// SIGTERM to every live worker's process group, SIGKILL after [`GRACE`], then reap.
+    pub fn stop(&mut self) {
+        self.signal_all(libc::SIGTERM);
+        let deadline = Instant::now() + GRACE;
+        loop {
+            for w in &mut self.workers {
+                if w.exit.is_none() {
+                    if let Ok(Some(s)) = w.child.try_wait() {
+                        w.exit = Some(s.code().unwrap_or(-1));
+                    }
+                }
+            }
+            if self.workers.iter().all(|w| w.exit.is_some()) || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.signal_all(libc::SIGKILL);
+        for w in &mut self.workers {
+            if w.exit.is_none() {
+                let _ = w.child.wait();
+                w.exit = Some(-9);
+            }
+        }
+        self.join_pumps();
+    }
+
+    fn join_pumps(&mut self) {
+        for w in &mut self.workers {
+            for p in w.pumps.drain(..) {
+                let _ = p.join();
+            }
+        }
+    }
+}
+
+fn signal_of(status: &std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal().unwrap_or(0)
+}
+
+/// Copies a worker's stream to ours line by line, each line prefixed with `[rank N] `.
+fn pump(src: impl Read + Send + 'static, rank: usize, is_err: bool) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(src);
+        let mut line = Vec::new();
+        while matches!(r.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+            if line.last() != Some(&b'\n') {
+                line.push(b'\n');
+            }
+            let mut msg = format!("[rank {rank}] ").into_bytes();
+            msg.extend_from_slice(&line);
+            let _ = if is_err {
+                std::io::stderr().lock().write_all(&msg)
+            } else {
+                std::io::stdout().lock().write_all(&msg)
+            };
+            line.clear();
+        }
+    })
+}

@@ -1,0 +1,59 @@
+//! Faults turn into prompt errors, never hangs: a killed rank, a skipped collective, a rank that
+//! never arrives. Workers are spawned without a launcher so that their own behaviour is tested.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+#[test]
+fn killed_rank_makes_the_others_fail_promptly() {
+    let runs = spawn_world(3, &["kill", "1"], 5.0, 20);
+    for r in &runs {
+        assert_ne!(r.code, Some(0), "rank {} exited 0:\n{}", r.rank, r.text);
+        assert!(
+            r.finished,
+            "rank {} still running after 20 s:\n{}",
+            r.rank, r.text
+        );
+        if r.rank != 1 {
+            assert!(
+                r.elapsed < Duration::from_secs(5),
+                "rank {} took {:?}",
+                r.rank,
+                r.elapsed
+            );
+            assert!(r.text.contains("peer rank"), "rank {}:\n{}", r.rank, r.text);
+        }
+    }
+}
+
+#[test]
+fn skipped_collective_is_a_desync_error() {
+    let runs = spawn_world(2, &["skip"], 5.0, 20);
+    for r in &runs {
+        assert_eq!(r.code, Some(1), "rank {}:\n{}", r.rank, r.text);
+    }
+    let all: String = runs.iter().map(|r| r.text.clone()).collect();
+    assert!(all.contains("collective desync at #2"), "{all}");
+    assert!(
+        all.contains("all_reduce(sum) #2") && all.contains("barrier #2"),
+        "{all}"
+    );
+    assert!(
+        all.contains("ddp_test_worker.rs"),
+        "call site missing:\n{all}"
+    );
+}
+
+#[test]
+fn missing_rank_times_out_naming_it() {
+    let runs = spawn_world(3, &["late", "2"], 1.0, 6);
+    let r0 = &runs[0];
+    assert_eq!(r0.code, Some(1), "{}", r0.text);
+    assert!(r0.elapsed < Duration::from_secs(10), "{:?}", r0.elapsed);
+    let all: String = runs.iter().map(|r| r.text.clone()).collect();
+    assert!(
+        all.contains("timed out after 1s") && all.contains("ranks [2] did not arrive"),
+        "{all}"
+    );
+}
