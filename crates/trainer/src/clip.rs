@@ -43,6 +43,14 @@ pub fn grad_norm(grads: &[Tensor]) -> Result<f32> {
 /// torch's clip coefficient in f32: `min(max_norm / (total_norm + 1e-6), 1)`; 1 when
 /// `max_norm` is 0 (clipping off). A NaN norm gives a NaN coefficient, as in torch: check with
 /// [`crate::nonfinite`] before stepping.
+///
+/// ```
+/// use g4ft_trainer::clip::{clip_coef, grad_norm_cpu};
+/// let norm = grad_norm_cpu(&[&[3.0, 0.0], &[4.0]]); // one vector over all buckets
+/// assert_eq!(norm, 5.0);
+/// assert_eq!(clip_coef(norm, 1.0), 1.0 / (5.0 + 1e-6)); // scale down to norm ~1
+/// assert_eq!(clip_coef(0.5, 1.0), 1.0); // never scales up
+/// ```
 pub fn clip_coef(total_norm: f32, max_norm: f64) -> f32 {
     if max_norm == 0.0 {
         return 1.0;

@@ -12,6 +12,16 @@ use serde::{Deserialize, Serialize};
 
 /// Cosine decay to 0 after a linear warmup. The only state is the step counter, saved in the
 /// trainer state so a resumed run continues on the same curve.
+///
+/// ```
+/// use g4ft_trainer::schedule::CosineWithWarmup;
+/// let mut s = CosineWithWarmup::new(1e-4, 20, 400);
+/// assert_eq!(s.lr(), 0.0); // step 1 runs at lr 0, as in transformers
+/// for _ in 0..20 {
+///     s.advance(); // after each optimizer step
+/// }
+/// assert_eq!(s.lr(), 1e-4); // warmup done: the peak
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CosineWithWarmup {
     /// Peak learning rate (the optimizer's `lr`).
