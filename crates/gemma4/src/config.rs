@@ -444,7 +444,7 @@ impl Config {
         let mut layers = Vec::with_capacity(num_hidden_layers);
         for (i, &layer_type) in layer_types.iter().enumerate() {
             let (d, kv) = overrides[i];
-            if num_attention_heads % kv != 0 {
+            if !num_attention_heads.is_multiple_of(kv) {
                 return Err(ctx.err(
                     "num_key_value_heads",
                     format!("layer {i}: {num_attention_heads} attention heads not divisible by {kv} kv heads"),

@@ -260,6 +260,6 @@ impl Checkpoint {
             });
         }
         let t = st.load(&full, device).map_err(ck)?;
-        Ok(t.to_dtype(dtype).map_err(ck)?)
+        t.to_dtype(dtype).map_err(ck)
     }
 }

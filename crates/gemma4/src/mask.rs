@@ -38,9 +38,7 @@ impl AttentionBias {
             && position_ids.is_some_and(|p| packed_sequence_ids(p, b, t).iter().any(|&s| s != 0));
         if causal && !packed {
             let key_mask = match attention_mask {
-                Some(m) if m.iter().any(|&x| x == 0) => {
-                    Some(Tensor::from_slice(m, (b, t), device)?)
-                }
+                Some(m) if m.contains(&0) => Some(Tensor::from_slice(m, (b, t), device)?),
                 _ => None,
             };
             return Ok(AttentionBias::Causal { key_mask });

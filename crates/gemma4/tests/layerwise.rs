@@ -119,8 +119,9 @@ fn layerwise_equals_full_graph_moe_f32() {
 
 #[test]
 fn layerwise_equals_full_graph_kv_sharing_bf16() {
-    // bf16: different accumulation orders between the two graphs round differently.
-    check_case("gemma4-b-ple-kvshare", DType::BF16, 2e-2);
+    // bf16: both graphs run the same ops in the same order (measured: identical); the margin only
+    // covers a future kernel whose accumulation order depends on what is tracked.
+    check_case("gemma4-b-ple-kvshare", DType::BF16, 1e-3);
 }
 
 #[test]

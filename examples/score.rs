@@ -1,0 +1,146 @@
+//! Scores pre-tokenized JSONL with a Gemma 4 checkpoint: the mean token NLL exactly as
+//! transformers' causal-LM loss computes it, summed over the whole file.
+//!
+//! ```text
+//! cargo run --release --example score -- --model assets/tiny --data FILE.jsonl \
+//!     [--dtype f32|bf16] [--device cpu|cuda] [--batch-size N]
+//! ```
+//! Each line is `{"input_ids": [...]}` with optional `"labels": [...]` (same length, -100 =
+//! ignore; default: the input ids). Rows are right padded per batch with the pad id. Prints one
+//! JSON line `{"loss": L, "tokens": N, "sequences": M}`: `L` = Σ NLL / N over every label token of
+//! the file (shifted: the label of position t+1 is predicted at t), `N` = those tokens.
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+use clap::Parser;
+use g4ft::gemma4::{Gemma4Model, TokenBatch};
+use g4ft::lora::LoraContext;
+
+#[derive(Parser, Debug)]
+#[command(about = "Mean token NLL of pre-tokenized JSONL under a Gemma 4 checkpoint")]
+struct Args {
+    /// Model directory (config.json + safetensors) or Hugging Face Hub id.
+    #[arg(long)]
+    model: String,
+    /// Pre-tokenized JSONL: {"input_ids": [...], "labels": [...]?} per line.
+    #[arg(long)]
+    data: String,
+    /// Weight / activation dtype.
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    dtype: String,
+    /// Device.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    device: String,
+    /// Sequences per forward.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+}
+
+/// One JSONL row.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Row {
+    input_ids: Vec<u32>,
+    labels: Option<Vec<i64>>,
+}
+
+/// Reads and validates every row; errors name the 1-based line number.
+pub(crate) fn read_rows(path: &str, vocab: usize) -> Result<Vec<(Vec<u32>, Vec<i64>)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: Row =
+            serde_json::from_str(line).with_context(|| format!("{path}:{n}: invalid row"))?;
+        if row.input_ids.is_empty() {
+            bail!("{path}:{n}: input_ids is empty");
+        }
+        if let Some(&bad) = row.input_ids.iter().find(|&&id| id as usize >= vocab) {
+            bail!("{path}:{n}: token id {bad} is outside the vocabulary (size {vocab})");
+        }
+        let labels = match row.labels {
+            Some(l) if l.len() != row.input_ids.len() => bail!(
+                "{path}:{n}: labels has {} values, input_ids has {}",
+                l.len(),
+                row.input_ids.len()
+            ),
+            Some(l) => {
+                if let Some(&bad) = l
+                    .iter()
+                    .find(|&&x| x != -100 && (x < 0 || x as usize >= vocab))
+                {
+                    bail!("{path}:{n}: label {bad} is neither -100 nor a token id < {vocab}");
+                }
+                l
+            }
+            None => row.input_ids.iter().map(|&x| x as i64).collect(),
+        };
+        rows.push((row.input_ids, labels));
+    }
+    if rows.is_empty() {
+        bail!("{path}: no rows");
+    }
+    Ok(rows)
+}
+
+/// Σ NLL and the number of label tokens over `rows`, `batch_size` rows per forward (right padded
+/// with the pad id, attention mask 0 and label -100 on padding).
+pub(crate) fn score(
+    model: &Gemma4Model,
+    rows: &[(Vec<u32>, Vec<i64>)],
+    batch_size: usize,
+) -> Result<(f64, usize)> {
+    let pad = model.config().pad_token_id;
+    let (mut loss_sum, mut tokens) = (0f64, 0usize);
+    for chunk in rows.chunks(batch_size.max(1)) {
+        let t = chunk.iter().map(|(ids, _)| ids.len()).max().unwrap_or(0);
+        let b = chunk.len();
+        let (mut ids, mut mask, mut labels) =
+            (vec![pad; b * t], vec![0u32; b * t], vec![-100i64; b * t]);
+        for (r, (row_ids, row_labels)) in chunk.iter().enumerate() {
+            ids[r * t..r * t + row_ids.len()].copy_from_slice(row_ids);
+            mask[r * t..r * t + row_ids.len()].fill(1);
+            labels[r * t..r * t + row_labels.len()].copy_from_slice(row_labels);
+        }
+        let batch = TokenBatch {
+            input_ids: &ids,
+            attention_mask: Some(&mask),
+            position_ids: None,
+            batch: b,
+            seq_len: t,
+        };
+        let out = model.loss(&batch, &labels, &LoraContext::EVAL)?;
+        loss_sum += out.sum.to_scalar::<f32>()? as f64;
+        tokens += out.n_tokens;
+    }
+    Ok((loss_sum, tokens))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if args.batch_size == 0 {
+        bail!("--batch-size must be at least 1");
+    }
+    let device = match args.device.as_str() {
+        "cuda" => Device::new_cuda(0).context("--device cuda (build with --features cuda)")?,
+        _ => Device::Cpu,
+    };
+    let dtype = if args.dtype == "bf16" {
+        DType::BF16
+    } else {
+        DType::F32
+    };
+    let model = Gemma4Model::load(&args.model, dtype, &device)?;
+    let rows = read_rows(&args.data, model.config().vocab_size)?;
+
+    let (loss_sum, tokens) = score(&model, &rows, args.batch_size)?;
+    let loss = loss_sum / tokens as f64;
+    println!(
+        "{}",
+        serde_json::json!({"loss": loss, "tokens": tokens, "sequences": rows.len()})
+    );
+    Ok(())
+}
