@@ -23,3 +23,26 @@ extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* 
         v[i] = vi;
     }
 }
+
+// clip_grad_norm_ without a host sync: per-block partial sums of g^2 (grid-stride), then one block
+// sums the partials in a fixed order (deterministic) and writes out = {norm, min(1, max/(norm+1e-6))}.
+extern "C" __global__ void sumsq_partial_f32(const float* g, float* partial, size_t n) {
+    float s = 0.f;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = g[i];
+        s += x * x;
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+extern "C" __global__ void clip_finish_f32(const float* partial, int nparts, float* out, float max_norm) {
+    float s = 0.f;
+    for (int i = threadIdx.x; i < nparts; i += blockDim.x) s += partial[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) {
+        float norm = sqrtf(s);
+        out[0] = norm;
+        out[1] = fminf(1.f, max_norm / (norm + 1e-6f));
+    }
+}

@@ -106,42 +106,64 @@ __device__ void attn_bwd_dq(const T* q, const T* k, const T* v, const uint8_t* m
     store_row<T, E>(dq + qrow * d, d, acc, scale);
 }
 
-// dv_j = sum_i p_ij do_i, dk_j = scale * sum_i p_ij (do_i . v_j - D_i) q_i over the group's query heads.
+// Per query head h (kv head h / rep), key row j: dv_j^h = sum_i p_ij do_i, dk_j^h = scale * sum_i
+// p_ij (do_i . v_j - D_i) q_i, as fp32 partials part[2][b][nh][t][d]; attn_reduce_heads sums the rep
+// heads of each kv head into dk/dv. One warp per (b, h, j): nh-fold more parallel than one warp per
+// kv row, which matters for the 12B's full layers (1 kv head for 16 query heads).
 template <typename T, int E>
 __device__ void attn_bwd_dkdv(const T* q, const T* k, const T* v, const uint8_t* mask, const T* dout,
-                              const float* lse, const float* dbuf, T* dkv, size_t nkv_elems, int nh,
-                              int nkv, int t, int d, int window, float scale) {
-    int j = blockIdx.x * ROWS + (threadIdx.x >> 5), g = blockIdx.y, b = blockIdx.z;
+                              const float* lse, const float* dbuf, float* part, int nh, int nkv, int t,
+                              int d, int window, float scale) {
+    int j = blockIdx.x * ROWS + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
     if (j >= t) return;
     int lane = threadIdx.x & 31;
-    size_t krow = (size_t)(b * nkv + g) * t + j;
+    size_t krow = (size_t)(b * nkv + h / (nh / nkv)) * t + j;
+    size_t q0 = (size_t)(b * nh + h) * t;
     float kr[E], vr[E], dk[E], dv[E];
     load_row<T, E>(k + krow * d, d, kr);
     load_row<T, E>(v + krow * d, d, vr);
 #pragma unroll
     for (int e = 0; e < E; ++e) { dk[e] = 0.f; dv[e] = 0.f; }
     if (mask[(size_t)b * t + j]) {
-        int rep = nh / nkv, hi = window > 0 ? min(t, j + window) : t;
-        for (int hh = 0; hh < rep; ++hh) {
-            size_t q0 = (size_t)(b * nh + g * rep + hh) * t;
-            for (int i = j; i < hi; ++i) {
-                float L = lse[q0 + i];
-                if (L == INFINITY) continue;
-                const T* qp = q + (q0 + i) * d;
-                const T* dp_ = dout + (q0 + i) * d;
-                float s = dot_row<T, E>(kr, qp, d), dp = dot_row<T, E>(vr, dp_, d);
-                warp_sum2(s, dp);
-                float p = expf(s * scale - L), ds = p * (dp - dbuf[q0 + i]);
+        int hi = window > 0 ? min(t, j + window) : t;
+        for (int i = j; i < hi; ++i) {
+            float L = lse[q0 + i];
+            if (L == INFINITY) continue;
+            const T* qp = q + (q0 + i) * d;
+            const T* dp_ = dout + (q0 + i) * d;
+            float s = dot_row<T, E>(kr, qp, d), dp = dot_row<T, E>(vr, dp_, d);
+            warp_sum2(s, dp);
+            float p = expf(s * scale - L), ds = p * (dp - dbuf[q0 + i]);
 #pragma unroll
-                for (int e = 0; e < E; ++e) {
-                    int c = lane + 32 * e;
-                    if (c < d) { dv[e] += p * to_f32(dp_[c]); dk[e] += ds * to_f32(qp[c]); }
-                }
+            for (int e = 0; e < E; ++e) {
+                int c = lane + 32 * e;
+                if (c < d) { dv[e] += p * to_f32(dp_[c]); dk[e] += ds * to_f32(qp[c]); }
             }
         }
     }
-    store_row<T, E>(dkv + krow * d, d, dk, scale);
-    store_row<T, E>(dkv + nkv_elems + krow * d, d, dv, 1.f);
+    size_t nq = (size_t)gridDim.z * nh * t * d;
+    float* pk = part + (q0 + j) * d;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        int c = lane + 32 * e;
+        if (c < d) { pk[c] = dk[e] * scale; pk[nq + c] = dv[e]; }
+    }
+}
+
+// dkv[2][b][nkv][t][d] = sum over the rep query heads of part[2][b][nh][t][d] (fixed order).
+template <typename T>
+__device__ void attn_reduce_heads(const float* part, T* dkv, int b, int nh, int nkv, int t, int d) {
+    int rep = nh / nkv;
+    size_t n = (size_t)2 * b * nkv * t * d, per = (size_t)t * d;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
+        size_t within = idx % per, row = idx / per;  // row = (which, bi, g)
+        int g = row % nkv;
+        size_t wb = row / nkv;  // which * b + bi
+        const float* src = part + ((wb * nh + (size_t)g * rep) * per) + within;
+        float s = 0.f;
+        for (int r = 0; r < rep; ++r) s += src[r * per];
+        dkv[idx] = from_f32<T>(s);
+    }
 }
 
 #define INST_E(T, S, E)                                                                              \
@@ -158,10 +180,13 @@ __device__ void attn_bwd_dkdv(const T* q, const T* k, const T* v, const uint8_t*
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(ROWS * 32) attn_bwd_dkdv_e##E##_##S(                \
         const T* q, const T* k, const T* v, const uint8_t* mask, const T* dout, const float* lse,    \
-        const float* dbuf, T* dkv, size_t nkv_elems, int nh, int nkv, int t, int d, int window,      \
-        float scale) {                                                                               \
-        attn_bwd_dkdv<T, E>(q, k, v, mask, dout, lse, dbuf, dkv, nkv_elems, nh, nkv, t, d, window,  \
-                            scale);                                                                  \
+        const float* dbuf, float* part, int nh, int nkv, int t, int d, int window, float scale) {    \
+        attn_bwd_dkdv<T, E>(q, k, v, mask, dout, lse, dbuf, part, nh, nkv, t, d, window, scale);     \
     }
-#define INST(T, S) INST_E(T, S, 1) INST_E(T, S, 2) INST_E(T, S, 4) INST_E(T, S, 8) INST_E(T, S, 16)
+#define INST(T, S)                                                                                   \
+    extern "C" __global__ void attn_reduce_heads_##S(const float* part, T* dkv, int b, int nh,       \
+                                                     int nkv, int t, int d) {                        \
+        attn_reduce_heads<T>(part, dkv, b, nh, nkv, t, d);                                           \
+    }                                                                                                \
+    INST_E(T, S, 1) INST_E(T, S, 2) INST_E(T, S, 4) INST_E(T, S, 8) INST_E(T, S, 16)
 G4FT_FLOAT_TYPES(INST)

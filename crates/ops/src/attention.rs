@@ -1,7 +1,8 @@
 //! Memory-efficient causal attention with sliding window, key padding mask and GQA, fused
 //! (`kernels/attention.cu`): the (t, t) score matrix is never stored. Forward keeps the per-row
 //! log-sum-exp (fp32) for the backward, which recomputes the probabilities row by row
-//! (FlashAttention-2's recurrences: `D_i = do_i·o_i`, `ds = p·(do·v − D)`).
+//! (FlashAttention-2's recurrences: `D_i = do_i·o_i`, `ds = p·(do·v − D)`). On CUDA: one kernel
+//! for dq (and D), one for per-query-head dk/dv partials in fp32, one that sums each kv head's group.
 //!
 //! Mask semantics (transformers Gemma 4, `gemma4-text-spec.md` §4.3): query i attends key j iff
 //! `j <= i`, `i − j < window` (exactly W keys including itself) and `key_mask[b, j] != 0`. Query head
@@ -376,17 +377,30 @@ mod cuda_impl {
                 // SAFETY: one warp per (b, h, query row); dq is the first nq elements.
                 unsafe { b.launch(cfg(n.t, n.nh, n.b)) }.w()?;
             }
+            // SAFETY: the dk/dv partials of every (b, h, key row) are written by the dkdv kernel.
+            let part = unsafe { dev.alloc::<f32>(2 * nq)? };
             {
                 let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(&format!("attn_bwd_dkdv_e{e}")))?;
-                let mut dkv = packed.slice_mut(nq..nq + 2 * nkv);
                 let mut b = stream.launch_builder(&f);
-                b.arg(&q).arg(&k).arg(&v).arg(&m).arg(&dout).arg(&lse).arg(&dbuf).arg(&mut dkv).arg(&nkv);
+                b.arg(&q).arg(&k).arg(&v).arg(&m).arg(&dout).arg(&lse).arg(&dbuf).arg(&part);
                 for i in &ints {
                     b.arg(i);
                 }
                 b.arg(&n.scale);
-                // SAFETY: one warp per (b, kv head, key row); dk then dv, nkv elements each.
-                unsafe { b.launch(cfg(n.t, n.nkv, n.b)) }.w()?;
+                // SAFETY: one warp per (b, query head, key row); part holds 2·nq f32.
+                unsafe { b.launch(cfg(n.t, n.nh, n.b)) }.w()?;
+            }
+            {
+                let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>("attn_reduce_heads"))?;
+                let mut dkv = packed.slice_mut(nq..nq + 2 * nkv);
+                let sizes = [n.b, n.nh, n.nkv, n.t, n.d].map(|v| v as i32);
+                let mut b = stream.launch_builder(&f);
+                b.arg(&part).arg(&mut dkv);
+                for i in &sizes {
+                    b.arg(i);
+                }
+                // SAFETY: part holds 2·nq f32, dkv 2·nkv elements of T.
+                unsafe { b.launch(cuda::elementwise(2 * nkv)) }.w()?;
             }
             Ok(cuda::wrap(packed, &dev))
         })

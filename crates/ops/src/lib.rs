@@ -10,6 +10,19 @@
 //! Numerics follow transformers 5.23 (see `gemma4-text-spec.md` §4 and §6): norms and softmax in fp32
 //! with one rounding back to the input dtype, RoPE products in the activation dtype.
 //!
+//! Ops: [`backward_with_seed`] (SeedGrad), [`linear_frozen`] (FrozenMatmul: d(x) only),
+//! [`rms_norm`], [`rope`], [`softmax_last_dim`], [`gelu_tanh_mul`], [`linear_cross_entropy`]
+//! (chunked, loss and d(hidden) in one pass), [`attention`] (causal, sliding window, key mask, GQA,
+//! no (t, t) tensor), [`adamw_step`] + [`clip_coefficient`] (flat fp32 buffers), [`lora_dropout`] /
+//! [`dropout_mask`] (counter-hash mask that replays, identical bits on CPU and CUDA).
+//!
+//! CUDA build: with the `cuda` feature, `build.rs` runs nvcc (`-arch=compute_$CUDA_COMPUTE_CAP`,
+//! default 90) on each `kernels/<op>.cu` and the PTX is embedded with `include_str!`; the driver
+//! JIT-compiles it once per process. Chosen over NVRTC because the GPU machine then needs no CUDA
+//! headers or libnvrtc at run time, and kernel compile errors surface at build time. nvcc must match
+//! the driver's PTX ISA (13.0 for driver 580). `src/gpu_tests.rs` checks every CUDA op against
+//! its CPU reference and times it (`docs/benchmarks.md`, "Kernels").
+//!
 //! Left out on purpose: gradients for frozen operands (norm weights, projection weights, the tied
 //! embedding in the loss) are never computed.
 
@@ -19,6 +32,8 @@ mod cross_entropy;
 mod cuda;
 mod dropout;
 mod geglu;
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests;
 mod linear_frozen;
 mod optim;
 mod rms_norm;

@@ -162,14 +162,7 @@ mod cuda_impl {
         let (p, _gp) = views[0].device_ptr(&stream);
         let (m, _gm) = views[2].device_ptr(&stream);
         let (v, _gv) = views[3].device_ptr(&stream);
-        let mut b = stream.launch_builder(&f);
-        b.arg(&p)
-            .arg(&views[1])
-            .arg(&m)
-            .arg(&v)
-            .arg(&views[4])
-            .arg(&n);
-        for x in [
+        let scalars = [
             sc.decay,
             sc.w1,
             sc.beta2,
@@ -177,15 +170,51 @@ mod cuda_impl {
             sc.eps,
             sc.step_size,
             sc.bc2_sqrt,
-        ]
-        .iter()
-        {
+        ];
+        let mut b = stream.launch_builder(&f);
+        b.arg(&p)
+            .arg(&views[1])
+            .arg(&m)
+            .arg(&v)
+            .arg(&views[4])
+            .arg(&n);
+        for x in &scalars {
             b.arg(x);
         }
         // SAFETY: p, g, m, v hold n f32 each (checked by the caller), clip one f32; p, m and v are
         // distinct tensors (checked), so the kernel's writes do not alias its other inputs.
         unsafe { b.launch(cuda::elementwise(n)) }.w()?;
         Ok(())
+    }
+
+    /// `[norm, coef]` of a contiguous f32 CUDA tensor: two launches, deterministic order.
+    pub(super) fn clip(grads: &Tensor, max_norm: f32) -> Result<Tensor> {
+        let op = "clip-coefficient";
+        let (s, l) = grads.storage_and_layout();
+        let cs = cuda_of(&s, op, "grads")?;
+        let g = cuda::view::<f32>(cs, l, op, "grads")?;
+        let dev = cs.device.clone();
+        let stream = dev.cuda_stream();
+        let n = l.shape().elem_count();
+        let cfg = cuda::elementwise(n);
+        let nparts = cfg.grid_dim.0 as i32;
+        // SAFETY: each block writes its partial; the finish kernel writes both outputs.
+        let partial = unsafe { dev.alloc::<f32>(nparts as usize)? };
+        let out = unsafe { dev.alloc::<f32>(2)? };
+        let f = cuda::func(&dev, &MODULE, "sumsq_partial_f32")?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&g).arg(&partial).arg(&n);
+        // SAFETY: g holds n f32, partial one per block.
+        unsafe { b.launch(cfg) }.w()?;
+        let f = cuda::func(&dev, &MODULE, "clip_finish_f32")?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&partial).arg(&nparts).arg(&out).arg(&max_norm);
+        // SAFETY: one block reads nparts partials and writes 2 f32.
+        unsafe { b.launch(cuda::per_row(1, 1024)) }.w()?;
+        Ok(crate::util::tensor_from_storage(
+            candle_core::Storage::Cuda(cuda::wrap(out, &dev)),
+            &[2],
+        ))
     }
 }
 
@@ -272,8 +301,14 @@ pub fn adamw_step_slow(
 
 /// `(total_norm, clip_coef)` of `torch.nn.utils.clip_grad_norm_(grads, max_norm)`: the L2 norm over
 /// all elements and `min(1, max_norm / (norm + 1e-6))`, both 0-dim f32 tensors on the grads' device
-/// (no host sync). Pass `clip_coef` to [`adamw_step`]; read `total_norm` for logging later.
+/// (no host sync; on CUDA two launches in a fixed summation order, deterministic). Pass `clip_coef`
+/// to [`adamw_step`]; read `total_norm` for logging later.
 pub fn clip_coefficient(grads: &Tensor, max_norm: f64) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if grads.device().is_cuda() && grads.dtype() == DType::F32 {
+        let out = cuda_impl::clip(&grads.contiguous()?, max_norm as f32)?; // (2,): norm, coef
+        return Ok((out.get(0)?, out.get(1)?));
+    }
     let norm = grads.to_dtype(DType::F32)?.sqr()?.sum_all()?.sqrt()?;
     let max = Tensor::new(max_norm as f32, grads.device())?;
     let coef = max.div(&(&norm + 1e-6)?)?.minimum(1f32)?;

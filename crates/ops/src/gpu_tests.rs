@@ -1,0 +1,413 @@
+//! GPU checks (feature `cuda`, run on the GPU machine): every op's CUDA forward and backward against
+//! its CPU reference on the same inputs, then timings at Gemma 4 12B shapes (seq 2048, bf16) of the
+//! fused op against its `_slow` composite on the GPU. Prints one table; fails if any check fails.
+//! Run: `cargo test --release -p g4ft-ops --features cuda gpu_ -- --nocapture --test-threads=1`.
+
+use crate::testing::{diff, randn};
+use crate::*;
+use candle_core::{bail, DType, Device, Result, Tensor, Var};
+use std::time::Instant;
+
+type Op<'a> = &'a dyn Fn(&[Tensor]) -> Result<Tensor>;
+
+/// Forward output and the gradients of the trainable inputs (seeded with a fixed random gradient).
+fn run(f: Op, inputs: &[Tensor], trainable: &[bool], dev: &Device) -> Result<Vec<Tensor>> {
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(&t.to_device(dev)?))
+        .collect::<Result<_>>()?;
+    let ins: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let y = f(&ins)?;
+    let g = randn(y.dims(), y.dtype(), 99, &Device::Cpu)?.to_device(dev)?;
+    let grads = backward_with_seed(&y, &g)?;
+    let mut out = vec![y.to_device(&Device::Cpu)?];
+    for (v, &tr) in vars.iter().zip(trainable) {
+        if tr {
+            let Some(gv) = grads.get(v) else {
+                bail!("no gradient on {dev:?}")
+            };
+            out.push(gv.to_device(&Device::Cpu)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Max abs / rel error of CUDA vs CPU over the output and all gradients; `ok` if within `tol`.
+fn check(
+    name: &str,
+    shape: &str,
+    f: Op,
+    inputs: &[Tensor],
+    trainable: &[bool],
+    tol: f64,
+    gpu: &Device,
+) -> Result<bool> {
+    let cpu = run(f, inputs, trainable, &Device::Cpu)?;
+    let cuda = run(f, inputs, trainable, gpu)?;
+    let (mut abs, mut rel) = (0f64, 0f64);
+    for (a, b) in cuda.iter().zip(&cpu) {
+        let scale = b
+            .to_dtype(DType::F32)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()? as f64;
+        let (x, _, _) = diff(a, b, 1e-3)?;
+        abs = abs.max(x);
+        rel = rel.max(x / scale.max(1e-12));
+    }
+    let ok = rel <= tol;
+    println!(
+        "| {name} | {shape} | {abs:.2e} | {rel:.2e} (of max abs) | {} |",
+        if ok { "ok" } else { "FAIL" }
+    );
+    Ok(ok)
+}
+
+/// Mean µs of `f` over `iters` calls after one warm-up, synchronised.
+fn time_us(dev: &Device, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    dev.synchronize()?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        f()?;
+    }
+    dev.synchronize()?;
+    Ok(t.elapsed().as_secs_f64() * 1e6 / iters as f64)
+}
+
+/// Fused vs slow on the GPU: forward and forward+backward µs.
+fn time_row(
+    name: &str,
+    shape: &str,
+    fused: Op,
+    slow: Op,
+    inputs: &[Tensor],
+    dev: &Device,
+) -> Result<()> {
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(&t.to_device(dev)?))
+        .collect::<Result<_>>()?;
+    let ins: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let mut cols = Vec::new();
+    for f in [fused, slow] {
+        let fwd = time_us(dev, 5, || f(&ins).map(|_| ()))?;
+        let y = f(&ins)?;
+        let g = Tensor::ones_like(&y)?;
+        let both = time_us(dev, 5, || {
+            let y = f(&ins)?;
+            backward_with_seed(&y, &g).map(|_| ())
+        })?;
+        cols.push((fwd, both));
+    }
+    println!(
+        "| {name} | {shape} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}x |",
+        cols[0].0,
+        cols[0].1,
+        cols[1].0,
+        cols[1].1,
+        cols[1].1 / cols[0].1
+    );
+    Ok(())
+}
+
+fn r(dims: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
+    randn(dims, dtype, seed, &Device::Cpu)
+}
+
+fn rope_tables(b: usize, t: usize, d: usize, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let ang = r(&[b, t, d], DType::F32, 7)?;
+    Ok((ang.cos()?.to_dtype(dtype)?, ang.sin()?.to_dtype(dtype)?))
+}
+
+#[test]
+fn gpu_kernels_table() -> Result<()> {
+    let gpu = Device::new_cuda(0)?;
+    let bf = DType::BF16;
+    let mut ok = true;
+    println!("\n| op | shape | max abs err | max rel err | check |\n|---|---|---|---|---|");
+    for dtype in [DType::F32, bf] {
+        let tol = if dtype == bf { 2e-2 } else { 1e-4 };
+        let dn = if dtype == bf { "bf16" } else { "f32" };
+        let w = (r(&[512], dtype, 2)? + 1.0)?;
+        ok &= check(
+            &format!("rms_norm {dn}"),
+            "(64, 512)",
+            &|x| rms_norm(&x[0], Some(&x[1]), 1e-6),
+            &[r(&[64, 512], dtype, 1)?, w],
+            &[true, false],
+            tol,
+            &gpu,
+        )?;
+        ok &= check(
+            &format!("rms_norm no-w {dn}"),
+            "(1,4,64,256)",
+            &|x| rms_norm(&x[0], None, 1e-6),
+            &[r(&[1, 4, 64, 256], dtype, 1)?],
+            &[true],
+            tol,
+            &gpu,
+        )?;
+        let (c, s) = rope_tables(1, 64, 256, dtype)?;
+        ok &= check(
+            &format!("rope {dn}"),
+            "(1,4,64,256)",
+            &|x| rope(&x[0], &x[1], &x[2]),
+            &[r(&[1, 4, 64, 256], dtype, 1)?, c, s],
+            &[true, false, false],
+            tol,
+            &gpu,
+        )?;
+        ok &= check(
+            &format!("softmax {dn}"),
+            "(64, 1000)",
+            &|x| softmax_last_dim(&x[0]),
+            &[(r(&[64, 1000], dtype, 1)? * 3.0)?],
+            &[true],
+            tol,
+            &gpu,
+        )?;
+        ok &= check(
+            &format!("gelu_tanh_mul {dn}"),
+            "(64, 3000)",
+            &|x| gelu_tanh_mul(&x[0], &x[1]),
+            &[r(&[64, 3000], dtype, 1)?, r(&[64, 3000], dtype, 2)?],
+            &[true, true],
+            tol,
+            &gpu,
+        )?;
+        ok &= check(
+            &format!("lora_dropout {dn}"),
+            "(64, 3000)",
+            &|x| lora_dropout(&x[0], 0.1, [1, 2, 3]),
+            &[r(&[64, 3000], dtype, 1)?],
+            &[true],
+            0.0,
+            &gpu,
+        )?;
+        let tg: Vec<u32> = (0..256u32)
+            .map(|i| {
+                if i % 7 == 3 {
+                    u32::MAX
+                } else {
+                    (i * 2654435761u32) % 8192
+                }
+            })
+            .collect();
+        let tg = Tensor::new(tg.as_slice(), &Device::Cpu)?;
+        let tgg = tg.clone();
+        ok &= check(
+            &format!("linear_cross_entropy {dn}"),
+            "n256 h512 v8192 chunk96",
+            &move |x| {
+                linear_cross_entropy(&x[0], &x[1], &tgg.to_device(x[0].device())?, Some(30.0), 96)
+            },
+            &[r(&[256, 512], dtype, 1)?, r(&[8192, 512], dtype, 2)?],
+            &[true, false],
+            tol,
+            &gpu,
+        )?;
+        let mask = Tensor::new(&[[1u8; 320], [1u8; 320]], &Device::Cpu)?.narrow(1, 0, 300)?;
+        let mask = Tensor::cat(&[mask, Tensor::zeros((2, 20), DType::U8, &Device::Cpu)?], 1)?;
+        for (nh, nkv, d, win) in [
+            (8, 4, 256, Some(128)),
+            (8, 1, 512, None),
+            (4, 2, 80, Some(33)),
+        ] {
+            let m = mask.clone();
+            ok &= check(
+                &format!("attention {dn} win={win:?}"),
+                &format!("b2 nh{nh} nkv{nkv} t320 d{d}"),
+                &move |x| {
+                    attention(
+                        &x[0],
+                        &x[1],
+                        &x[2],
+                        Some(&m.to_device(x[0].device())?),
+                        win,
+                        1.0 / (d as f64).sqrt(),
+                    )
+                },
+                &[
+                    r(&[2, nh, 320, d], dtype, 1)?,
+                    r(&[2, nkv, 320, d], dtype, 2)?,
+                    r(&[2, nkv, 320, d], dtype, 3)?,
+                ],
+                &[true, true, true],
+                tol,
+                &gpu,
+            )?;
+        }
+    }
+    // dropout mask bits and AdamW: CPU and CUDA must agree exactly
+    let mc = dropout_mask((1000, 999), 0.1, [5, 6, 7], &Device::Cpu)?;
+    let mg = dropout_mask((1000, 999), 0.1, [5, 6, 7], &gpu)?.to_device(&Device::Cpu)?;
+    let bad = mc
+        .ne(&mg)?
+        .to_dtype(DType::F32)?
+        .sum_all()?
+        .to_scalar::<f32>()?;
+    println!(
+        "| dropout_mask bits | (1000, 999) | {bad} differing | - | {} |",
+        if bad == 0.0 { "ok" } else { "FAIL" }
+    );
+    ok &= bad == 0.0;
+    let gbig = (r(&[3_000_001], DType::F32, 4)? * 0.01)?;
+    let (nc, cc) = clip_coefficient(&gbig, 1.0)?;
+    let (ng, cg) = clip_coefficient(&gbig.to_device(&gpu)?, 1.0)?;
+    let nc = nc.to_scalar::<f32>()? as f64;
+    let rel_n = (ng.to_device(&Device::Cpu)?.to_scalar::<f32>()? as f64 - nc).abs() / nc;
+    let rel_c = (cg.to_device(&Device::Cpu)?.to_scalar::<f32>()? as f64
+        - cc.to_scalar::<f32>()? as f64)
+        .abs();
+    println!(
+        "| clip_coefficient (norm, coef) | n=3,000,001 | {rel_c:.2e} | {rel_n:.2e} | {} |",
+        if rel_n < 1e-5 && rel_c < 1e-5 {
+            "ok"
+        } else {
+            "FAIL"
+        }
+    );
+    ok &= rel_n < 1e-5 && rel_c < 1e-5;
+    let n = 1 << 20;
+    let hp = AdamW {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let mut states = Vec::new();
+    for dev in [Device::Cpu, gpu.clone()] {
+        let p = r(&[n], DType::F32, 1)?.to_device(&dev)?;
+        let (m, v) = (
+            Tensor::zeros(n, DType::F32, &dev)?,
+            Tensor::zeros(n, DType::F32, &dev)?,
+        );
+        for step in 1..=3 {
+            let g = r(&[n], DType::F32, 10 + step)?.to_device(&dev)?;
+            let (_, coef) = clip_coefficient(&g, 1.0)?;
+            adamw_step(&p, &g, &m, &v, &hp, step, &coef)?;
+        }
+        states.push(
+            [p, m, v]
+                .iter()
+                .map(|t| t.to_device(&Device::Cpu))
+                .collect::<Result<Vec<_>>>()?,
+        );
+    }
+    let mut worst = 0f64;
+    for (a, b) in states[0].iter().zip(&states[1]) {
+        worst = worst.max(diff(b, a, 1e-12)?.0);
+    }
+    println!(
+        "| adamw_step (3 steps, clip) | n=2^20 | {worst:.2e} | - | {} |",
+        if worst < 1e-6 { "ok" } else { "FAIL" }
+    );
+    ok &= worst < 1e-6;
+
+    println!("\nTimings on the GPU, 12B shapes, bf16, µs (mean of 5 after a warm-up; fwd+bwd = forward + backward_with_seed):\n");
+    println!("| op | shape | fused fwd | fused fwd+bwd | slow fwd | slow fwd+bwd | speed-up fwd+bwd |\n|---|---|---|---|---|---|---|");
+    let (t, h, inter) = (2048, 3840, 15360);
+    time_row(
+        "rms_norm",
+        "(2048, 3840)",
+        &|x| rms_norm(&x[0], Some(&x[1]), 1e-6),
+        &|x| rms_norm_slow(&x[0], Some(&x[1]), 1e-6),
+        &[r(&[t, h], bf, 1)?, r(&[h], bf, 2)?],
+        &gpu,
+    )?;
+    time_row(
+        "q_norm (no w)",
+        "(1,16,2048,256)",
+        &|x| rms_norm(&x[0], None, 1e-6),
+        &|x| rms_norm_slow(&x[0], None, 1e-6),
+        &[r(&[1, 16, t, 256], bf, 1)?],
+        &gpu,
+    )?;
+    let (c, s) = rope_tables(1, t, 256, bf)?;
+    let (cg, sg) = (c.to_device(&gpu)?, s.to_device(&gpu)?);
+    time_row(
+        "rope",
+        "(1,16,2048,256)",
+        &|x| rope(&x[0], &cg, &sg),
+        &|x| rope_slow(&x[0], &cg, &sg),
+        &[r(&[1, 16, t, 256], bf, 1)?],
+        &gpu,
+    )?;
+    time_row(
+        "gelu_tanh_mul",
+        "(2048, 15360)",
+        &|x| gelu_tanh_mul(&x[0], &x[1]),
+        &|x| gelu_tanh_mul_slow(&x[0], &x[1]),
+        &[r(&[t, inter], bf, 1)?, r(&[t, inter], bf, 2)?],
+        &gpu,
+    )?;
+    time_row(
+        "softmax",
+        "(16*2048, 2048)",
+        &|x| softmax_last_dim(&x[0]),
+        &|x| softmax_last_dim_slow(&x[0]),
+        &[r(&[16 * t, t], bf, 1)?],
+        &gpu,
+    )?;
+    time_row(
+        "lora_dropout p=0.1",
+        "(2048, 3840)",
+        &|x| lora_dropout(&x[0], 0.1, [1, 2, 3]),
+        &|x| lora_dropout_slow(&x[0], 0.1, [1, 2, 3]),
+        &[r(&[t, h], bf, 1)?],
+        &gpu,
+    )?;
+    for (nh, nkv, d, win) in [(16, 8, 256, Some(1024)), (16, 1, 512, None)] {
+        let sc = 1.0;
+        time_row(
+            &format!("attention win={win:?}"),
+            &format!("(1,{nh},2048,{d}) kv{nkv}"),
+            &move |x| attention(&x[0], &x[1], &x[2], None, win, sc),
+            &move |x| attention_slow(&x[0], &x[1], &x[2], None, win, sc),
+            &[
+                r(&[1, nh, t, d], bf, 1)?,
+                r(&[1, nkv, t, d], bf, 2)?,
+                r(&[1, nkv, t, d], bf, 3)?,
+            ],
+            &gpu,
+        )?;
+    }
+    let tg: Vec<u32> = (0..t as u32)
+        .map(|i| (i * 2654435761u32) % 262144)
+        .collect();
+    let tg = Tensor::new(tg.as_slice(), &gpu)?;
+    let w = r(&[262144, h], bf, 2)?.to_device(&gpu)?;
+    let (tg2, w2) = (tg.clone(), w.clone());
+    time_row(
+        "linear_cross_entropy chunk 1024",
+        "n2048 h3840 v262144",
+        &move |x| linear_cross_entropy(&x[0], &w, &tg, Some(30.0), 1024),
+        &move |x| linear_cross_entropy_slow(&x[0], &w2, &tg2, Some(30.0)),
+        &[r(&[t, h], bf, 1)?],
+        &gpu,
+    )?;
+    let n = 65_568_768;
+    let p = Tensor::zeros(n, DType::F32, &gpu)?;
+    let (g, m, v) = (
+        Tensor::ones(n, DType::F32, &gpu)?,
+        Tensor::zeros(n, DType::F32, &gpu)?,
+        Tensor::zeros(n, DType::F32, &gpu)?,
+    );
+    let mut step = 0;
+    let us = time_us(&gpu, 5, || {
+        step += 1;
+        let (_, coef) = clip_coefficient(&g, 1.0)?;
+        adamw_step(&p, &g, &m, &v, &hp, step, &coef)
+    })?;
+    let us_step = time_us(&gpu, 5, || {
+        step += 1;
+        adamw_step(&p, &g, &m, &v, &hp, step, &Tensor::new(&[1f32], &gpu)?)
+    })?;
+    println!("| clip_coefficient + adamw_step | n=65,568,768 (12B LoRA r16) | {us:.0} (adamw_step alone {us_step:.0}; {:.0} GB/s) | - | - | - | - |", 28.0 * n as f64 / us_step / 1e3);
+    if !ok {
+        bail!("some CUDA results differ from the CPU reference (see FAIL rows)");
+    }
+    Ok(())
+}
