@@ -22,7 +22,7 @@ pub struct NamedVar {
     pub var: Var,
 }
 
-/// Attaches a freshly initialised adapter (see [`crate::init`]) to every targeted projection and
+/// Attaches a freshly initialised adapter (see [`init_adapter_values`]) to every targeted projection and
 /// removes adapters from the others. Returns the adapted module paths, in model order.
 ///
 /// `seed` must be the same on every rank (init), unlike the per-rank dropout seed of
