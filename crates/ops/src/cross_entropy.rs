@@ -202,7 +202,11 @@ impl CustomOp1 for LinearCeOut {
                 "linear_cross_entropy: backward through a loss computed from an untracked hidden"
             );
         };
-        Ok(Some(dh.broadcast_mul(&g.to_dtype(dh.dtype())?)?))
+        // scale in fp32 (grad_res is e.g. 1/n_valid, not representable in bf16), round once
+        let scaled = dh
+            .to_dtype(DType::F32)?
+            .broadcast_mul(&g.to_dtype(DType::F32)?)?;
+        Ok(Some(scaled.to_dtype(dh.dtype())?))
     }
 }
 
