@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! cargo run --release --example score -- --model assets/tiny --data FILE.jsonl \
-//!     [--dtype f32|bf16] [--device cpu|cuda] [--batch-size N]
+//!     [--adapter DIR] [--dtype f32|bf16] [--device cpu|cuda] [--batch-size N]
 //! ```
+//! `--adapter DIR` applies a PEFT LoRA adapter (`adapter_config.json` + `adapter_model.safetensors`,
+//! ours or PEFT's) on top of the base model before scoring.
 //! Each line is `{"input_ids": [...]}` with optional `"labels": [...]` (same length, -100 =
 //! ignore; default: the input ids). Rows are right padded per batch with the pad id. Prints one
 //! JSON line `{"loss": L, "tokens": N, "sequences": M}`: `L` = Σ NLL / N over every label token of
@@ -34,6 +36,9 @@ struct Args {
     /// Sequences per forward.
     #[arg(long, default_value_t = 8)]
     batch_size: usize,
+    /// PEFT LoRA adapter directory to apply before scoring.
+    #[arg(long)]
+    adapter: Option<std::path::PathBuf>,
 }
 
 /// One JSONL row.
@@ -133,7 +138,11 @@ fn main() -> Result<()> {
     } else {
         DType::F32
     };
-    let model = Gemma4Model::load(&args.model, dtype, &device)?;
+    let mut model = Gemma4Model::load(&args.model, dtype, &device)?;
+    if let Some(dir) = &args.adapter {
+        g4ft::lora::load_adapter(dir, model.projections_mut())
+            .with_context(|| format!("--adapter {}", dir.display()))?;
+    }
     let rows = read_rows(&args.data, model.config().vocab_size)?;
 
     let (loss_sum, tokens) = score(&model, &rows, args.batch_size)?;
