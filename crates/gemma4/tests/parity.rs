@@ -5,8 +5,8 @@
 
 mod common;
 
-use candle_core::{DType, Device};
-use common::{as_i64, as_u32, attach_identity_adapter, golden, golden_dir, Checks};
+use candle_core::DType;
+use common::{as_i64, as_u32, attach_identity_adapter, golden, golden_dir, test_device, Checks};
 use g4ft_gemma4::{Gemma4Model, TokenBatch};
 use g4ft_lora::LoraContext;
 
@@ -36,7 +36,7 @@ fn run_case(case: &str) {
     let dir_s = dir.to_str().unwrap();
 
     // fp32 logits and loss.
-    let mut model = Gemma4Model::load(dir_s, DType::F32, &Device::Cpu).unwrap();
+    let mut model = Gemma4Model::load(dir_s, DType::F32, &test_device()).unwrap();
     assert_eq!(model.prefix(), "model.language_model");
     let logits = model.forward(&batch, &LoraContext::EVAL).unwrap();
     checks.close("logits", &logits, &g["logits"], 0.0, 1e-4);
@@ -117,7 +117,7 @@ fn run_case(case: &str) {
     }
 
     // bf16 loss.
-    let bf = Gemma4Model::load(dir_s, DType::BF16, &Device::Cpu).unwrap();
+    let bf = Gemma4Model::load(dir_s, DType::BF16, &test_device()).unwrap();
     let out = bf.loss(&batch, &labels, &LoraContext::EVAL).unwrap();
     let bf_loss = out.sum.to_scalar::<f32>().unwrap() as f64 / out.n_tokens as f64;
     let want_bf = g["loss_bf16"].to_vec1::<f32>().unwrap()[0] as f64;

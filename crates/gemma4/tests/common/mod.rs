@@ -129,6 +129,17 @@ impl Checks {
 }
 
 /// `tests/golden/<case>` at the repository root.
+/// The device the parity tests run on: `G4FT_TEST_DEVICE=cuda` selects GPU 0 (build with
+/// `--features cuda`), anything else the CPU. Lets the same test binary run on the GPU machine.
+pub fn test_device() -> Device {
+    match std::env::var("G4FT_TEST_DEVICE").as_deref() {
+        Ok("cuda") => {
+            Device::new_cuda(0).expect("G4FT_TEST_DEVICE=cuda needs a CUDA build and GPU")
+        }
+        _ => Device::Cpu,
+    }
+}
+
 pub fn golden_dir(case: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/golden")
@@ -166,8 +177,9 @@ pub fn attach_identity_adapter(model: &mut Gemma4Model, path: &str) -> Var {
         .find(|p| p.path() == path)
         .unwrap_or_else(|| panic!("no projection {path}"));
     let (out, inp) = (proj.out_features(), proj.in_features());
-    let a = Var::from_tensor(&Tensor::eye(inp, DType::F32, &Device::Cpu).unwrap()).unwrap();
-    let b = Var::zeros((out, inp), DType::F32, &Device::Cpu).unwrap();
+    let device = proj.weight().device().clone();
+    let a = Var::from_tensor(&Tensor::eye(inp, DType::F32, &device).unwrap()).unwrap();
+    let b = Var::zeros((out, inp), DType::F32, &device).unwrap();
     proj.set_adapter(Some(Adapter {
         a,
         b: b.clone(),
