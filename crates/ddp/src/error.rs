@@ -158,7 +158,7 @@ pub enum DdpError {
         context: String,
         /// Candle's error.
         #[source]
-        source: candle_core::Error,
+        source: Box<candle_core::Error>,
     },
     /// An operating-system call failed outside a collective (bind, spawn, signal).
     #[error("{context}: {source}")]
@@ -219,7 +219,21 @@ impl RankTag {
         move |source| DdpError::Tensor {
             tag: self,
             context,
-            source,
+            source: Box::new(source),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Callers return `Result<_, DdpError>` from traits and closures; clippy's
+    /// `result_large_err` fires at 128 bytes, so keep the enum below it.
+    #[test]
+    fn error_stays_small() {
+        assert!(
+            std::mem::size_of::<super::DdpError>() < 128,
+            "{}",
+            std::mem::size_of::<super::DdpError>()
+        );
     }
 }

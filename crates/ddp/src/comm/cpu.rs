@@ -555,7 +555,7 @@ impl Ring {
         r.map_err(|e| DdpError::Tensor {
             tag: op.ring.borrow().tag,
             context: fp.to_string(),
-            source: e,
+            source: Box::new(e),
         })
     }
 
