@@ -22,6 +22,7 @@ pub mod optim;
 pub mod plot;
 pub mod schedule;
 pub mod state;
+pub mod step;
 
 pub use cli::Cli;
 pub use config::{ResolvedConfig, TrainConfig};

@@ -1,0 +1,284 @@
+//! The glue between the model's layer-wise backward, DDP and the optimizer that
+//! `examples/train_ddp.rs` calls inside its loop: one micro-batch's forward + backward with each
+//! finished layer's LoRA gradients handed to DDP ([`backward`]), the loss scale of the two loss
+//! modes ([`LossWeighting`]), AdamW over DDP's flat buckets ([`adamw_step`]), scalar all-reduces
+//! ([`all_reduce_sum`]), evaluation ([`evaluate`]) and the FLOP shape for MFU ([`flops_model`]).
+//!
+//! Plain functions over the crates' types; the order in which they are called (and every
+//! collective) stays visible in the example.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use g4ft_data::{Batch, DataLoader};
+use g4ft_ddp::{DdpError, DistributedDataParallel, NoSync, ProcessGroup, ReduceOp};
+use g4ft_gemma4::{Config, Gemma4Model, LayerType, LossStats, TokenBatch};
+use g4ft_lora::LoraContext;
+
+use crate::checkpoint::{latest_complete_checkpoint, read_checkpoint};
+use crate::mfu::{AttnLayer, FlopsModel};
+use crate::optim::{AdamW, FlatBucket};
+
+/// Where a layer's finished gradients go: DDP itself on the synchronised micro-batch (buckets
+/// all-reduce as they fill), or its [`NoSync`] guard on the others (local accumulation only).
+pub trait GradSink {
+    /// Hands over every wrapped parameter's gradient found in `grads`.
+    fn report(&mut self, grads: &GradStore) -> std::result::Result<usize, DdpError>;
+}
+
+impl GradSink for DistributedDataParallel<'_> {
+    fn report(&mut self, grads: &GradStore) -> std::result::Result<usize, DdpError> {
+        self.grads_ready_from(grads)
+    }
+}
+
+impl GradSink for NoSync<'_, '_> {
+    fn report(&mut self, grads: &GradStore) -> std::result::Result<usize, DdpError> {
+        self.grads_ready_from(grads)
+    }
+}
+
+/// The model's view of a collated batch.
+pub fn token_batch(b: &Batch) -> TokenBatch<'_> {
+    TokenBatch {
+        input_ids: &b.input_ids,
+        attention_mask: Some(&b.attention_mask),
+        position_ids: b.position_ids.as_deref(),
+        batch: b.batch,
+        seq_len: b.seq_len,
+    }
+}
+
+/// The LoRA context of training micro-step `micro_step` on `rank`: dropout seeded with
+/// `seed + rank` (the post's `torch.manual_seed(SEED + rank)` after the DDP wrap), replayable
+/// from the micro-step counter on resume.
+pub fn train_context(seed: u64, rank: usize, micro_step: u64) -> LoraContext {
+    LoraContext {
+        training: true,
+        track_grad: true,
+        seed: seed.wrapping_add(rank as u64),
+        micro_step,
+    }
+}
+
+/// How a micro-batch's mean loss is scaled before its backward. DDP then averages over ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LossWeighting {
+    /// The post: `out.loss / ACCUM_STEPS` (every micro-batch weighs the same).
+    MeanPerMicroBatch {
+        /// Micro-batches per optimizer step.
+        accum: usize,
+    },
+    /// Σ token losses / the optimizer step's token count over all ranks (every token weighs the
+    /// same). DDP's average divides by `world_size`, so each rank scales by `world_size` too.
+    TokenWeighted {
+        /// Ranks.
+        world_size: usize,
+        /// Loss targets of this optimizer step summed over all ranks and micro-batches.
+        global_tokens: u64,
+    },
+}
+
+impl LossWeighting {
+    /// The factor `s` such that the backward of `s · mean_loss` of a micro-batch with
+    /// `n_tokens` targets gives the right share of the step's gradient.
+    pub fn scale(&self, n_tokens: usize) -> f64 {
+        match *self {
+            LossWeighting::MeanPerMicroBatch { accum } => 1.0 / accum as f64,
+            LossWeighting::TokenWeighted {
+                world_size,
+                global_tokens,
+            } if global_tokens > 0 => world_size as f64 * n_tokens as f64 / global_tokens as f64,
+            LossWeighting::TokenWeighted { .. } => 0.0,
+        }
+    }
+}
+
+/// This micro-batch's share of the logged step loss before the cross-rank sum: `scale · mean /
+/// world_size` (0 for a batch without targets, whose gradient is zero too).
+pub fn loss_share(stats: &LossStats, scale: f64, world_size: usize) -> f64 {
+    if stats.n_tokens == 0 {
+        return 0.0;
+    }
+    stats.mean() * scale / world_size as f64
+}
+
+/// Forward + layer-wise backward of one micro-batch; as soon as layer `i`'s gradients are final
+/// they go to `sink`, so on the synchronised micro-batch a full bucket all-reduces while layers
+/// `i−1 … 0` are still being recomputed.
+pub fn backward(
+    model: &Gemma4Model,
+    sink: &mut impl GradSink,
+    batch: &Batch,
+    ctx: &LoraContext,
+    loss_scale: f64,
+) -> Result<LossStats> {
+    model.forward_backward(
+        &token_batch(batch),
+        &batch.labels,
+        ctx,
+        loss_scale,
+        |_layer, grads: &GradStore| -> Result<()> {
+            sink.report(grads)?;
+            Ok(())
+        },
+    )
+}
+
+/// One AdamW step over DDP's flat, already averaged gradient buckets, with the clip coefficient
+/// folded in (`clip_grad_norm_` then `optimizer.step()`).
+pub fn adamw_step(
+    opt: &mut AdamW,
+    ddp: &DistributedDataParallel<'_>,
+    lr: f64,
+    clip_coef: f32,
+) -> Result<()> {
+    let buckets = ddp.buckets()?;
+    let params: Vec<Vec<Var>> = buckets
+        .iter()
+        .map(|b| {
+            b.slots
+                .iter()
+                .map(|s| ddp.params()[s.index].1.clone())
+                .collect()
+        })
+        .collect();
+    let flat: Vec<FlatBucket<'_>> = buckets
+        .iter()
+        .zip(&params)
+        .map(|(b, p)| FlatBucket {
+            params: p,
+            grads: &b.grad,
+        })
+        .collect();
+    opt.step(lr, clip_coef, &flat)?;
+    Ok(())
+}
+
+/// Element counts of DDP's buckets, the layout of the optimizer's moments.
+pub fn bucket_lens(ddp: &DistributedDataParallel<'_>) -> Result<Vec<usize>> {
+    Ok(ddp.buckets()?.iter().map(|b| b.grad.elem_count()).collect())
+}
+
+/// The flat gradient buffers, for the norm.
+pub fn bucket_grads(ddp: &DistributedDataParallel<'_>) -> Result<Vec<Tensor>> {
+    Ok(ddp.buckets()?.iter().map(|b| b.grad.clone()).collect())
+}
+
+/// Sums `values` over all ranks (one f64 all-reduce; every rank must call it).
+pub fn all_reduce_sum(group: &ProcessGroup, values: &[f64], device: &Device) -> Result<Vec<f64>> {
+    let t = Tensor::new(values, device)?;
+    group.all_reduce(&t, ReduceOp::Sum)?;
+    Ok(t.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+}
+
+/// Evaluation over this rank's shard of `loader` with dropout off: returns the token-weighted
+/// mean loss and the target count over all ranks (collective).
+pub fn evaluate(
+    model: &Gemma4Model,
+    loader: &DataLoader,
+    group: &ProcessGroup,
+) -> Result<(f64, u64)> {
+    let (mut loss_sum, mut tokens) = (0f64, 0f64);
+    for batch in loader.epoch(0, 0) {
+        let batch = batch?;
+        let out = model.loss(&token_batch(&batch), &batch.labels, &LoraContext::EVAL)?;
+        loss_sum += out.sum.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        tokens += out.n_tokens as f64;
+    }
+    let total = all_reduce_sum(group, &[loss_sum, tokens], model.device())?;
+    Ok((total[0] / total[1], total[1] as u64))
+}
+
+/// The checkpoint to resume from: `--resume DIR` (validated), else under an elastic restart
+/// (`TORCHELASTIC_RESTART_COUNT` > 0) the latest complete checkpoint in `output`, else none.
+pub fn resume_dir(
+    resume: Option<&Path>,
+    output: &Path,
+    restart_count: Option<&str>,
+) -> Result<Option<PathBuf>> {
+    if let Some(dir) = resume {
+        return Ok(Some(read_checkpoint(dir)?.dir));
+    }
+    let restarts: u64 = match restart_count {
+        Some(v) if !v.is_empty() => v
+            .parse()
+            .with_context(|| format!("TORCHELASTIC_RESTART_COUNT={v:?} is not a number"))?,
+        _ => 0,
+    };
+    if restarts == 0 {
+        return Ok(None);
+    }
+    Ok(latest_complete_checkpoint(output)?.map(|c| c.dir))
+}
+
+/// The model's FLOP shape for MFU: frozen decoder projections, the tied head, each layer's
+/// attention (MoE experts are not counted).
+pub fn flops_model(cfg: &Config, prefix: &str) -> FlopsModel {
+    let n_linear = cfg
+        .projection_shapes(prefix)
+        .iter()
+        .map(|p| (p.in_features * p.out_features) as u64)
+        .sum();
+    FlopsModel {
+        n_linear,
+        n_head: (cfg.vocab_size * cfg.hidden_size) as u64,
+        layers: cfg
+            .layers
+            .iter()
+            .map(|l| AttnLayer {
+                n_heads: cfg.num_attention_heads,
+                head_dim: l.head_dim,
+                window: (l.layer_type == LayerType::Sliding).then_some(cfg.sliding_window),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_weighting_divides_by_accum() {
+        let w = LossWeighting::MeanPerMicroBatch { accum: 4 };
+        assert_eq!(w.scale(17), 0.25);
+    }
+
+    #[test]
+    fn token_weighting_sums_to_the_global_mean() {
+        // Two ranks, step tokens 3 + 5 on rank 0 and 2 on rank 1: a token of a micro-batch with
+        // n targets weighs scale(n)/n, halved by DDP's average: 1/10 for every token.
+        let w = LossWeighting::TokenWeighted {
+            world_size: 2,
+            global_tokens: 10,
+        };
+        for n in [3usize, 5, 2] {
+            assert!((w.scale(n) / n as f64 / 2.0 - 0.1).abs() < 1e-15, "n = {n}");
+        }
+        let none = LossWeighting::TokenWeighted {
+            world_size: 2,
+            global_tokens: 0,
+        };
+        assert_eq!(none.scale(0), 0.0);
+    }
+
+    #[test]
+    fn resume_only_on_flag_or_restart() {
+        let out = Path::new("/nonexistent-output");
+        assert_eq!(resume_dir(None, out, None).unwrap(), None);
+        assert_eq!(resume_dir(None, out, Some("0")).unwrap(), None);
+        assert_eq!(
+            resume_dir(None, out, Some("2")).unwrap(),
+            None,
+            "nothing saved yet"
+        );
+        assert!(resume_dir(None, out, Some("x")).is_err());
+        assert!(
+            resume_dir(Some(out), out, None).is_err(),
+            "an explicit dir must be valid"
+        );
+    }
+}

@@ -1,0 +1,556 @@
+//! `train_ddp`: LoRA fine-tuning of Gemma 4 with DDP — the post's `train_ddp.py`, step for step.
+//!
+//! ```text
+//! # two CPU ranks on the bundled tiny model (README's first command)
+//! cargo run --release -p g4ft-ddp --bin ddprun -- --standalone --nproc-per-node 2 -- \
+//!     target/release/examples/train_ddp --config configs/tiny-cpu.toml
+//! # under torchrun, one GPU per rank (build with --features cuda)
+//! torchrun --standalone --nproc_per_node=8 --no-python target/release/examples/train_ddp \
+//!     --config configs/gemma4-12b-lora.toml
+//! ```
+//! Without launcher environment it runs as one process. Settings: defaults = the post's
+//! constants < `--config` TOML < `MODEL_ID`/`DATA_PATH`/`OUTPUT_DIR` < flags (`--help`).
+//!
+//! Outputs in `OUTPUT/`: `step-N/` and `epoch-E/` checkpoints (PEFT adapter + trainer state,
+//! written atomically by rank 0), `metrics.jsonl`, `loss.svg`.
+//!
+//! One optimizer step: ACCUM micro-batches; the first ACCUM−1 run inside `ddp.no_sync`, the last
+//! one's layer-wise backward hands each finished layer's LoRA gradients to DDP so full buckets
+//! all-reduce while earlier layers are still in backward; `finish` waits for the averages; the
+//! norm is taken and clipped after the all-reduce (same on every rank); AdamW steps; the cosine
+//! schedule advances.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+use clap::Parser;
+use g4ft::data::{
+    Batch, DataLoader, DatasetOptions, Encoder, LabelMode, LoaderConfig, PrepareOptions,
+    TokenDataset,
+};
+use g4ft::ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
+use g4ft::gemma4::{Gemma4Model, ModelFiles};
+use g4ft::lora::{self, LoraConfig, ParamReport, TargetModules};
+use g4ft::trainer::checkpoint::{remove_stale_temporaries, write_checkpoint_atomic};
+use g4ft::trainer::clip::{clip_coef, grad_norm};
+use g4ft::trainer::config::{DTypeKind, DeviceKind, LabelsKind};
+use g4ft::trainer::metrics::{peak_host_rss_bytes, MetricsLogger, MfuSpec, StepStats};
+use g4ft::trainer::nonfinite::{decide, stop_error, StepDecision};
+use g4ft::trainer::optim::{AdamW, AdamWParams};
+use g4ft::trainer::plot::write_loss_svg;
+use g4ft::trainer::schedule::CosineWithWarmup;
+use g4ft::trainer::state::{
+    config_fingerprint, config_rows, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
+};
+use g4ft::trainer::step::{self, LossWeighting};
+use g4ft::trainer::{Cli, TrainConfig};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match train(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let rank = std::env::var("RANK").unwrap_or_else(|_| "0".into());
+            eprintln!("[rank {rank}] error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn train(cli: &Cli) -> Result<()> {
+    let resolved = cli.resolve(|k| std::env::var(k).ok())?;
+    let cfg = &resolved.config;
+
+    // 1. Device first, then the process group bound to it (torchrun sets RANK, LOCAL_RANK,
+    //    WORLD_SIZE, MASTER_ADDR, MASTER_PORT; without them: one process).
+    let local_rank: usize = std::env::var("LOCAL_RANK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let device = match cfg.device {
+        DeviceKind::Cpu => Device::Cpu,
+        DeviceKind::Cuda => {
+            Device::new_cuda(local_rank).context("--device cuda (build with --features cuda)")?
+        }
+    };
+    let timeout = Duration::from_secs(cfg.collective_timeout_s);
+    let group = ProcessGroup::from_env(
+        &device,
+        GroupOptions {
+            timeout,
+            ..Default::default()
+        },
+    )?;
+    let (rank, world_size) = (group.rank(), group.world_size());
+    let is_main = rank == 0;
+    if is_main {
+        println!("{}", resolved.table());
+    }
+
+    // 2. Model: every rank loads its own copy of the frozen base.
+    let dtype = match cfg.dtype {
+        DTypeKind::F32 => DType::F32,
+        DTypeKind::Bf16 => DType::BF16,
+    };
+    let mut model = Gemma4Model::load(&cfg.model, dtype, &device)?;
+
+    // 3. LoRA: the same seed on every rank gives the same init (DDP's broadcast enforces it),
+    //    or the weights of an existing PEFT adapter.
+    let lora_cfg = match &cfg.init_adapter {
+        Some(dir) => lora::load_adapter(dir, model.projections_mut())?,
+        None => {
+            let mut c = LoraConfig::new(
+                cfg.lora_r,
+                cfg.lora_alpha,
+                TargetModules::Regex(cfg.lora_targets.clone()),
+            );
+            c.lora_dropout = cfg.lora_dropout;
+            c.base_model_name_or_path = Some(cfg.model.clone());
+            lora::attach(&c, model.projections_mut(), cfg.seed)?;
+            c
+        }
+    };
+    if is_main {
+        let shapes: Vec<lora::ProjectionShape> = model
+            .projections()
+            .map(|p| lora::ProjectionShape {
+                path: p.path().into(),
+                in_features: p.in_features(),
+                out_features: p.out_features(),
+            })
+            .collect();
+        println!(
+            "{}",
+            ParamReport::new(&lora_cfg, &shapes, model.config().num_text_parameters())?
+        );
+    }
+
+    // 4. Resume: the adapter of the checkpoint replaces the init before the wrap broadcasts it.
+    let restart_count = std::env::var("TORCHELASTIC_RESTART_COUNT").ok();
+    let resume = step::resume_dir(cfg.resume.as_deref(), &cfg.output, restart_count.as_deref())?;
+    if let Some(dir) = &resume {
+        lora::load_adapter(dir, model.projections_mut())?;
+    }
+
+    // 5. DDP wrap: checks names/shapes on every rank, broadcasts rank 0's values, builds the
+    //    reverse-order buckets that hold the gradients (gradient_as_bucket_view).
+    let params = lora::lora_parameters(model.projections())
+        .into_iter()
+        .map(|p| (p.name, p.var))
+        .collect();
+    let ddp_opts = DdpOptions {
+        bucket_cap_mb: cfg.bucket_cap_mb,
+        ..Default::default()
+    };
+    let mut ddp = DistributedDataParallel::new(&group, params, ddp_opts)?;
+    // Dropout is seeded with SEED + rank after the wrap (see step::train_context).
+
+    // 6. Data: DistributedSampler(seed, drop_last) + loader with drop_last on every rank.
+    let loader = open_loader(cfg, &cfg.data, rank, world_size, true)?;
+    let eval_loader = cfg
+        .eval_data
+        .as_ref()
+        .map(|p| open_loader(cfg, p, rank, world_size, false))
+        .transpose()?;
+
+    // 7. Optimizer and schedule. The step count must be known first, and identical on every
+    //    rank: len(loader) // ACCUM, the partial window dropped.
+    let steps_per_epoch = loader.len() / cfg.accum;
+    if steps_per_epoch == 0 {
+        bail!(
+            "{}: {} batches per rank are fewer than --accum {}",
+            cfg.data.display(),
+            loader.len(),
+            cfg.accum
+        );
+    }
+    let total_steps = (steps_per_epoch * cfg.epochs) as u64;
+    let run_steps = cfg
+        .max_steps
+        .map_or(total_steps, |m| (m as u64).min(total_steps));
+    let mut opt = AdamW::new(
+        AdamWParams::with_weight_decay(cfg.weight_decay),
+        &step::bucket_lens(&ddp)?,
+        &device,
+    )?;
+    let mut sched = CosineWithWarmup::new(cfg.lr, cfg.warmup as u64, total_steps);
+    if is_main {
+        println!(
+            "world={world_size} global_batch={} steps={steps_per_epoch}",
+            cfg.global_batch(world_size)
+        );
+    }
+
+    // 8. Continue where the checkpoint stopped: moments, schedule, data position, dropout counter.
+    let mut pos = Position {
+        step: 0,
+        epoch: 0,
+        step_in_epoch: 0,
+        micro_step: 0,
+        skipped_in_a_row: 0,
+    };
+    if let Some(dir) = &resume {
+        let (state, moments) = TrainerState::load(dir, &device)?;
+        for warning in state.check_resume(dir, cfg, world_size)? {
+            if is_main {
+                eprintln!("warning: {warning}");
+            }
+        }
+        opt.load_state(state.optimizer_step, &moments)?;
+        sched = state.scheduler;
+        pos = Position {
+            step: state.step,
+            epoch: state.sampler.epoch,
+            step_in_epoch: state.sampler.micro_batches as usize / cfg.accum,
+            micro_step: state.rng.micro_step,
+            skipped_in_a_row: state.skipped_in_a_row,
+        };
+        if pos.step_in_epoch >= steps_per_epoch {
+            (pos.epoch, pos.step_in_epoch) = (pos.epoch + 1, 0);
+        }
+        if is_main {
+            println!(
+                "resumed from {} at step {} (epoch {})",
+                dir.display(),
+                pos.step,
+                pos.epoch
+            );
+        }
+    }
+    let mut logger = if is_main {
+        remove_stale_temporaries(&cfg.output)?;
+        let mfu = cfg.peak_tflops.map(|peak_tflops| MfuSpec {
+            model: step::flops_model(model.config(), model.prefix()),
+            peak_tflops,
+        });
+        Some(MetricsLogger::new(
+            run_steps,
+            world_size,
+            Some(&cfg.output.join("metrics.jsonl")),
+            mfu,
+            true,
+        )?)
+    } else {
+        None
+    };
+
+    // 9. Train.
+    let mut last_saved = None;
+    'epochs: for epoch in pos.epoch..cfg.epochs {
+        pos.epoch = epoch;
+        // sampler.set_epoch(epoch): a new shuffle of seed + epoch, the same on all ranks.
+        let mut batches = loader.epoch(epoch as u64, pos.step_in_epoch * cfg.accum);
+        for step_in_epoch in pos.step_in_epoch..steps_per_epoch {
+            if pos.step >= run_steps {
+                break 'epochs;
+            }
+            let t0 = Instant::now();
+            let window: Vec<Batch> = (0..cfg.accum)
+                .map(|_| {
+                    batches
+                        .next()
+                        .context("the loader ended before len(loader) batches")?
+                        .map_err(anyhow::Error::from)
+                })
+                .collect::<Result<_>>()?;
+
+            // Token counts of this optimizer step over all ranks (the loss weights need them).
+            let local_targets: usize = window.iter().map(|b| b.n_label_tokens).sum();
+            let local_tokens: usize = window.iter().map(|b| b.n_tokens).sum();
+            let counts = step::all_reduce_sum(
+                &group,
+                &[local_targets as f64, local_tokens as f64],
+                &device,
+            )?;
+            let weighting = if cfg.token_weighted_loss {
+                LossWeighting::TokenWeighted {
+                    world_size,
+                    global_tokens: counts[0] as u64,
+                }
+            } else {
+                LossWeighting::MeanPerMicroBatch { accum: cfg.accum }
+            };
+
+            let mut loss_share = 0.0;
+            for (micro, batch) in window.iter().enumerate() {
+                let ctx = step::train_context(cfg.seed, rank, pos.micro_step);
+                pos.micro_step += 1;
+                let scale = weighting.scale(batch.n_label_tokens);
+                let stats = if micro + 1 < cfg.accum {
+                    // Skip the gradient all-reduce on all but the last micro-batch.
+                    ddp.no_sync(|ddp| step::backward(&model, ddp, batch, &ctx, scale))?
+                } else {
+                    step::backward(&model, &mut ddp, batch, &ctx, scale)?
+                };
+                loss_share += step::loss_share(&stats, scale, world_size);
+            }
+            ddp.finish()?; // every bucket reduced: the buffers hold the rank-averaged gradients
+
+            // Clip after the all-reduce: the same norm and coefficient on every rank.
+            let loss = step::all_reduce_sum(&group, &[loss_share], &device)?[0];
+            let norm = grad_norm(&step::bucket_grads(&ddp)?)?;
+            // A NaN must not split the ranks: rank 0 decides, everyone acts on its decision.
+            let code = group.decide_on_rank0(|| {
+                decide(
+                    loss,
+                    norm,
+                    cfg.on_nonfinite,
+                    cfg.max_nonfinite_skips,
+                    pos.skipped_in_a_row,
+                )
+                .code()
+            })?;
+            let lr = sched.lr();
+            match StepDecision::from_code(code) {
+                StepDecision::Apply => {
+                    step::adamw_step(&mut opt, &ddp, lr, clip_coef(norm, cfg.max_grad_norm))?;
+                    sched.advance();
+                    pos.skipped_in_a_row = 0;
+                }
+                StepDecision::Skip => {
+                    pos.skipped_in_a_row += 1;
+                    if is_main {
+                        eprintln!("warning: step {}: non-finite loss {loss} or grad norm {norm}; step skipped", pos.step + 1);
+                    }
+                }
+                StepDecision::Stop => {
+                    return Err(stop_error(
+                        pos.step + 1,
+                        loss,
+                        norm,
+                        cfg.on_nonfinite,
+                        pos.skipped_in_a_row,
+                    )
+                    .into());
+                }
+            }
+            pos.step += 1;
+            pos.step_in_epoch = step_in_epoch + 1;
+            let step_s = t0.elapsed().as_secs_f64(); // the reduces above waited for the device
+
+            if let Some(logger) = logger.as_mut() {
+                let stats = StepStats {
+                    epoch,
+                    step: pos.step,
+                    loss,
+                    grad_norm: norm,
+                    lr,
+                    step_s,
+                    tokens: counts[1] as u64,
+                    seq_len: window.iter().map(|b| b.seq_len).max().unwrap_or(0),
+                    peak_mem_bytes: peak_host_rss_bytes(),
+                };
+                if (pos.step - 1) % cfg.log_every as u64 == 0 {
+                    logger.log_step(&stats)?;
+                } else {
+                    logger.record_step(&stats)?;
+                    logger.progress_to(pos.step);
+                }
+            }
+            if cfg.save_every.is_some_and(|n| pos.step % n as u64 == 0) {
+                save(
+                    &group,
+                    cfg,
+                    &model,
+                    &lora_cfg,
+                    &opt,
+                    &sched,
+                    &pos,
+                    epoch,
+                    world_size,
+                    &format!("step-{}", pos.step),
+                )?;
+                last_saved = Some(pos.step);
+            }
+            if cfg.eval_every.is_some_and(|n| pos.step % n as u64 == 0) {
+                run_eval(
+                    &model,
+                    eval_loader.as_ref(),
+                    &group,
+                    logger.as_mut(),
+                    pos.step,
+                )?;
+            }
+        }
+        // Epoch end: rank 0 writes, the others wait at the barrier.
+        pos.step_in_epoch = 0;
+        save(
+            &group,
+            cfg,
+            &model,
+            &lora_cfg,
+            &opt,
+            &sched,
+            &pos,
+            epoch + 1,
+            world_size,
+            &format!("epoch-{epoch}"),
+        )?;
+        last_saved = Some(pos.step);
+    }
+    if last_saved != Some(pos.step) {
+        // Stopped by --max-steps mid-epoch: keep the final adapter too.
+        save(
+            &group,
+            cfg,
+            &model,
+            &lora_cfg,
+            &opt,
+            &sched,
+            &pos,
+            pos.epoch,
+            world_size,
+            &format!("step-{}", pos.step),
+        )?;
+    }
+    run_eval(
+        &model,
+        eval_loader.as_ref(),
+        &group,
+        logger.as_mut(),
+        pos.step,
+    )?;
+
+    // 10. Metrics summary and the loss curve.
+    if let Some(logger) = logger.as_mut() {
+        if let Some(s) = logger.finish()? {
+            println!(
+                "steady state: {:.0} tok/s, {:.3} s/step over {} steps",
+                s.tokens_per_s, s.s_per_step, s.steps
+            );
+        }
+        let svg = cfg.output.join("loss.svg");
+        write_loss_svg(
+            &svg,
+            logger.train_curve(),
+            logger.eval_curve(),
+            &format!("{} LoRA, world {world_size}", cfg.model),
+        )?;
+        println!("wrote {}", svg.display());
+    }
+
+    // 11. Teardown (the post's destroy_process_group): the DDP reducer first, then the group.
+    drop(ddp);
+    drop(group);
+    Ok(())
+}
+
+/// Where training stands (saved in the trainer state).
+struct Position {
+    step: u64,
+    epoch: usize,
+    step_in_epoch: usize,
+    micro_step: u64,
+    skipped_in_a_row: usize,
+}
+
+/// The post's `ChatJsonl` + `DistributedSampler` + `DataLoader(collate_fn=PadCollate)`.
+/// Every rank opens (and tokenizes, or reuses the cache of) the file before any collective.
+fn open_loader(
+    cfg: &TrainConfig,
+    path: &Path,
+    rank: usize,
+    world_size: usize,
+    train: bool,
+) -> Result<DataLoader> {
+    let files = ModelFiles::resolve(&cfg.model)?;
+    let model_dir = files
+        .config
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let encoder = Encoder::from_model_dir(&model_dir)?;
+    let opts = DatasetOptions {
+        prepare: PrepareOptions {
+            max_len: cfg.max_len,
+            label_mode: match cfg.labels {
+                LabelsKind::Full => LabelMode::Full,
+                LabelsKind::AssistantOnly => LabelMode::AssistantOnly,
+            },
+            skip_bad_lines: cfg.skip_bad_lines,
+            vocab_size: None,
+        },
+        cache_dir: Some(cfg.output.join(".token-cache")),
+        ..Default::default()
+    };
+    let dataset = Arc::new(TokenDataset::open(path, Some(&encoder), &opts)?);
+    let loader = DataLoader::new(
+        dataset,
+        LoaderConfig {
+            batch_size: cfg.micro_batch,
+            rank,
+            world_size,
+            shuffle: train && cfg.shuffle,
+            seed: cfg.seed,
+            drop_last: train,
+            drop_last_batch: train,
+            ..Default::default()
+        },
+    )?;
+    Ok(loader)
+}
+
+/// Rank 0 writes `OUTPUT/name/` atomically (PEFT adapter + trainer state), then every rank
+/// passes a barrier so nobody races ahead or exits while it writes.
+#[allow(clippy::too_many_arguments)]
+fn save(
+    group: &ProcessGroup,
+    cfg: &TrainConfig,
+    model: &Gemma4Model,
+    lora_cfg: &LoraConfig,
+    opt: &AdamW,
+    sched: &CosineWithWarmup,
+    pos: &Position,
+    epoch: usize,
+    world_size: usize,
+    name: &str,
+) -> Result<()> {
+    let state = TrainerState {
+        format: STATE_FORMAT,
+        step: pos.step,
+        epoch,
+        sampler: SamplerPosition {
+            epoch,
+            micro_batches: (pos.step_in_epoch * cfg.accum) as u64,
+        },
+        scheduler: sched.clone(),
+        optimizer_step: opt.step_count(),
+        skipped_in_a_row: pos.skipped_in_a_row,
+        rng: RngState {
+            seed: cfg.seed,
+            micro_step: pos.micro_step,
+        },
+        world_size,
+        config_fingerprint: config_fingerprint(cfg),
+        config: config_rows(cfg),
+    };
+    group.rank0_then_barrier(|| {
+        write_checkpoint_atomic(&cfg.output, name, pos.step, |dir| {
+            lora::save_adapter(dir, lora_cfg, model.projections())?;
+            state.save(dir, &opt.state_tensors())?;
+            Ok(())
+        })
+    })?;
+    Ok(())
+}
+
+/// Evaluation on every rank over its DistributedSampler shard; rank 0 logs the all-reduced
+/// loss and perplexity.
+fn run_eval(
+    model: &Gemma4Model,
+    loader: Option<&DataLoader>,
+    group: &ProcessGroup,
+    logger: Option<&mut MetricsLogger>,
+    step: u64,
+) -> Result<()> {
+    let Some(loader) = loader else { return Ok(()) };
+    let (loss, tokens) = step::evaluate(model, loader, group)?;
+    if let Some(logger) = logger {
+        logger.log_eval(step, loss, tokens)?;
+    }
+    Ok(())
+}
