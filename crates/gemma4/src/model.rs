@@ -171,13 +171,26 @@ impl Gemma4Model {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
+        Self::from_weights(cfg, &Weights::new(ckpt, dtype, device))
+    }
+
+    /// Builds every text tensor of `cfg` with random values (`N(0, 0.02²)` matrices, norms
+    /// `≈ 1`, `layer_scalar = 1`; see [`crate::weights`]) generated on `device`, under the
+    /// checkpoint paths `model.language_model.*`. Same seed, same device kind → same model. For
+    /// benchmarks and tests; the layer construction is the checkpoint path's.
+    pub fn random_init(cfg: &Config, dtype: DType, device: &Device, seed: u64) -> Result<Self> {
+        Self::from_weights(cfg.clone(), &Weights::random(seed, dtype, device))
+    }
+
+    /// Builds the model from a tensor source (checkpoint or random).
+    fn from_weights(cfg: Config, w: &Weights) -> Result<Self> {
+        let (dtype, device) = (w.dtype(), w.device().clone());
         if !matches!(dtype, DType::F32 | DType::BF16) {
             return Err(Error::batch(
                 "dtype",
                 format!("expected f32 or bf16, got {dtype:?}"),
             ));
         }
-        let w = Weights::new(ckpt, dtype, device);
         let h = cfg.hidden_size;
         let embed_tokens = w.tensor("embed_tokens.weight", &[cfg.vocab_size, h])?;
         let norm = w.tensor("norm.weight", &[h])?;
@@ -197,15 +210,14 @@ impl Gemma4Model {
             None
         };
         let layers = (0..l)
-            .map(|i| DecoderLayer::new(&cfg, i, &w))
+            .map(|i| DecoderLayer::new(&cfg, i, w))
             .collect::<Result<Vec<_>>>()?;
-        // Keep the per-chunk logits of the loss around 64 Mi elements.
-        let loss_chunk_rows = ((1usize << 26) / cfg.vocab_size).max(1);
+        let loss_chunk_rows = Self::default_loss_chunk_rows(cfg.vocab_size);
         Ok(Gemma4Model {
-            prefix: ckpt.prefix().to_string(),
+            prefix: w.prefix().to_string(),
             cfg,
             dtype,
-            device: device.clone(),
+            device,
             embed_tokens,
             norm,
             ple,
@@ -235,7 +247,18 @@ impl Gemma4Model {
         &self.device
     }
 
+    /// The default rows per loss chunk for a vocabulary: per-chunk logits of about 64 Mi
+    /// elements (`2^26 / vocab`, at least 1; 256 rows for Gemma 4's 262144 tokens).
+    pub fn default_loss_chunk_rows(vocab: usize) -> usize {
+        ((1usize << 26) / vocab.max(1)).max(1)
+    }
+
     /// Rows of logits per chunk in the loss (working set `rows × vocab`).
+    pub fn loss_chunk_rows(&self) -> usize {
+        self.loss_chunk_rows
+    }
+
+    /// Sets the rows of logits per chunk in the loss (working set `rows × vocab`).
     pub fn set_loss_chunk_rows(&mut self, rows: usize) {
         self.loss_chunk_rows = rows.max(1);
     }

@@ -1,0 +1,214 @@
+//! Memory planner: the post's memory budget ("Memory budget for Gemma 4 12B with LoRA") for any
+//! Gemma 4 config, sequence length, micro-batch, LoRA rank and world size, computed for our
+//! training step (`Gemma4Model::forward_backward`: forward without graph saving each layer's input,
+//! chunked fused linear + CE, per-layer recompute; fp32 adapters and AdamW over a flat bucket).
+//!
+//! Lines (GB = 10⁹ bytes, `b` micro-batch, `t` sequence length, `H` hidden, `L` layers):
+//! - frozen weights: every text parameter in the weight dtype;
+//! - LoRA state: fp32 params + gradient accumulators + AdamW m and v (16 B/param), plus the flat
+//!   fp32 gradient bucket the step concatenates (4 B/param, transient at the step);
+//! - saved layer inputs: `L·b·t·H·bytes` (plus the K/V of KV-sharing producers);
+//! - one layer's recompute working set (largest layer): the graph's saved activations of the
+//!   recomputed layer plus the live gradients of its MLP block (the largest), an estimate;
+//! - CE working set: one `(chunk_rows, V)` logits chunk in the weight dtype (d(logits) overwrite it
+//!   in place), plus d(hidden) and the normed hidden of all `b·t` rows;
+//! - communication per optimizer step and rank: `2(N−1)/N × 4 B × trainable` (ring all-reduce of
+//!   the fp32 gradients);
+//! - predicted peak: weights + LoRA state + saved inputs + max(recompute, CE) working set.
+//!
+//! ```text
+//! cargo run --release --example memory_plan -- --config crates/gemma4/tests/configs/gemma-4-12B-it.json
+//! ```
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use g4ft_gemma4::{Config, Gemma4Model, KvSharing, LayerConfig};
+use g4ft_lora::{count_trainable, LoraConfig, ProjectionShape, TargetModules};
+
+/// The post's LoRA targets: the 7 projections of the text decoder.
+const POST_TARGETS: &str =
+    r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)";
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(about = "Print the LoRA training memory budget of a Gemma 4 config")]
+struct Args {
+    /// Gemma 4 config.json (text or multimodal).
+    #[arg(long)]
+    config: PathBuf,
+    /// Tokens per sample.
+    #[arg(long, default_value_t = 2048)]
+    seq: usize,
+    /// Samples per micro-batch.
+    #[arg(long, default_value_t = 1)]
+    micro_batch: usize,
+    /// LoRA rank.
+    #[arg(long, default_value_t = 16)]
+    lora_r: usize,
+    /// Ranks (GPUs) in the DDP job.
+    #[arg(long, default_value_t = 1)]
+    world: usize,
+    /// Weight / activation dtype: bf16 or f32.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+}
+
+const GB: f64 = 1e9;
+
+/// Saved activations (elements) of one recomputed layer's graph and its live MLP gradients.
+fn layer_working_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
+    let (h, nh) = (cfg.hidden_size as u64, cfg.num_attention_heads as u64);
+    let (d, kv, im) = (
+        l.head_dim as u64,
+        l.num_key_value_heads as u64,
+        l.intermediate_size as u64,
+    );
+    let q = nh * d;
+    let kvd = if l.has_kv_proj() { kv * d } else { 0 };
+    let n_kv_tensors = if l.has_v_proj { 2 } else { 1 };
+    // Attention block: input norm out, LoRA dropout inputs of q/k/v, q raw/normed/roped,
+    // k (and v) raw/normed/roped, attention output, o dropout input, o out, post norm, residual.
+    let attn = bt * (h + 3 * h + 3 * q + 3 * n_kv_tensors * kvd + 2 * q + 3 * h);
+    // MLP block: pre norm, gate/up dropout inputs, gate, up, gelu(gate)·up, down dropout input,
+    // down out, post norm, residual, LoRA rank-r intermediates of all 7 projections.
+    let mlp = bt * (h + 2 * h + 3 * im + im + h + 2 * h + 7 * r);
+    // Live during the MLP backward: d(gate), d(up), d(product) and d(hidden) twice.
+    let grads = bt * (3 * im + 2 * h);
+    attn + mlp + grads
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    if a.world == 0 || a.micro_batch == 0 || a.seq == 0 || a.lora_r == 0 {
+        bail!("--seq, --micro-batch, --lora-r and --world must be >= 1");
+    }
+    let wbytes: u64 = match a.dtype.as_str() {
+        "bf16" => 2,
+        "f32" => 4,
+        other => bail!("--dtype: expected bf16 or f32, got {other:?}"),
+    };
+    let cfg =
+        Config::from_file(&a.config).with_context(|| format!("reading {}", a.config.display()))?;
+    let (b, t, h, l, v) = (
+        a.micro_batch as u64,
+        a.seq as u64,
+        cfg.hidden_size as u64,
+        cfg.num_hidden_layers as u64,
+        cfg.vocab_size as u64,
+    );
+    let bt = b * t;
+
+    let n_params = cfg.num_text_parameters();
+    let n_embed = v * h;
+    let weights = n_params * wbytes;
+
+    let lcfg = LoraConfig::new(
+        a.lora_r,
+        2.0 * a.lora_r as f64,
+        TargetModules::Regex(POST_TARGETS.into()),
+    );
+    let shapes: Vec<ProjectionShape> = cfg
+        .projection_shapes("model.language_model")
+        .iter()
+        .map(|s| ProjectionShape::new(s.path.clone(), s.in_features, s.out_features))
+        .collect();
+    let trainable = count_trainable(&lcfg, &shapes)?;
+    let lora_state = 16 * trainable;
+    let flat_bucket = 4 * trainable;
+
+    let mut saved = l * bt * h * wbytes;
+    for layer in &cfg.layers {
+        if layer.kv_sharing == KvSharing::Store {
+            let n = if layer.has_v_proj { 2 } else { 1 };
+            saved += n * bt * (layer.num_key_value_heads * layer.head_dim) as u64 * wbytes;
+        }
+    }
+    let (worst_layer, layer_elems) = cfg
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, ly)| (i, layer_working_elems(&cfg, ly, bt, a.lora_r as u64)))
+        .max_by_key(|&(_, e)| e)
+        .context("config has no layers")?;
+    let recompute = layer_elems * wbytes;
+    let chunk_rows = Gemma4Model::default_loss_chunk_rows(cfg.vocab_size) as u64;
+    let ce_chunk = chunk_rows.min(bt) * v * wbytes;
+    let ce = ce_chunk + bt * h * (wbytes + 4) + bt * h * wbytes;
+    let n = a.world as f64;
+    let ring = 2.0 * (n - 1.0) / n;
+    let comm = ring * 4.0 * trainable as f64;
+    let fixed = weights + lora_state + flat_bucket + saved;
+    let peak = fixed + recompute.max(ce);
+
+    println!(
+        "memory plan: {} | {} layers, hidden {h}, vocab {v} | seq {t}, micro-batch {b}, LoRA r{} on 7 projections, world {} | weights {}",
+        a.config.display(),
+        l,
+        a.lora_r,
+        a.world,
+        a.dtype
+    );
+    let row = |what: &str, bytes: f64, how: String| {
+        println!("  {what:<38} {:>9.3} GB   {how}", bytes / GB);
+    };
+    row(
+        "frozen weights",
+        weights as f64,
+        format!(
+            "{n_params} params × {wbytes} B (embedding/head {n_embed}, decoder {})",
+            n_params - n_embed
+        ),
+    );
+    row(
+        "LoRA params + grads + AdamW m, v",
+        lora_state as f64,
+        format!("{trainable} trainable × 16 B (fp32)"),
+    );
+    row(
+        "flat fp32 grad bucket (step)",
+        flat_bucket as f64,
+        format!("{trainable} × 4 B"),
+    );
+    row(
+        "saved layer inputs (checkpointing)",
+        saved as f64,
+        format!("L·b·t·H·bytes = {l}·{b}·{t}·{h}·{wbytes} (+ shared K/V)"),
+    );
+    row(
+        "one layer recompute working set",
+        recompute as f64,
+        format!("largest: layer {worst_layer}, {layer_elems} elements (estimate)"),
+    );
+    row(
+        "logits / CE working set",
+        ce as f64,
+        format!(
+            "chunk {}×{v}×{wbytes} B = {:.3} GB + d(hidden), normed hidden",
+            chunk_rows.min(bt),
+            ce_chunk as f64 / GB
+        ),
+    );
+    row(
+        "predicted peak",
+        peak as f64,
+        "weights + LoRA state + bucket + saved + max(recompute, CE)".into(),
+    );
+    println!(
+        "  {:<38} {:>9.3} GB   2(N−1)/N = {ring:.3} × {trainable} × 4 B per rank (fp32 ring all-reduce)",
+        "communication per optimizer step",
+        comm / GB
+    );
+    println!(
+        "PLAN weights_gb={:.3} lora_state_gb={:.3} saved_gb={:.3} recompute_gb={:.3} ce_gb={:.3} comm_gb={:.4} peak_gb={:.3} trainable={trainable}",
+        weights as f64 / GB,
+        (lora_state + flat_bucket) as f64 / GB,
+        saved as f64 / GB,
+        recompute as f64 / GB,
+        ce as f64 / GB,
+        comm / GB,
+        peak as f64 / GB
+    );
+    Ok(())
+}
