@@ -1,0 +1,415 @@
+//! End-to-end tests of `examples/train_ddp` on CPU with the tiny model: multi-rank equivalence,
+//! exact resume, crash-safe checkpoints, bad data, and parity with PyTorch + PEFT
+//! (`tools/reference/trainer/make_train_fixtures.py`).
+//!
+//! Ranks are spawned here with torchrun's environment (rank 0 hosts the store), so the tests need
+//! no launcher. The fixture data is the 12 pre-tokenized sample rows the reference script wrote.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use safetensors::SafeTensors;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const FIXTURES: &str = "tools/reference/trainer/fixtures/train";
+
+/// `target/<profile>/examples/train_ddp`, built by `cargo test` beside this test binary.
+fn train_ddp() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let bin = dir.join("examples").join("train_ddp");
+    assert!(
+        bin.exists(),
+        "{} missing: run through `cargo test` (it builds examples)",
+        bin.display()
+    );
+    bin
+}
+
+fn fixture(p: &str) -> String {
+    Path::new(ROOT).join(FIXTURES).join(p).display().to_string()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("g4ft-train-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Flags shared by every run: tiny model, fixture data, fp32 CPU, log every step.
+fn base_args(output: &Path) -> Vec<String> {
+    let model = Path::new(ROOT).join("assets/tiny").display().to_string();
+    [
+        "--model",
+        &model,
+        "--data",
+        &fixture("data.jsonl"),
+        "--output",
+        &output.display().to_string(),
+        "--device",
+        "cpu",
+        "--dtype",
+        "f32",
+        "--max-len",
+        "128",
+        "--log-every",
+        "1",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--collective-timeout-s",
+        "60",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Runs `world` ranks of train_ddp with `args` (and extra environment), waits at most 120 s.
+fn run(world: usize, args: &[String], env: &[(&str, &str)]) -> Vec<Output> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let children: Vec<_> = (0..world)
+        .map(|rank| {
+            let mut c = Command::new(train_ddp());
+            c.args(args)
+                .current_dir(ROOT)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if world > 1 {
+                c.env("RANK", rank.to_string())
+                    .env("LOCAL_RANK", rank.to_string())
+                    .env("WORLD_SIZE", world.to_string())
+                    .env("LOCAL_WORLD_SIZE", world.to_string())
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", port.to_string());
+            }
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c.spawn().expect("spawn train_ddp")
+        })
+        .collect();
+    let start = Instant::now();
+    let mut children: Vec<_> = children.into_iter().map(Some).collect();
+    let mut outs: Vec<Option<Output>> = (0..world).map(|_| None).collect();
+    while outs.iter().any(Option::is_none) {
+        for (i, c) in children.iter_mut().enumerate() {
+            if let Some(ch) = c.as_mut() {
+                if ch.try_wait().unwrap().is_some() {
+                    outs[i] = Some(c.take().unwrap().wait_with_output().unwrap());
+                }
+            }
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            for c in children.iter_mut().flatten() {
+                let _ = c.kill();
+            }
+            panic!("train_ddp did not finish within 120 s (a hang)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    outs.into_iter().map(Option::unwrap).collect()
+}
+
+fn run_ok(world: usize, args: &[String], env: &[(&str, &str)]) -> String {
+    let outs = run(world, args, env);
+    for (r, o) in outs.iter().enumerate() {
+        assert!(
+            o.status.success(),
+            "rank {r} failed: {}\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+    String::from_utf8_lossy(&outs[0].stdout).into_owned()
+}
+
+/// `step → (loss, grad_norm)` of the train lines of `metrics.jsonl`.
+fn losses(output: &Path) -> BTreeMap<u64, (f64, f64)> {
+    let text = std::fs::read_to_string(output.join("metrics.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "train")
+        .map(|v| {
+            (
+                v["step"].as_u64().unwrap(),
+                (
+                    v["loss"].as_f64().unwrap(),
+                    v["grad_norm"].as_f64().unwrap(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Every tensor of an adapter file as f32 values, by key.
+fn adapter(path: &Path) -> BTreeMap<String, Vec<f32>> {
+    let bytes = std::fs::read(path.join("adapter_model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(k, t)| {
+            let v = t
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (k, v)
+        })
+        .collect()
+}
+
+/// Largest |a − b| / max|b| per tensor, worst over the adapter; panics on differing keys.
+fn max_rel_diff(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) -> (String, f64) {
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "adapter keys differ"
+    );
+    let mut worst = (String::new(), 0.0);
+    for (k, va) in a {
+        let vb = &b[k];
+        let scale = vb
+            .iter()
+            .fold(0f64, |m, x| m.max(x.abs() as f64))
+            .max(1e-12);
+        let d = va
+            .iter()
+            .zip(vb)
+            .fold(0f64, |m, (x, y)| m.max((x - y).abs() as f64))
+            / scale;
+        if d > worst.1 {
+            worst = (k.clone(), d);
+        }
+    }
+    worst
+}
+
+fn args_with(out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a = base_args(out);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+#[test]
+fn two_ranks_token_weighted_equal_one_rank_on_the_same_global_batches() {
+    // 2 ranks × micro 1 × accum 2 and 1 rank × micro 1 × accum 4 see the same 4 samples per step
+    // (no shuffle: rank r takes samples r, r+2, ...); token weighting makes the step's gradient
+    // Σ token losses / global tokens in both.
+    let common = [
+        "--init-adapter",
+        &fixture("init_adapter"),
+        "--no-shuffle",
+        "--token-weighted-loss",
+        "--micro-batch",
+        "1",
+        "--epochs",
+        "1",
+    ];
+    let (o2, o1) = (tmp("tw2"), tmp("tw1"));
+    let mut a2 = args_with(&o2, &common);
+    a2.extend(["--accum", "2"].map(String::from));
+    let mut a1 = args_with(&o1, &common);
+    a1.extend(["--accum", "4"].map(String::from));
+    run_ok(2, &a2, &[]);
+    run_ok(1, &a1, &[]);
+    let (l2, l1) = (losses(&o2), losses(&o1));
+    assert_eq!(l2.len(), 3);
+    for (step, (loss, norm)) in &l1 {
+        let (loss2, norm2) = l2[step];
+        assert!(
+            (loss - loss2).abs() < 1e-5,
+            "step {step}: loss {loss} vs {loss2}"
+        );
+        assert!(
+            (norm - norm2).abs() < 1e-4 * norm.abs().max(1.0),
+            "step {step}: norm {norm} vs {norm2}"
+        );
+    }
+    let (key, d) = max_rel_diff(&adapter(&o2.join("epoch-0")), &adapter(&o1.join("epoch-0")));
+    assert!(d < 1e-5, "{key}: max relative difference {d}");
+}
+
+#[test]
+fn resumed_run_matches_an_uninterrupted_one_bit_for_bit() {
+    // f32, CPU, dropout on, shuffling on, two epochs of 6 steps; stop after 5 and resume.
+    let common = [
+        "--lora-dropout",
+        "0.1",
+        "--micro-batch",
+        "1",
+        "--accum",
+        "2",
+        "--epochs",
+        "2",
+        "--lora-r",
+        "4",
+    ];
+    let (full, part) = (tmp("full"), tmp("part"));
+    run_ok(1, &args_with(&full, &common), &[]);
+    let mut stop = common.to_vec();
+    stop.extend(["--max-steps", "5"]);
+    run_ok(1, &args_with(&part, &stop), &[]);
+    assert!(
+        part.join("step-5").is_dir(),
+        "a --max-steps stop keeps its last step"
+    );
+    let mut resume = common.to_vec();
+    let from = part.join("step-5").display().to_string();
+    resume.extend(["--resume", &from]);
+    let out = run_ok(1, &args_with(&part, &resume), &[]);
+    assert!(out.contains("resumed from"), "{out}");
+
+    let (lf, lp) = (losses(&full), losses(&part));
+    assert_eq!(lf.len(), 12);
+    assert_eq!(lf, lp, "per-step (loss, grad norm) differ");
+    assert_eq!(
+        adapter(&full.join("epoch-1")),
+        adapter(&part.join("epoch-1")),
+        "final adapters differ"
+    );
+}
+
+#[test]
+fn interrupted_checkpoint_write_leaves_the_previous_one_as_latest() {
+    use g4ft::trainer::checkpoint::latest_complete_checkpoint;
+    let common = [
+        "--micro-batch",
+        "1",
+        "--accum",
+        "2",
+        "--epochs",
+        "1",
+        "--save-every",
+        "2",
+        "--lora-r",
+        "4",
+    ];
+    let out = tmp("crash");
+    let mut first = common.to_vec();
+    first.extend(["--max-steps", "4"]);
+    run_ok(1, &args_with(&out, &first), &[]);
+    // What a crash while writing step-6 leaves: rank 0's temporary directory with part of the
+    // files, and (for a non-atomic writer) a step-6 directory without completion marker.
+    let partial = out.join(".tmp-step-6-999999");
+    std::fs::create_dir_all(&partial).unwrap();
+    std::fs::copy(
+        out.join("step-4/adapter_config.json"),
+        partial.join("adapter_config.json"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(out.join("step-6")).unwrap();
+    std::fs::copy(
+        out.join("step-4/adapter_model.safetensors"),
+        out.join("step-6/adapter_model.safetensors"),
+    )
+    .unwrap();
+    let latest = latest_complete_checkpoint(&out)
+        .unwrap()
+        .expect("a complete checkpoint");
+    assert_eq!(latest.dir.file_name().unwrap(), "step-4");
+
+    // An elastic restart picks it up by itself and removes the temporary.
+    let log = run_ok(
+        1,
+        &args_with(&out, &common),
+        &[("TORCHELASTIC_RESTART_COUNT", "1")],
+    );
+    assert!(
+        log.contains(&format!(
+            "resumed from {} at step 4",
+            out.join("step-4").display()
+        )),
+        "{log}"
+    );
+    assert!(!partial.exists(), "stale temporary removed");
+    assert!(out
+        .join("epoch-0")
+        .join("checkpoint_complete.json")
+        .is_file());
+    assert_eq!(
+        losses(&out).keys().copied().collect::<Vec<_>>(),
+        (1..=6).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn invalid_json_line_is_a_clean_error_on_every_rank() {
+    let dir = tmp("bad");
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = std::fs::read_to_string(Path::new(ROOT).join("assets/sample/chat.jsonl")).unwrap();
+    let mut lines: Vec<&str> = good.lines().take(8).collect();
+    lines[2] = "{\"messages\": [{\"role\": \"user\", \"content\": \"unterminated}";
+    let data = dir.join("bad.jsonl");
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let mut args = base_args(&dir.join("out"));
+    let i = args.iter().position(|a| a == "--data").unwrap();
+    args[i + 1] = data.display().to_string();
+    let outs = run(2, &args, &[]);
+    for (r, o) in outs.iter().enumerate() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "rank {r} should fail");
+        assert!(
+            err.contains(&format!("{}:3:", data.display())),
+            "rank {r}: {err}"
+        );
+    }
+}
+
+#[test]
+fn matches_pytorch_peft_on_three_steps() {
+    // tools/reference/trainer/make_train_fixtures.py: same init adapter, one rank, no shuffle,
+    // dropout 0 (from the adapter config), micro-batch 2, accum 2, K = 3 steps.
+    let out = tmp("parity");
+    let extra = [
+        "--init-adapter",
+        &fixture("init_adapter"),
+        "--no-shuffle",
+        "--micro-batch",
+        "2",
+        "--accum",
+        "2",
+        "--epochs",
+        "1",
+    ];
+    run_ok(1, &args_with(&out, &extra), &[]);
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("steps.json")).unwrap()).unwrap();
+    let got = losses(&out);
+    let steps = want["steps"].as_array().unwrap();
+    assert_eq!(got.len(), steps.len());
+    for s in steps {
+        let step = s["step"].as_u64().unwrap();
+        let (loss, norm) = got[&step];
+        let (wl, wn) = (
+            s["loss"].as_f64().unwrap(),
+            s["grad_norm"].as_f64().unwrap(),
+        );
+        assert!(
+            (loss - wl).abs() < 1e-4 * wl.abs(),
+            "step {step}: loss {loss} vs torch {wl}"
+        );
+        assert!(
+            (norm - wn).abs() < 1e-3 * wn.abs(),
+            "step {step}: grad norm {norm} vs torch {wn}"
+        );
+    }
+    let (key, d) = max_rel_diff(
+        &adapter(&out.join("epoch-0")),
+        &adapter(Path::new(&fixture("final_adapter"))),
+    );
+    assert!(
+        d < 1e-4,
+        "{key}: max relative difference {d} to PEFT's final adapter"
+    );
+}
