@@ -239,7 +239,7 @@ fn train(cli: &Cli) -> Result<()> {
     };
 
     // 9. Train.
-    let mut last_saved = None;
+    let (mut last_saved, mut last_eval) = (None, None);
     'epochs: for epoch in pos.epoch..cfg.epochs {
         pos.epoch = epoch;
         // sampler.set_epoch(epoch): a new shuffle of seed + epoch, the same on all ranks.
@@ -344,14 +344,17 @@ fn train(cli: &Cli) -> Result<()> {
                     seq_len: window.iter().map(|b| b.seq_len).max().unwrap_or(0),
                     peak_mem_bytes: peak_host_rss_bytes(),
                 };
-                if (pos.step - 1) % cfg.log_every as u64 == 0 {
+                if (pos.step - 1).is_multiple_of(cfg.log_every as u64) {
                     logger.log_step(&stats)?;
                 } else {
                     logger.record_step(&stats)?;
                     logger.progress_to(pos.step);
                 }
             }
-            if cfg.save_every.is_some_and(|n| pos.step % n as u64 == 0) {
+            if cfg
+                .save_every
+                .is_some_and(|n| pos.step.is_multiple_of(n as u64))
+            {
                 save(
                     &group,
                     cfg,
@@ -366,7 +369,10 @@ fn train(cli: &Cli) -> Result<()> {
                 )?;
                 last_saved = Some(pos.step);
             }
-            if cfg.eval_every.is_some_and(|n| pos.step % n as u64 == 0) {
+            if cfg
+                .eval_every
+                .is_some_and(|n| pos.step.is_multiple_of(n as u64))
+            {
                 run_eval(
                     &model,
                     eval_loader.as_ref(),
@@ -374,6 +380,7 @@ fn train(cli: &Cli) -> Result<()> {
                     logger.as_mut(),
                     pos.step,
                 )?;
+                last_eval = Some(pos.step);
             }
         }
         // Epoch end: rank 0 writes, the others wait at the barrier.
@@ -407,13 +414,15 @@ fn train(cli: &Cli) -> Result<()> {
             &format!("step-{}", pos.step),
         )?;
     }
-    run_eval(
-        &model,
-        eval_loader.as_ref(),
-        &group,
-        logger.as_mut(),
-        pos.step,
-    )?;
+    if last_eval != Some(pos.step) {
+        run_eval(
+            &model,
+            eval_loader.as_ref(),
+            &group,
+            logger.as_mut(),
+            pos.step,
+        )?;
+    }
 
     // 10. Metrics summary and the loss curve.
     if let Some(logger) = logger.as_mut() {
@@ -517,7 +526,7 @@ fn save(
             epoch,
             micro_batches: (pos.step_in_epoch * cfg.accum) as u64,
         },
-        scheduler: sched.clone(),
+        scheduler: *sched,
         optimizer_step: opt.step_count(),
         skipped_in_a_row: pos.skipped_in_a_row,
         rng: RngState {
