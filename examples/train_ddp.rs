@@ -64,6 +64,9 @@ fn main() -> ExitCode {
 fn train(cli: &Cli) -> Result<()> {
     let resolved = cli.resolve(|k| std::env::var(k).ok())?;
     let cfg = &resolved.config;
+    if cfg.synthetic || cfg.random_init {
+        bail!("--synthetic / --random-init are benchmark settings that train_ddp does not implement; use examples/bench_train");
+    }
 
     // 1. Device first, then the process group bound to it (torchrun sets RANK, LOCAL_RANK,
     //    WORLD_SIZE, MASTER_ADDR, MASTER_PORT; without them: one process).
