@@ -8,12 +8,16 @@ eval "$(bash ../shared/cuda/setup-cuda-build.sh)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-cuda}"
 cargo build --release --features cuda --examples --bins -p g4ft -p g4ft-ddp
 mkdir -p .gpu
+# The gemma4 parity tests as a binary (run there with G4FT_TEST_DEVICE=cuda; they read the golden
+# fixtures through the build-time path, so the run links the checkout to this repository's path).
+parity=$(cargo test --release --features cuda -p g4ft-gemma4 --test parity --no-run --message-format=json \
+  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+strip -o .gpu/gemma4_parity "$parity" && xz -6 -f .gpu/gemma4_parity
 rel="$CARGO_TARGET_DIR/release"
-for bin in examples/score examples/train_ddp ddprun ddp_test_worker; do
+for bin in examples/score examples/train_ddp examples/bench_train examples/memory_plan ddprun ddp_test_worker; do
   src="$rel/$bin"; [ -f "$src" ] || { echo "missing $src" >&2; continue; }
   name=$(basename "$bin")
   strip -o ".gpu/$name" "$src" && xz -6 -f ".gpu/$name"
 done
 cp ../shared/cuda/device-env.sh .gpu/
-cp -r assets .gpu/ 2>/dev/null || true
 ls -la .gpu
