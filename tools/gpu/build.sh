@@ -6,11 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 eval "$(bash ../shared/cuda/setup-cuda-build.sh)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-cuda}"
-cargo build --release --features cuda --examples --bins -p g4ft -p g4ft-ddp
+cargo build --release --features cuda -p g4ft -p g4ft-ddp --examples --bins
 mkdir -p .gpu
 # The gemma4 parity tests as a binary (run there with G4FT_TEST_DEVICE=cuda; they read the golden
 # fixtures through the build-time path, so the run links the checkout to this repository's path).
-parity=$(cargo test --release --features cuda -p g4ft-gemma4 --test parity --no-run --message-format=json \
+parity=$(cargo test --release --features cuda -p g4ft -p g4ft-gemma4 --test parity --no-run --message-format=json \
   | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
 strip -o .gpu/gemma4_parity "$parity" && xz -6 -f .gpu/gemma4_parity
 rel="$CARGO_TARGET_DIR/release"
