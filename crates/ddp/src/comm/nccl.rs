@@ -14,6 +14,7 @@ use super::{Backend, Communicator, ReduceOp, Work, WorkInner};
 use crate::error::{RankTag, Result};
 use crate::fingerprint::{Fingerprint, Ledger};
 use crate::store::StoreClient;
+use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaStorage;
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 use cudarc::driver::{result as drv, CudaEvent, CudaStream};
