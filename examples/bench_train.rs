@@ -33,6 +33,7 @@ use clap::Parser;
 use g4ft_gemma4::{Config, Gemma4Model, LayerType, TokenBatch};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, LoraContext, TargetModules};
 use g4ft_trainer::clip::{clip_coef, grad_norm};
+use g4ft_trainer::memory::MemProbe;
 use g4ft_trainer::mfu::{mfu, AttnLayer, FlopsModel};
 use g4ft_trainer::optim::{AdamW, AdamWParams, FlatBucket};
 use g4ft_trainer::schedule::CosineWithWarmup;
@@ -135,129 +136,6 @@ fn flops_model(model: &Gemma4Model) -> FlopsModel {
                 },
             })
             .collect(),
-    }
-}
-
-/// Peak-memory probe: the CUDA pool's high-water mark or the process's peak RSS.
-enum MemProbe {
-    #[cfg(feature = "cuda")]
-    Pool(cuda_pool::Pool),
-    Rss,
-}
-
-impl MemProbe {
-    fn new(device: &Device) -> Result<Self> {
-        match device {
-            #[cfg(feature = "cuda")]
-            Device::Cuda(d) => Ok(MemProbe::Pool(cuda_pool::Pool::new(d)?)),
-            _ => Ok(MemProbe::Rss),
-        }
-    }
-
-    /// Memory in use now (pool) / resident now (RSS), bytes.
-    fn current(&self) -> Result<u64> {
-        match self {
-            #[cfg(feature = "cuda")]
-            MemProbe::Pool(p) => p.used_current(),
-            MemProbe::Rss => proc_status_kb("VmRSS:").map(|kb| kb * 1024),
-        }
-    }
-
-    /// High-water mark since the last reset (pool) / since process start (RSS), bytes.
-    fn peak(&self) -> Result<u64> {
-        match self {
-            #[cfg(feature = "cuda")]
-            MemProbe::Pool(p) => p.used_high(),
-            MemProbe::Rss => proc_status_kb("VmHWM:").map(|kb| kb * 1024),
-        }
-    }
-
-    /// Restarts the high-water mark (pool only; RSS peak cannot be reset).
-    fn reset_peak(&self) -> Result<()> {
-        match self {
-            #[cfg(feature = "cuda")]
-            MemProbe::Pool(p) => p.reset_high(),
-            MemProbe::Rss => Ok(()),
-        }
-    }
-
-    fn what(&self) -> &'static str {
-        match self {
-            #[cfg(feature = "cuda")]
-            MemProbe::Pool(_) => "cuda mem-pool used high-water mark",
-            MemProbe::Rss => "process peak RSS (VmHWM)",
-        }
-    }
-}
-
-/// A `kB` field of `/proc/self/status`.
-fn proc_status_kb(field: &str) -> Result<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
-    let line = s
-        .lines()
-        .find(|l| l.starts_with(field))
-        .with_context(|| format!("/proc/self/status has no {field}"))?;
-    line[field.len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .with_context(|| format!("parsing {line:?}"))
-}
-
-#[cfg(feature = "cuda")]
-mod cuda_pool {
-    //! The device's default memory pool (candle allocates with `cuMemAllocAsync` from it).
-    use anyhow::{Context, Result};
-    use candle_core::cuda_backend::cudarc::driver::{result, sys};
-    use candle_core::cuda_backend::CudaDevice;
-
-    /// The default pool of one device.
-    pub struct Pool(sys::CUmemoryPool);
-
-    impl Pool {
-        /// Looks the pool up and raises its release threshold to `u64::MAX` so freed blocks stay
-        /// mapped across synchronisations (candle-training-notes §5).
-        pub fn new(dev: &CudaDevice) -> Result<Self> {
-            let stream = dev.cuda_stream();
-            let ctx = stream.context();
-            ctx.bind_to_thread().context("binding the CUDA context")?;
-            // SAFETY: the device handle comes from a live context.
-            let pool = unsafe { result::device::get_default_mem_pool(ctx.cu_device()) }
-                .context("cuDeviceGetDefaultMemPool")?;
-            let p = Pool(pool);
-            p.set(
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                u64::MAX,
-            )?;
-            Ok(p)
-        }
-
-        fn get(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
-            let mut v: u64 = 0;
-            // SAFETY: the attributes used here are all 64-bit values.
-            unsafe { result::mem_pool::get_attribute(self.0, attr, (&mut v as *mut u64).cast()) }
-                .with_context(|| format!("cuMemPoolGetAttribute {attr:?}"))?;
-            Ok(v)
-        }
-
-        fn set(&self, attr: sys::CUmemPool_attribute, mut v: u64) -> Result<()> {
-            // SAFETY: as in `get`.
-            unsafe { result::mem_pool::set_attribute(self.0, attr, (&mut v as *mut u64).cast()) }
-                .with_context(|| format!("cuMemPoolSetAttribute {attr:?}"))
-        }
-
-        pub fn used_current(&self) -> Result<u64> {
-            self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
-        }
-
-        pub fn used_high(&self) -> Result<u64> {
-            self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
-        }
-
-        pub fn reset_high(&self) -> Result<()> {
-            self.set(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0)
-        }
     }
 }
 

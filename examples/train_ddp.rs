@@ -38,7 +38,8 @@ use g4ft::lora::{self, LoraConfig, ParamReport, TargetModules};
 use g4ft::trainer::checkpoint::{remove_stale_temporaries, write_checkpoint_atomic};
 use g4ft::trainer::clip::{clip_coef, grad_norm};
 use g4ft::trainer::config::{DTypeKind, DeviceKind, LabelsKind};
-use g4ft::trainer::metrics::{peak_host_rss_bytes, MetricsLogger, MfuSpec, StepStats};
+use g4ft::trainer::memory::MemProbe;
+use g4ft::trainer::metrics::{MetricsLogger, MfuSpec, StepStats};
 use g4ft::trainer::nonfinite::{decide, stop_error, StepDecision};
 use g4ft::trainer::optim::{AdamW, AdamWParams};
 use g4ft::trainer::plot::write_loss_svg;
@@ -80,6 +81,8 @@ fn train(cli: &Cli) -> Result<()> {
             Device::new_cuda(local_rank).context("--device cuda (build with --features cuda)")?
         }
     };
+    // Peak memory for the log line: the CUDA pool's high-water mark, or peak RSS on CPU.
+    let mem = MemProbe::new(&device)?;
     let timeout = Duration::from_secs(cfg.collective_timeout_s);
     let group = ProcessGroup::from_env(
         &device,
@@ -345,7 +348,7 @@ fn train(cli: &Cli) -> Result<()> {
                     step_s,
                     tokens: counts[1] as u64,
                     seq_len: window.iter().map(|b| b.seq_len).max().unwrap_or(0),
-                    peak_mem_bytes: peak_host_rss_bytes(),
+                    peak_mem_bytes: mem.peak().ok(),
                 };
                 if (pos.step - 1).is_multiple_of(cfg.log_every as u64) {
                     logger.log_step(&stats)?;

@@ -10,7 +10,7 @@
 
 use crate::comm::{Backend, Communicator, CpuComm, ReduceOp, Work};
 use crate::env::DistEnv;
-use crate::error::{DdpError, RankTag, Result};
+use crate::error::{RankTag, Result};
 use crate::fingerprint::{Fingerprint, Ledger};
 use crate::store::{StoreClient, StoreServer};
 use candle_core::{Device, Tensor};
@@ -368,7 +368,7 @@ fn new_nccl(
     _store: &Arc<Mutex<StoreClient>>,
     _ns: &str,
 ) -> Result<Box<dyn Communicator>> {
-    Err(DdpError::FeatureDisabled {
+    Err(crate::error::DdpError::FeatureDisabled {
         what: format!("{tag}: a process group on a CUDA device (NCCL backend)"),
         feature: "cuda",
     })

@@ -15,6 +15,7 @@ pub mod clip;
 pub mod config;
 pub mod error;
 pub mod layer;
+pub mod memory;
 pub mod metrics;
 pub mod mfu;
 pub mod nonfinite;

@@ -389,15 +389,6 @@ fn format_count(x: f64) -> String {
     }
 }
 
-/// Peak resident memory of this process in bytes (`VmHWM` in `/proc/self/status`), the CPU
-/// stand-in for peak device memory; `None` where that file does not exist.
-pub fn peak_host_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,12 +497,5 @@ mod tests {
         assert_eq!(log.train_curve(), &[(1, 1.2345), (2, 1.2345)]);
         assert_eq!(log.eval_curve(), &[(2, 1.0)]);
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn host_rss_is_known_on_linux() {
-        if Path::new("/proc/self/status").exists() {
-            assert!(peak_host_rss_bytes().unwrap() > 0);
-        }
     }
 }
