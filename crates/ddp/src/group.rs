@@ -218,6 +218,14 @@ impl ProcessGroup {
             t.elem_count(),
             site(Location::caller()),
         )?;
+        // Checked here, for every backend (and world size 1), after the fingerprint so that a
+        // bad root on one rank still shows up as that rank's error rather than a desync.
+        if root >= self.tag.world {
+            return Err(self.tag.comm(
+                fp.to_string(),
+                format!("root {root} >= world size {}", self.tag.world),
+            ));
+        }
         if self.tag.world == 1 {
             return Ok(());
         }
