@@ -1,8 +1,10 @@
-//! Memory-efficient causal attention with sliding window, key padding mask and GQA, fused
-//! (`kernels/attention.cu`): the (t, t) score matrix is never stored. Forward keeps the per-row
-//! log-sum-exp (fp32) for the backward, which recomputes the probabilities row by row
-//! (FlashAttention-2's recurrences: `D_i = do_i·o_i`, `ds = p·(do·v − D)`). On CUDA: one kernel
-//! for dq (and D), one for per-query-head dk/dv partials in fp32, one that sums each kv head's group.
+//! Memory-efficient causal attention with sliding window, key padding mask and GQA: the (t, t)
+//! score matrix is never stored. Forward keeps the per-row log-sum-exp (fp32) for the backward,
+//! which recomputes the probabilities (FlashAttention-2's recurrences: `D_i = do_i·o_i`,
+//! `ds = p·(do·v − D)`). The CPU path below is the plain-loop reference, one row at a time. On
+//! CUDA (`attention_cuda.rs`) the queries go in blocks through cuBLAS tensor-core GEMMs with fp32
+//! scores and two row kernels (`kernels/attention.cu`); memory per call is O(t·block), and the
+//! block-wise causal / window bounds skip the masked key ranges.
 //!
 //! Mask semantics (transformers Gemma 4, `gemma4-text-spec.md` §4.3): query i attends key j iff
 //! `j <= i`, `i − j < window` (exactly W keys including itself) and `key_mask[b, j] != 0`. Query head
@@ -269,143 +271,10 @@ impl CustomOp1 for AttentionBwd {
 }
 
 #[cfg(feature = "cuda")]
-mod cuda_impl {
-    use super::{AttentionBwd, Dims};
-    use crate::cuda::{self, cuda_module, cuda_of, with_cuda_float_type, Module};
-    use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-    use candle_core::cuda_backend::WrapErr;
-    use candle_core::{CudaStorage, Layout, Result, Tensor};
-
-    const MODULE: Module = cuda_module!("attention");
-    const ROWS: usize = 4; // warps per block, as in the kernel
-
-    /// Registers per lane for head dim `d`: the kernel template `E`.
-    fn regs(d: usize) -> Result<usize> {
-        match d.div_ceil(32) {
-            0..=1 => Ok(1),
-            2 => Ok(2),
-            3..=4 => Ok(4),
-            5..=8 => Ok(8),
-            9..=16 => Ok(16),
-            _ => candle_core::bail!("attention: head_dim {d} > 512 is not supported on CUDA"),
-        }
-    }
-
-    fn cfg(rows: usize, heads: usize, b: usize) -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: (rows.div_ceil(ROWS) as u32, heads as u32, b as u32),
-            block_dim: ((ROWS * 32) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
-
-    fn ints(n: &Dims) -> [i32; 5] {
-        [n.nh, n.nkv, n.t, n.d, n.window].map(|v| v as i32)
-    }
-
-    pub(super) fn forward(
-        op: &str,
-        n: &Dims,
-        (s1, l1): (&CudaStorage, &Layout),
-        (s2, l2): (&CudaStorage, &Layout),
-        (s3, l3): (&CudaStorage, &Layout),
-        mask: &Tensor,
-    ) -> Result<(CudaStorage, CudaStorage)> {
-        let dev = s1.device().clone();
-        let e = regs(n.d)?;
-        let (mg, ml) = mask.storage_and_layout();
-        let m = cuda::view::<u8>(cuda_of(&mg, op, "key_mask")?, ml, op, "key_mask")?;
-        with_cuda_float_type!(s1, op, T => {
-            let q = cuda::view::<T>(s1, l1, op, "q")?;
-            let k = cuda::view::<T>(s2, l2, op, "k")?;
-            let v = cuda::view::<T>(s3, l3, op, "v")?;
-            // SAFETY: every row of o and lse is written by the kernel.
-            let o = unsafe { dev.alloc::<T>(n.q_elems())? };
-            let lse = unsafe { dev.alloc::<f32>(n.b * n.nh * n.t)? };
-            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(&format!("attn_fwd_e{e}")))?;
-            let ints = ints(n);
-            let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
-            b.arg(&q).arg(&k).arg(&v).arg(&m).arg(&o).arg(&lse);
-            for i in &ints {
-                b.arg(i);
-            }
-            b.arg(&n.scale);
-            // SAFETY: shapes checked in `attention`; one warp per (b, h, query row).
-            unsafe { b.launch(cfg(n.t, n.nh, n.b)) }.w()?;
-            Ok((cuda::wrap(o, &dev), cuda::wrap(lse, &dev)))
-        })
-    }
-
-    pub(super) fn backward(
-        a: &AttentionBwd,
-        (s, l): (&CudaStorage, &Layout),
-    ) -> Result<CudaStorage> {
-        let op = "attention-bwd";
-        let n = &a.n;
-        let dev = s.device().clone();
-        let e = regs(n.d)?;
-        let guards = [&a.k, &a.v, &a.o, &a.dout, &a.lse, &a.mask].map(|t| t.storage_and_layout());
-        let st = |i: usize, what: &str| cuda_of(&guards[i].0, op, what).map(|s| (s, guards[i].1));
-        let (ms, ml) = st(5, "key_mask")?;
-        let m = cuda::view::<u8>(ms, ml, op, "key_mask")?;
-        let (ls, ll) = st(4, "lse")?;
-        let lse = cuda::view::<f32>(ls, ll, op, "lse")?;
-        with_cuda_float_type!(s, op, T => {
-            let q = cuda::view::<T>(s, l, op, "q")?;
-            let view = |i: usize, what: &str| -> Result<_> {
-                let (s, l) = st(i, what)?;
-                cuda::view::<T>(s, l, op, what)
-            };
-            let (k, v, o, dout) = (view(0, "k")?, view(1, "v")?, view(2, "o")?, view(3, "grad")?);
-            let (nq, nkv) = (n.q_elems(), n.kv_elems());
-            // SAFETY: dq, dk, dv and D are fully written by the two kernels.
-            let mut packed = unsafe { dev.alloc::<T>(nq + 2 * nkv)? };
-            let dbuf = unsafe { dev.alloc::<f32>(n.b * n.nh * n.t)? };
-            let ints = ints(n);
-            let stream = dev.cuda_stream();
-            {
-                let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(&format!("attn_bwd_dq_e{e}")))?;
-                let mut dq = packed.slice_mut(0..nq);
-                let mut b = stream.launch_builder(&f);
-                b.arg(&q).arg(&k).arg(&v).arg(&m).arg(&o).arg(&dout).arg(&lse).arg(&mut dq).arg(&dbuf);
-                for i in &ints {
-                    b.arg(i);
-                }
-                b.arg(&n.scale);
-                // SAFETY: one warp per (b, h, query row); dq is the first nq elements.
-                unsafe { b.launch(cfg(n.t, n.nh, n.b)) }.w()?;
-            }
-            // SAFETY: the dk/dv partials of every (b, h, key row) are written by the dkdv kernel.
-            let part = unsafe { dev.alloc::<f32>(2 * nq)? };
-            {
-                let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(&format!("attn_bwd_dkdv_e{e}")))?;
-                let mut b = stream.launch_builder(&f);
-                b.arg(&q).arg(&k).arg(&v).arg(&m).arg(&dout).arg(&lse).arg(&dbuf).arg(&part);
-                for i in &ints {
-                    b.arg(i);
-                }
-                b.arg(&n.scale);
-                // SAFETY: one warp per (b, query head, key row); part holds 2·nq f32.
-                unsafe { b.launch(cfg(n.t, n.nh, n.b)) }.w()?;
-            }
-            {
-                let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>("attn_reduce_heads"))?;
-                let mut dkv = packed.slice_mut(nq..nq + 2 * nkv);
-                let sizes = [n.b, n.nh, n.nkv, n.t, n.d].map(|v| v as i32);
-                let mut b = stream.launch_builder(&f);
-                b.arg(&part).arg(&mut dkv);
-                for i in &sizes {
-                    b.arg(i);
-                }
-                // SAFETY: part holds 2·nq f32, dkv 2·nkv elements of T.
-                unsafe { b.launch(cuda::elementwise(2 * nkv)) }.w()?;
-            }
-            Ok(cuda::wrap(packed, &dev))
-        })
-    }
-}
+#[path = "attention_cuda.rs"]
+mod cuda_impl;
+#[cfg(all(test, feature = "cuda"))]
+pub(crate) use cuda_impl::{set_score_bytes, DEFAULT_SCORE_BYTES};
 
 /// Validated sizes, or an error naming the mismatching tensor.
 fn dims(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>, scale: f64) -> Result<Dims> {
@@ -465,7 +334,7 @@ fn key_mask_u8(key_mask: Option<&Tensor>, q: &Tensor, n: &Dims) -> Result<Tensor
 /// kv head `h / (nh / nkv)`); all the same float dtype. `key_mask`: (b, t) u8 or u32, nonzero = keep
 /// (padding mask), or `None`. `window`: `Some(W)` lets query i see keys `i−W < j <= i` (W keys
 /// including itself), `None` = full causal. `scale` multiplies the scores (Gemma 4: 1.0).
-/// Fp32 scores and softmax, output in the input dtype. Gradients for q, k and v. On CUDA, d <= 512.
+/// Fp32 scores and softmax, output in the input dtype. Gradients for q, k and v.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,

@@ -209,14 +209,20 @@ fn gpu_kernels_table() -> Result<()> {
         )?;
         let mask = Tensor::new(&[[1u8; 320], [1u8; 320]], &Device::Cpu)?.narrow(1, 0, 300)?;
         let mask = Tensor::cat(&[mask, Tensor::zeros((2, 20), DType::U8, &Device::Cpu)?], 1)?;
-        for (nh, nkv, d, win) in [
+        // One block (the default bound), then 48-row (nh 8) / 96-row (nh 4) blocks with a ragged
+        // last block: 983,040 B = 48 rows of b·nh·t fp32 scores at nh 8.
+        for ((nh, nkv, d, win), score_bytes) in [
             (8, 4, 256, Some(128)),
             (8, 1, 512, None),
             (4, 2, 80, Some(33)),
-        ] {
+        ]
+        .into_iter()
+        .flat_map(|c| [(c, crate::attention::DEFAULT_SCORE_BYTES), (c, 983_040)])
+        {
+            crate::attention::set_score_bytes(score_bytes);
             let m = mask.clone();
             ok &= check(
-                &format!("attention {dn} win={win:?}"),
+                &format!("attention {dn} win={win:?} score_bytes={score_bytes}"),
                 &format!("b2 nh{nh} nkv{nkv} t320 d{d}"),
                 &move |x| {
                     attention(
@@ -238,6 +244,7 @@ fn gpu_kernels_table() -> Result<()> {
                 &gpu,
             )?;
         }
+        crate::attention::set_score_bytes(crate::attention::DEFAULT_SCORE_BYTES);
     }
     // dropout mask bits and AdamW: CPU and CUDA must agree exactly
     let mc = dropout_mask((1000, 999), 0.1, [5, 6, 7], &Device::Cpu)?;

@@ -29,6 +29,8 @@
 mod attention;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
+mod cublas;
+#[cfg(feature = "cuda")]
 mod cuda;
 mod dropout;
 mod geglu;

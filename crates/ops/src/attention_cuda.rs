@@ -1,0 +1,477 @@
+//! CUDA path of [`super::attention`]: blocked attention on cuBLAS tensor-core GEMMs.
+//!
+//! The queries are processed in blocks of `bq` rows. For a block `[q0, q1)` only the keys
+//! `[k0, q1)` can be visible (causal; `k0 = q0 + 1 − window` on sliding layers), so the masked-out
+//! upper triangle and everything left of the window are skipped block-wise. Per block:
+//!
+//! - forward: `S = scale·Q·Kᵀ` (bf16 in, fp32 out), the masked softmax (`attn_softmax_rows`: P in
+//!   the input dtype and the row log-sum-exp), `O = P·V`;
+//! - backward: `S` again, `dP = dO·Vᵀ` (fp32), `dS = scale·P·(dP − rowsum(dO∘O))`
+//!   (`attn_ds_rows`), `dQ = dS·K`, `dK += dSᵀ·Q` and `dV += Pᵀ·dO` into fp32 accumulators.
+//!
+//! GQA needs no copy of K/V: the `g = nh / nkv` query heads of one kv head are `g·rows`
+//! consecutive rows (the block's rows are first gathered into a compact buffer when the block is
+//! not the whole sequence), so every product is one strided-batched GEMM over `b·nkv` items.
+//! The fp32 score buffers are bounded by [`SCORE_BYTES`], so memory stays O(t·bq) instead of
+//! O(t²) per layer. Numerics: fp32 scores, softmax and accumulation; P and dS are rounded to the
+//! input dtype before their GEMMs (as FlashAttention does); exact fp32 for f32 inputs.
+
+use super::{AttentionBwd, Dims};
+use crate::cublas::{Gemm, Mat};
+use crate::cuda::{self, cuda_module, cuda_of, with_cuda_float_type, Module};
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaStream, DevicePtr, DeviceRepr, PushKernelArg,
+};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
+use candle_core::{CudaStorage, DType, Layout, Result, Tensor, WithDType};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+const MODULE: Module = cuda_module!("attention");
+
+/// Default upper bound of one fp32 score buffer (`b·nh·bq·t` floats); sets the query block size `bq`.
+/// 32 MiB: 256-row blocks for the 12B shape (16 heads, t = 2048). Tests lower it to force many
+/// blocks on small shapes.
+pub(crate) const DEFAULT_SCORE_BYTES: usize = 32 << 20;
+static SCORE_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_SCORE_BYTES);
+
+/// Sets the score-buffer bound (tests: exercise the blocked path on small shapes).
+#[cfg(test)]
+pub(crate) fn set_score_bytes(bytes: usize) {
+    SCORE_BYTES.store(bytes, Ordering::Relaxed);
+}
+
+/// Threads per block of the row kernels.
+const ROW_THREADS: u32 = 256;
+
+/// The query blocks of one call and the largest key range any block sees.
+struct Blocking {
+    bq: usize,
+    ld_max: usize,
+}
+
+/// One query block: rows `[q0, q0 + rows)` see at most the keys `[k0, k0 + lk)`; its score rows
+/// are `ld` apart (`lk` rounded up to 8 elements: 16-byte aligned rows for the tensor-core GEMMs).
+#[derive(Clone, Copy)]
+struct Block {
+    q0: usize,
+    rows: usize,
+    k0: usize,
+    lk: usize,
+    ld: usize,
+}
+
+impl Blocking {
+    fn new(n: &Dims) -> Self {
+        let per_row = n.b * n.nh * n.t * 4;
+        let bq = (SCORE_BYTES.load(Ordering::Relaxed) / per_row).max(16);
+        let bq = if bq < n.t { bq / 16 * 16 } else { n.t };
+        let ld_max = if n.window > 0 {
+            (bq + n.window - 1).min(n.t)
+        } else {
+            n.t
+        };
+        Blocking {
+            bq,
+            ld_max: ld_max.next_multiple_of(8),
+        }
+    }
+
+    /// Whether the blocks are proper sub-ranges (their rows must be gathered into compact buffers).
+    fn blocked(&self, n: &Dims) -> bool {
+        self.bq < n.t
+    }
+
+    fn blocks(&self, n: Dims) -> impl Iterator<Item = Block> {
+        let bq = self.bq;
+        (0..n.t).step_by(bq).map(move |q0| {
+            let rows = bq.min(n.t - q0);
+            let k0 = if n.window > 0 {
+                (q0 + 1).saturating_sub(n.window)
+            } else {
+                0
+            };
+            let lk = q0 + rows - k0;
+            Block {
+                q0,
+                rows,
+                k0,
+                lk,
+                ld: lk.next_multiple_of(8),
+            }
+        })
+    }
+}
+
+/// The device plumbing shared by the forward and backward: candle's device and stream, sizes,
+/// the element dtype, typed operand descriptors and the row-kernel launches.
+struct Ctx<'a> {
+    dev: &'a CudaDevice,
+    stream: Arc<CudaStream>,
+    n: Dims,
+    dtype: DType,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(dev: &'a CudaDevice, n: &Dims, dtype: DType) -> Self {
+        Ctx {
+            dev,
+            stream: dev.cuda_stream(),
+            n: *n,
+            dtype,
+        }
+    }
+
+    fn addr<T, P: DevicePtr<T>>(&self, x: &P) -> u64 {
+        x.device_ptr(&self.stream).0
+    }
+
+    fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: every buffer allocated here is fully written before it is read.
+        unsafe { self.dev.alloc::<T>(len) }
+    }
+
+    fn groups(&self) -> usize {
+        self.n.nh / self.n.nkv
+    }
+
+    /// K/V (or their fp32 accumulators) from key `k0`: per (b, kv head) a `t×d` slab.
+    fn kv(&self, ptr: u64, k0: usize, dtype: DType) -> Mat {
+        let (t, d) = (self.n.t, self.n.d);
+        Mat {
+            ptr,
+            ld: d,
+            stride: t * d,
+            dtype,
+        }
+        .offset(k0 * d)
+    }
+
+    /// A block's query-side rows (Q, dO, O, dQ): per (b, kv head) `g·rows` rows of `d`.
+    fn rows(&self, ptr: u64, blk: Block) -> Mat {
+        let d = self.n.d;
+        Mat {
+            ptr,
+            ld: d,
+            stride: self.groups() * blk.rows * d,
+            dtype: self.dtype,
+        }
+    }
+
+    /// A block's scores-like matrices (S, dP, P, dS): per (b, kv head) `g·rows` rows of `lk`.
+    fn scores(&self, ptr: u64, blk: Block, dtype: DType) -> Mat {
+        Mat {
+            ptr,
+            ld: blk.ld,
+            stride: self.groups() * blk.rows * blk.ld,
+            dtype,
+        }
+    }
+
+    /// `(b·nkv)`-batched GEMM on candle's cuBLAS handle.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        trans: (bool, bool),
+        (alpha, beta): (f32, f32),
+        a: Mat,
+        b: Mat,
+        c: Mat,
+    ) -> Result<()> {
+        let g = Gemm {
+            m,
+            n,
+            k,
+            batch: self.n.b * self.n.nkv,
+            trans_a: trans.0,
+            trans_b: trans.1,
+            alpha,
+            beta,
+        };
+        // SAFETY: every operand is sized from `Dims` and the block bounds by the callers below.
+        unsafe { g.run(&self.dev.cublas_handle(), a, b, c) }
+    }
+
+    /// `S = scale·Q·Kᵀ` (fp32) for one block.
+    fn scores_gemm(&self, q: u64, k: u64, s: u64, blk: Block) -> Result<()> {
+        let g = self.groups() * blk.rows;
+        let (a, b, c) = (
+            self.rows(q, blk),
+            self.kv(k, blk.k0, self.dtype),
+            self.scores(s, blk, DType::F32),
+        );
+        self.gemm(
+            (g, blk.lk, self.n.d),
+            (false, true),
+            (self.n.scale, 0.0),
+            a,
+            b,
+            c,
+        )
+    }
+
+    fn func(&self, root: &str) -> Result<candle_core::cuda_backend::cudarc::driver::CudaFunction> {
+        cuda::func(
+            self.dev,
+            &MODULE,
+            &format!("{root}_{}", self.dtype.as_str()),
+        )
+    }
+
+    /// Copies rows `[src.1, src.1 + rows)` of every (b, h) slab of `src` (slabs of `src.0` rows)
+    /// to rows `[dst.1, ..)` of the slabs of `dst` (slabs of `dst.0` rows).
+    fn copy_rows(
+        &self,
+        (sp, src): (u64, (usize, usize)),
+        (dp, dst): (u64, (usize, usize)),
+        rows: usize,
+    ) -> Result<()> {
+        let n = &self.n;
+        let f = self.func("attn_copy_rows")?;
+        let ints = [n.b * n.nh, rows, n.d, src.0, src.1, dst.0, dst.1].map(|v| v as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&sp).arg(&dp);
+        for i in &ints {
+            b.arg(i);
+        }
+        // SAFETY: both buffers hold `b·nh` slabs with at least `off + rows` rows of `d` elements.
+        unsafe { b.launch(cuda::elementwise(n.b * n.nh * rows * n.d)) }.w()?;
+        Ok(())
+    }
+
+    /// Masked softmax of a block's score rows: P and the rows' log-sum-exp.
+    fn softmax_rows(&self, s: u64, p: u64, lse: u64, mask: u64, blk: Block) -> Result<()> {
+        let n = &self.n;
+        let f = self.func("attn_softmax_rows")?;
+        let ints = [
+            n.nh, n.t, blk.rows, blk.lk, blk.ld, blk.q0, blk.k0, n.window,
+        ]
+        .map(|v| v as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&s).arg(&p).arg(&lse).arg(&mask);
+        for i in &ints {
+            b.arg(i);
+        }
+        // SAFETY: one block per score row; s/p hold b·nh·rows rows of lk, lse b·nh·t floats.
+        unsafe { b.launch(cuda::per_row(n.b * n.nh * blk.rows, ROW_THREADS)) }.w()?;
+        Ok(())
+    }
+
+    /// `dS` and `P` (input dtype) of a block from `S`, `dP`, `O`, `dO` and the log-sum-exp.
+    fn ds_rows(&self, [s, dp, o, dout, lse, mask, ds, p]: [u64; 8], blk: Block) -> Result<()> {
+        let n = &self.n;
+        let f = self.func("attn_ds_rows")?;
+        let ints = [
+            n.nh, n.t, n.d, blk.rows, blk.lk, blk.ld, blk.q0, blk.k0, n.window,
+        ]
+        .map(|v| v as i32);
+        let mut b = self.stream.launch_builder(&f);
+        for x in [&s, &dp, &o, &dout, &lse, &mask, &ds, &p] {
+            b.arg(x);
+        }
+        for i in &ints {
+            b.arg(i);
+        }
+        b.arg(&n.scale);
+        // SAFETY: one block per score row, buffers sized as in `softmax_rows`.
+        unsafe { b.launch(cuda::per_row(n.b * n.nh * blk.rows, ROW_THREADS)) }.w()?;
+        Ok(())
+    }
+
+    /// `y = x` rounded to the element dtype (`len` elements).
+    fn round(&self, x: u64, y: u64, len: usize) -> Result<()> {
+        let f = self.func("attn_round")?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x).arg(&y).arg(&len);
+        // SAFETY: x holds len f32, y len elements.
+        unsafe { b.launch(cuda::elementwise(len)) }.w()?;
+        Ok(())
+    }
+}
+
+fn fwd<T: CudaDType + DeviceRepr + WithDType>(
+    dev: &CudaDevice,
+    n: &Dims,
+    [q, k, v, mask]: [u64; 4],
+) -> Result<(CudaSlice<T>, CudaSlice<f32>)> {
+    let cx = Ctx::new(dev, n, T::DTYPE);
+    let bl = Blocking::new(n);
+    let rows_max = n.b * n.nh * bl.bq;
+    let o = cx.alloc::<T>(n.q_elems())?;
+    let lse = cx.alloc::<f32>(n.b * n.nh * n.t)?;
+    let s = cx.alloc::<f32>(rows_max * bl.ld_max)?;
+    let p = cx.alloc::<T>(rows_max * bl.ld_max)?;
+    let [o_, lse_, s_, p_] = [cx.addr(&o), cx.addr(&lse), cx.addr(&s), cx.addr(&p)];
+    // Compact per-block Q and O rows (only when the block is not the whole sequence).
+    let stage = if bl.blocked(n) {
+        Some((
+            cx.alloc::<T>(rows_max * n.d)?,
+            cx.alloc::<T>(rows_max * n.d)?,
+        ))
+    } else {
+        None
+    };
+    let (qs, os) = match &stage {
+        Some((a, b)) => (cx.addr(a), cx.addr(b)),
+        None => (q, o_),
+    };
+    for blk in bl.blocks(*n) {
+        let (g, slab) = (cx.groups() * blk.rows, (n.t, blk.q0));
+        if stage.is_some() {
+            cx.copy_rows((q, slab), (qs, (blk.rows, 0)), blk.rows)?;
+        }
+        cx.scores_gemm(qs, k, s_, blk)?;
+        cx.softmax_rows(s_, p_, lse_, mask, blk)?;
+        let (a, b, c) = (
+            cx.scores(p_, blk, T::DTYPE),
+            cx.kv(v, blk.k0, T::DTYPE),
+            cx.rows(os, blk),
+        );
+        cx.gemm((g, n.d, blk.lk), (false, false), (1.0, 0.0), a, b, c)?;
+        if stage.is_some() {
+            cx.copy_rows((os, (blk.rows, 0)), (o_, slab), blk.rows)?;
+        }
+    }
+    Ok((o, lse))
+}
+
+fn bwd<T: CudaDType + DeviceRepr + WithDType>(
+    dev: &CudaDevice,
+    n: &Dims,
+    [q, k, v, o, dout, lse, mask]: [u64; 7],
+) -> Result<CudaSlice<T>> {
+    let cx = Ctx::new(dev, n, T::DTYPE);
+    let bl = Blocking::new(n);
+    let rows_max = n.b * n.nh * bl.bq;
+    let (nq, nkv) = (n.q_elems(), n.kv_elems());
+    let packed = cx.alloc::<T>(nq + 2 * nkv)?;
+    let dk32 = dev.alloc_zeros::<f32>(nkv)?;
+    let dv32 = dev.alloc_zeros::<f32>(nkv)?;
+    let s = cx.alloc::<f32>(rows_max * bl.ld_max)?;
+    let dp = cx.alloc::<f32>(rows_max * bl.ld_max)?;
+    let ds = cx.alloc::<T>(rows_max * bl.ld_max)?;
+    let p = cx.alloc::<T>(rows_max * bl.ld_max)?;
+    let elem = std::mem::size_of::<T>() as u64;
+    let dq = cx.addr(&packed);
+    let [dk32_, dv32_, s_, dp_, ds_, p_] = [
+        cx.addr(&dk32),
+        cx.addr(&dv32),
+        cx.addr(&s),
+        cx.addr(&dp),
+        cx.addr(&ds),
+        cx.addr(&p),
+    ];
+    let stage = if bl.blocked(n) {
+        Some([
+            cx.alloc::<T>(rows_max * n.d)?,
+            cx.alloc::<T>(rows_max * n.d)?,
+            cx.alloc::<T>(rows_max * n.d)?,
+        ])
+    } else {
+        None
+    };
+    let (qs, dos, dqs) = match &stage {
+        Some([a, b, c]) => (cx.addr(a), cx.addr(b), cx.addr(c)),
+        None => (q, dout, dq),
+    };
+    for blk in bl.blocks(*n) {
+        let (g, slab, compact) = (cx.groups() * blk.rows, (n.t, blk.q0), (blk.rows, 0));
+        if stage.is_some() {
+            cx.copy_rows((q, slab), (qs, compact), blk.rows)?;
+            cx.copy_rows((dout, slab), (dos, compact), blk.rows)?;
+        }
+        cx.scores_gemm(qs, k, s_, blk)?;
+        let (a, b, c) = (
+            cx.rows(dos, blk),
+            cx.kv(v, blk.k0, T::DTYPE),
+            cx.scores(dp_, blk, DType::F32),
+        );
+        cx.gemm((g, blk.lk, n.d), (false, true), (1.0, 0.0), a, b, c)?;
+        cx.ds_rows([s_, dp_, o, dout, lse, mask, ds_, p_], blk)?;
+        let (dsm, pm) = (cx.scores(ds_, blk, T::DTYPE), cx.scores(p_, blk, T::DTYPE));
+        cx.gemm(
+            (g, n.d, blk.lk),
+            (false, false),
+            (1.0, 0.0),
+            dsm,
+            cx.kv(k, blk.k0, T::DTYPE),
+            cx.rows(dqs, blk),
+        )?;
+        if stage.is_some() {
+            cx.copy_rows((dqs, compact), (dq, slab), blk.rows)?;
+        }
+        cx.gemm(
+            (blk.lk, n.d, g),
+            (true, false),
+            (1.0, 1.0),
+            dsm,
+            cx.rows(qs, blk),
+            cx.kv(dk32_, blk.k0, DType::F32),
+        )?;
+        cx.gemm(
+            (blk.lk, n.d, g),
+            (true, false),
+            (1.0, 1.0),
+            pm,
+            cx.rows(dos, blk),
+            cx.kv(dv32_, blk.k0, DType::F32),
+        )?;
+    }
+    cx.round(dk32_, dq + nq as u64 * elem, nkv)?;
+    cx.round(dv32_, dq + (nq + nkv) as u64 * elem, nkv)?;
+    Ok(packed)
+}
+
+/// Forward on candle's CUDA storages: `(o, lse)`.
+pub(super) fn forward(
+    op: &str,
+    n: &Dims,
+    (s1, l1): (&CudaStorage, &Layout),
+    (s2, l2): (&CudaStorage, &Layout),
+    (s3, l3): (&CudaStorage, &Layout),
+    mask: &Tensor,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let dev = s1.device().clone();
+    let stream = dev.cuda_stream();
+    let (mg, ml) = mask.storage_and_layout();
+    let m = cuda::view::<u8>(cuda_of(&mg, op, "key_mask")?, ml, op, "key_mask")?;
+    let mask = m.device_ptr(&stream).0;
+    with_cuda_float_type!(s1, op, T => {
+        let addr = |s, l, what| -> Result<u64> { Ok(cuda::view::<T>(s, l, op, what)?.device_ptr(&stream).0) };
+        let ptrs = [addr(s1, l1, "q")?, addr(s2, l2, "k")?, addr(s3, l3, "v")?, mask];
+        let (o, lse) = fwd::<T>(&dev, n, ptrs)?;
+        Ok((cuda::wrap(o, &dev), cuda::wrap(lse, &dev)))
+    })
+}
+
+/// Backward on candle's CUDA storage of `q`: packed `[dq, dk, dv]`.
+pub(super) fn backward(a: &AttentionBwd, (s, l): (&CudaStorage, &Layout)) -> Result<CudaStorage> {
+    let op = "attention-bwd";
+    let dev = s.device().clone();
+    let stream = dev.cuda_stream();
+    let guards = [&a.k, &a.v, &a.o, &a.dout, &a.lse, &a.mask].map(|t| t.storage_and_layout());
+    let st = |i: usize, what: &str| cuda_of(&guards[i].0, op, what).map(|s| (s, guards[i].1));
+    let (ms, ml) = st(5, "key_mask")?;
+    let mask = cuda::view::<u8>(ms, ml, op, "key_mask")?
+        .device_ptr(&stream)
+        .0;
+    let (ls, ll) = st(4, "lse")?;
+    let lse = cuda::view::<f32>(ls, ll, op, "lse")?.device_ptr(&stream).0;
+    with_cuda_float_type!(s, op, T => {
+        let addr = |(s, l): (&CudaStorage, &Layout), what| -> Result<u64> {
+            Ok(cuda::view::<T>(s, l, op, what)?.device_ptr(&stream).0)
+        };
+        let ptrs = [
+            addr((s, l), "q")?,
+            addr(st(0, "k")?, "k")?,
+            addr(st(1, "v")?, "v")?,
+            addr(st(2, "o")?, "o")?,
+            addr(st(3, "grad")?, "grad")?,
+            lse,
+            mask,
+        ];
+        Ok(cuda::wrap(bwd::<T>(&dev, &a.n, ptrs)?, &dev))
+    })
+}
