@@ -5,12 +5,23 @@
 //! `--seq` tokens per sample (no padding), `--accum` micro-batches per step, clip 1.0, AdamW
 //! (lr 1e-4, wd 0), cosine schedule with 20 warmup steps, single device (world 1).
 //!
-//! One micro-batch = `forward_backward` (forward without graph, chunked fused head + CE,
-//! layer-wise recompute backward) with `loss_scale = 1/accum`; each layer's adapter gradients are
-//! added into per-parameter fp32 accumulators as soon as the layer reports them. The step
-//! concatenates them into one flat buffer (a DDP bucket's layout), takes the global norm, clips
-//! and runs `g4ft_trainer::optim::AdamW`. Each step ends with a device synchronize; the first
+//! One optimizer step is exactly `train_ddp`'s: the model's adapters are wrapped in
+//! `DistributedDataParallel` (world 1 without launcher environment; under `ddprun`/`torchrun`
+//! every rank runs its own random tokens), and `g4ft_trainer::step::accumulate_window` runs the
+//! `--accum` micro-batches (`forward_backward` with `loss_scale = 1/accum`, each finished layer's
+//! adapter gradients accumulated into DDP's flat fp32 buckets, the first `accum − 1` under
+//! `no_sync`), `ddp.finish()`, then the global norm over the buckets
+//! (`g4ft_trainer::clip::grad_norm`), the clip coefficient and `step::adamw_step` (AdamW over
+//! the buckets, the fused op on CUDA). Each step ends with a device synchronize; the first
 //! `--warmup-discard` steps are left out of the summary.
+//!
+//! `--profile` adds one more step after the summary that synchronises the device at every phase
+//! boundary (`step::StepObserver`) and prints where its time goes: forward (embedding + layers),
+//! the fused linear cross-entropy head, recompute + backward per layer type (the time between
+//! the layer callbacks of `forward_backward`), gradient accumulation into the buckets, DDP's
+//! finish, grad norm, AdamW. Forward and head run before the first layer callback, so they are
+//! timed by separate probes on the same shapes and the last layer's backward is the remainder
+//! (see `Profile`). The normal steps never synchronise inside a step.
 //!
 //! Peak memory: on CUDA the default memory pool's high-water mark (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`,
 //! reset after the model and adapters are built, as the anchor resets torch's peak stats), with
@@ -21,22 +32,25 @@
 //! cargo run --release --example bench_train -- --config assets/tiny/config.json --seq 64 \
 //!     --accum 2 --steps 4 --warmup-discard 1 --dtype f32 --device cpu
 //! cargo run --release --features cuda --example bench_train -- \
-//!     --config crates/gemma4/tests/configs/gemma-4-12B-it.json --peak-tflops 714.6
+//!     --config crates/gemma4/tests/configs/gemma-4-12B-it.json --peak-tflops 714.6 --profile
 //! ```
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use clap::Parser;
-use g4ft_gemma4::{Config, Gemma4Model, LayerType, TokenBatch};
+use g4ft_data::Batch;
+use g4ft_ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
+use g4ft_gemma4::{Config, Gemma4Model, LayerType};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, LoraContext, TargetModules};
 use g4ft_trainer::clip::{clip_coef, grad_norm};
 use g4ft_trainer::memory::MemProbe;
 use g4ft_trainer::mfu::{mfu, AttnLayer, FlopsModel};
-use g4ft_trainer::optim::{AdamW, AdamWParams, FlatBucket};
+use g4ft_trainer::optim::{AdamW, AdamWParams};
 use g4ft_trainer::schedule::CosineWithWarmup;
+use g4ft_trainer::step::{self, LossWeighting, StepEvent, StepObserver};
 
 /// The post's LoRA target regex: the 7 projections of the text decoder.
 const POST_TARGETS: &str =
@@ -89,6 +103,13 @@ struct Args {
     /// Seed of the random weights, adapters, dropout and tokens.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// DDP bucket capacity in MiB of fp32 gradients (train_ddp's default).
+    #[arg(long, default_value_t = 25.0)]
+    bucket_cap_mb: f64,
+    /// After the summary, run one more step with the device synchronised around every phase
+    /// and print the time breakdown.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// SplitMix64 finaliser, for the random token ids.
@@ -109,10 +130,21 @@ fn random_tokens(seed: u64, micro: u64, n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// The layer index in a module path `...layers.{i}....`.
-fn layer_of(name: &str) -> Option<usize> {
-    let rest = &name[name.find("layers.")? + "layers.".len()..];
-    rest.split('.').next()?.parse().ok()
+/// Micro-batch `micro` of random tokens as the data loader would collate it: no padding,
+/// labels = inputs (every position after the first is a target).
+fn random_batch(seed: u64, micro: u64, b: usize, t: usize, vocab: usize) -> Batch {
+    let input_ids = random_tokens(seed, micro, b * t, vocab);
+    Batch {
+        labels: input_ids.iter().map(|&x| x as i64).collect(),
+        attention_mask: vec![1; b * t],
+        input_ids,
+        position_ids: None,
+        batch: b,
+        seq_len: t,
+        n_tokens: b * t,
+        n_label_tokens: b * (t - 1),
+        samples: Vec::new(),
+    }
 }
 
 /// The FLOP model of the config: frozen decoder projections, tied head, attention shapes.
@@ -158,12 +190,26 @@ fn main() -> Result<()> {
         "f32" => DType::F32,
         other => bail!("--dtype: expected bf16 or f32, got {other:?}"),
     };
+    let local_rank: usize = std::env::var("LOCAL_RANK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let device = match args.device.as_str() {
         "cpu" => Device::Cpu,
-        "cuda" => Device::new_cuda(0).context("--device cuda (built with --features cuda?)")?,
+        "cuda" => {
+            Device::new_cuda(local_rank).context("--device cuda (built with --features cuda?)")?
+        }
         other => bail!("--device: expected cuda or cpu, got {other:?}"),
     };
     let probe = MemProbe::new(&device)?;
+    let group = ProcessGroup::from_env(
+        &device,
+        GroupOptions {
+            timeout: Duration::from_secs(1800),
+            ..Default::default()
+        },
+    )?;
+    let (rank, world) = (group.rank(), group.world_size());
     let cfg = Config::from_file(&args.config)
         .with_context(|| format!("reading {}", args.config.display()))?;
 
@@ -176,41 +222,63 @@ fn main() -> Result<()> {
     );
     lcfg.lora_dropout = args.lora_dropout;
     let adapted = attach(&lcfg, model.projections_mut(), args.seed)?;
-    let params = lora_parameters(model.projections());
-    let vars: Vec<Var> = params.iter().map(|p| p.var.clone()).collect();
-    let lens: Vec<usize> = vars.iter().map(|v| v.elem_count()).collect();
-    let trainable: usize = lens.iter().sum();
-    // Parameter indices per layer, for the layer-wise gradient callback.
-    let mut by_layer = vec![Vec::new(); cfg.num_hidden_layers];
-    for (k, p) in params.iter().enumerate() {
-        let l = layer_of(&p.name).with_context(|| format!("no layer index in {}", p.name))?;
-        by_layer[l].push(k);
-    }
+    let params: Vec<(String, Var)> = lora_parameters(model.projections())
+        .into_iter()
+        .map(|p| (p.name, p.var))
+        .collect();
+    let trainable: usize = params.iter().map(|(_, v)| v.elem_count()).sum();
+    // train_ddp's wrap: reverse-order fp32 buckets that hold the gradients.
+    let mut ddp = DistributedDataParallel::new(
+        &group,
+        params,
+        DdpOptions {
+            bucket_cap_mb: args.bucket_cap_mb,
+            ..Default::default()
+        },
+    )?;
     device.synchronize()?;
     let weights_bytes = probe.current()?;
-    println!(
-        "model layers={} hidden={} vocab={} dtype={:?} device={:?} built_in={:.1}s mem_after_build={:.2} GB",
-        cfg.num_hidden_layers,
-        cfg.hidden_size,
-        cfg.vocab_size,
-        dtype,
-        device.location(),
-        t0.elapsed().as_secs_f64(),
-        weights_bytes as f64 / 1e9
-    );
-    println!(
-        "lora r={} alpha={} dropout={} adapted={} trainable={trainable}",
-        args.lora_r,
-        args.lora_alpha,
-        args.lora_dropout,
-        adapted.len()
-    );
+    let main_rank = rank == 0;
+    if main_rank {
+        println!(
+            "model layers={} hidden={} vocab={} dtype={:?} device={:?} world={world} built_in={:.1}s mem_after_build={:.2} GB",
+            cfg.num_hidden_layers,
+            cfg.hidden_size,
+            cfg.vocab_size,
+            dtype,
+            device.location(),
+            t0.elapsed().as_secs_f64(),
+            weights_bytes as f64 / 1e9
+        );
+        println!(
+            "lora r={} alpha={} dropout={} adapted={} trainable={trainable} buckets={}",
+            args.lora_r,
+            args.lora_alpha,
+            args.lora_dropout,
+            adapted.len(),
+            ddp.buckets()?.len()
+        );
+    }
 
-    let mut optim = AdamW::new(AdamWParams::with_weight_decay(0.0), &[trainable], &device)?;
-    let mut sched = CosineWithWarmup::new(LR, WARMUP_STEPS, args.steps as u64);
+    let mut optim = AdamW::new(
+        AdamWParams::with_weight_decay(0.0),
+        &step::bucket_lens(&ddp)?,
+        &device,
+    )?;
+    let total_steps = (args.steps + usize::from(args.profile)) as u64;
+    let mut sched = CosineWithWarmup::new(LR, WARMUP_STEPS, total_steps);
     let (b, t) = (args.micro_batch, args.seq);
-    let loss_scale = 1.0 / args.accum as f64;
-    let step_tokens = b * t * args.accum;
+    let weighting = LossWeighting::MeanPerMicroBatch { accum: args.accum };
+    let step_tokens = b * t * args.accum * world;
+    let token_seed = args.seed.wrapping_add(rank as u64);
+    let window = |step: usize| -> Vec<Batch> {
+        (0..args.accum)
+            .map(|k| {
+                let micro = (step * args.accum + k) as u64;
+                random_batch(token_seed, micro, b, t, cfg.vocab_size)
+            })
+            .collect()
+    };
 
     probe.reset_peak()?;
     device.synchronize()?;
@@ -219,74 +287,32 @@ fn main() -> Result<()> {
     let mut micro_step = 0u64;
     for step in 0..args.steps {
         let ts = Instant::now();
-        let mut acc: Vec<Option<Tensor>> = vec![None; vars.len()];
-        let mut loss_sum = 0.0;
-        for _ in 0..args.accum {
-            let ids = random_tokens(args.seed, micro_step, b * t, cfg.vocab_size);
-            let labels: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
-            let batch = TokenBatch {
-                input_ids: &ids,
-                attention_mask: None,
-                position_ids: None,
-                batch: b,
-                seq_len: t,
-            };
-            let ctx = LoraContext {
-                training: true,
-                track_grad: true,
-                seed: args.seed,
-                micro_step,
-            };
-            let stats =
-                model.forward_backward(&batch, &labels, &ctx, loss_scale, |layer, grads| {
-                    for &k in &by_layer[layer] {
-                        let Some(g) = grads.get(&vars[k]) else {
-                            continue;
-                        };
-                        let g = g.detach().flatten_all()?;
-                        acc[k] = Some(match acc[k].take() {
-                            Some(a) => (a + g)?,
-                            None => g,
-                        });
-                    }
-                    Ok::<(), anyhow::Error>(())
-                })?;
-            loss_sum += stats.mean() * loss_scale;
-            micro_step += 1;
-        }
-        let flat_parts = acc
-            .into_iter()
-            .zip(&vars)
-            .map(|(a, v)| match a {
-                Some(a) => Ok(a),
-                None => Tensor::zeros(v.elem_count(), DType::F32, &device),
-            })
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let flat = Tensor::cat(&flat_parts, 0)?;
-        drop(flat_parts);
-        let norm = grad_norm(std::slice::from_ref(&flat))?;
-        let coef = clip_coef(norm, MAX_GRAD_NORM);
-        sched.advance();
-        let lr = sched.lr();
-        optim.step(
-            lr,
-            coef,
-            &[FlatBucket {
-                params: &vars,
-                grads: &flat,
-            }],
+        let batches = window(step);
+        let out = train_step(
+            &model,
+            &mut ddp,
+            &mut optim,
+            &mut sched,
+            &batches,
+            weighting,
+            (args.seed, &mut micro_step),
+            &mut step::NoObserver,
         )?;
-        drop(flat);
         device.synchronize()?;
         let end = Instant::now();
         let dt = (end - ts).as_secs_f64();
         step_ends.push(end);
         durs.push(dt);
-        println!(
-            "step={step} loss={loss_sum:.4} grad_norm={norm:.3} lr={lr:.2e} tok/s={:.0} step_s={dt:.3} peak_gb={:.2}",
-            step_tokens as f64 / dt,
-            probe.peak()? as f64 / 1e9
-        );
+        if main_rank {
+            println!(
+                "step={step} loss={:.4} grad_norm={:.3} lr={:.2e} tok/s={:.0} step_s={dt:.3} peak_gb={:.2}",
+                out.loss,
+                out.norm,
+                out.lr,
+                step_tokens as f64 / dt,
+                probe.peak()? as f64 / 1e9
+            );
+        }
     }
 
     let n = args.steps;
@@ -299,25 +325,378 @@ fn main() -> Result<()> {
     let peak_tflops = args
         .peak_tflops
         .or_else(|| device_name(&device).and_then(|n| g4ft_trainer::mfu::peak_tflops_for(&n)));
-    let achieved = tps * fl.brief / 1e12;
-    let mfu_v = peak_tflops.map_or(f64::NAN, |p| mfu(tps, fl.brief, p));
-    println!(
-        "SUMMARY tokens_per_s={tps:.0} s_per_step={s_per_step:.3} (steps {lo}..{}) peak_gb={:.2} mfu={mfu_v:.3} achieved_tflops={achieved:.1} trainable={trainable}",
-        n - 1,
-        peak as f64 / 1e9
-    );
-    let res = serde_json::json!({
-        "seq": t, "micro_batch": b, "accum": args.accum, "world": 1, "steps": n,
-        "window_steps": n - lo, "window_s": window_s, "tokens_per_s": tps,
-        "s_per_step": s_per_step, "step_s_all": durs,
-        "peak_GB": peak as f64 / 1e9, "peak_GiB": peak as f64 / (1u64 << 30) as f64,
-        "peak_what": probe.what(), "mem_after_build_GB": weights_bytes as f64 / 1e9,
-        "trainable_params": trainable, "flops_per_token_brief": fl.brief,
-        "flops_per_token_exact": fl.exact, "attn_flops_per_token": fl.attention,
-        "achieved_TFLOPs_brief": achieved, "peak_matmul_TFLOPs": peak_tflops,
-        "MFU_brief": peak_tflops.map(|p| mfu(tps, fl.brief, p)),
-        "dtype": format!("{dtype:?}"), "lora_r": args.lora_r,
-    });
-    println!("RESULT_JSON {res}");
+    // MFU per GPU: tokens/s of this rank's device.
+    let tps_device = tps / world as f64;
+    let achieved = tps_device * fl.brief / 1e12;
+    let mfu_v = peak_tflops.map_or(f64::NAN, |p| mfu(tps_device, fl.brief, p));
+    if main_rank {
+        println!(
+            "SUMMARY tokens_per_s={tps:.0} s_per_step={s_per_step:.3} (steps {lo}..{}) peak_gb={:.2} mfu={mfu_v:.3} achieved_tflops={achieved:.1} trainable={trainable} world={world}",
+            n - 1,
+            peak as f64 / 1e9
+        );
+        let res = serde_json::json!({
+            "seq": t, "micro_batch": b, "accum": args.accum, "world": world, "steps": n,
+            "window_steps": n - lo, "window_s": window_s, "tokens_per_s": tps,
+            "s_per_step": s_per_step, "step_s_all": durs,
+            "peak_GB": peak as f64 / 1e9, "peak_GiB": peak as f64 / (1u64 << 30) as f64,
+            "peak_what": probe.what(), "mem_after_build_GB": weights_bytes as f64 / 1e9,
+            "trainable_params": trainable, "flops_per_token_brief": fl.brief,
+            "flops_per_token_exact": fl.exact, "attn_flops_per_token": fl.attention,
+            "achieved_TFLOPs_brief": achieved, "peak_matmul_TFLOPs": peak_tflops,
+            "MFU_brief": peak_tflops.map(|p| mfu(tps_device, fl.brief, p)),
+            "dtype": format!("{dtype:?}"), "lora_r": args.lora_r,
+            "bucket_cap_mb": args.bucket_cap_mb,
+        });
+        println!("RESULT_JSON {res}");
+    }
+
+    if args.profile {
+        let batches = window(n);
+        let mut prof = Profiler::new(&device, &cfg);
+        let ts = Instant::now();
+        prof.restart()?;
+        let out = train_step(
+            &model,
+            &mut ddp,
+            &mut optim,
+            &mut sched,
+            &batches,
+            weighting,
+            (args.seed, &mut micro_step),
+            &mut prof,
+        )?;
+        let wall = ts.elapsed().as_secs_f64();
+        let probes = Probes::measure(&model, &batches[0], args.seed)?;
+        if main_rank {
+            let table = prof.finish(&probes, out.norm_s, out.optim_s, wall);
+            print!("{}", table.render());
+            println!("PROFILE_JSON {}", table.json());
+        }
+    }
+    drop(ddp);
+    drop(group);
     Ok(())
+}
+
+/// What one [`train_step`] reports.
+struct StepOut {
+    loss: f64,
+    norm: f32,
+    lr: f64,
+    /// Seconds of the grad norm and of AdamW, measured only when the observer synchronises
+    /// (0 otherwise).
+    norm_s: f64,
+    optim_s: f64,
+}
+
+/// One optimizer step exactly as `train_ddp` runs it (without the non-finite decision, the
+/// logging and the checkpoints): the window through DDP, norm after the reduce, clip folded
+/// into AdamW over the buckets, schedule. `rng` = (seed, dropout micro-step counter).
+#[allow(clippy::too_many_arguments)]
+fn train_step<O: StepObserver + Marks>(
+    model: &Gemma4Model,
+    ddp: &mut DistributedDataParallel<'_>,
+    optim: &mut AdamW,
+    sched: &mut CosineWithWarmup,
+    batches: &[Batch],
+    weighting: LossWeighting,
+    rng: (u64, &mut u64),
+    obs: &mut O,
+) -> Result<StepOut> {
+    let share = step::accumulate_window(model, ddp, batches, weighting, rng.0, rng.1, obs)?;
+    let loss = step::all_reduce_sum(ddp.group(), &[share], model.device())?[0];
+    let t = obs.mark()?;
+    let norm = grad_norm(&step::bucket_grads(ddp)?)?;
+    let t_norm = obs.mark()?;
+    let lr = sched.lr();
+    step::adamw_step(optim, ddp, lr, clip_coef(norm, MAX_GRAD_NORM))?;
+    sched.advance();
+    let t_optim = obs.mark()?;
+    Ok(StepOut {
+        loss,
+        norm,
+        lr,
+        norm_s: secs(t, t_norm),
+        optim_s: secs(t_norm, t_optim),
+    })
+}
+
+/// Optional clock marks around the host-side phases of [`train_step`]: `None` on the normal
+/// path, after a device synchronize when profiling.
+trait Marks {
+    /// The time now, or `None` when not measuring.
+    fn mark(&mut self) -> Result<Option<Instant>>;
+}
+
+impl Marks for step::NoObserver {
+    fn mark(&mut self) -> Result<Option<Instant>> {
+        Ok(None)
+    }
+}
+
+/// Seconds from `a` to `b` (0 when either is missing).
+fn secs(a: Option<Instant>, b: Option<Instant>) -> f64 {
+    match (a, b) {
+        (Some(a), Some(b)) => (b - a).as_secs_f64(),
+        _ => 0.0,
+    }
+}
+
+/// `--profile`: synchronises the device at every [`StepEvent`] and charges the time since the
+/// previous event to the phase that just ended.
+struct Profiler<'a> {
+    device: &'a Device,
+    /// 0 = sliding, 1 = full, per layer.
+    kind: Vec<usize>,
+    last: Instant,
+    prev: Option<StepEvent>,
+    /// Per micro-batch: start → the last layer's callback (forward + head + that layer's
+    /// backward), and which kind that layer is.
+    first: Vec<f64>,
+    /// Recompute + backward seconds and calls per layer kind.
+    backward: [(f64, usize); 2],
+    accumulate: (f64, usize),
+    finish: f64,
+    other: f64,
+}
+
+impl<'a> Profiler<'a> {
+    fn new(device: &'a Device, cfg: &Config) -> Self {
+        Profiler {
+            device,
+            kind: cfg
+                .layers
+                .iter()
+                .map(|l| usize::from(l.layer_type == LayerType::Full))
+                .collect(),
+            last: Instant::now(),
+            prev: None,
+            first: Vec::new(),
+            backward: [(0.0, 0); 2],
+            accumulate: (0.0, 0),
+            finish: 0.0,
+            other: 0.0,
+        }
+    }
+
+    /// Synchronises and starts the clock.
+    fn restart(&mut self) -> Result<()> {
+        self.device.synchronize()?;
+        self.last = Instant::now();
+        self.prev = None;
+        Ok(())
+    }
+
+    /// The table, with the forward and the head taken from `probes` (per micro-batch) and the
+    /// last layer's backward as the remainder of each micro-batch's first interval.
+    fn finish(&self, probes: &Probes, norm_s: f64, optim_s: f64, wall_s: f64) -> Table {
+        let micro = self.first.len();
+        let last_kind = self.kind.last().copied().unwrap_or(0);
+        let mut backward = self.backward;
+        for f in &self.first {
+            backward[last_kind].0 += f - probes.forward_s - probes.head_s;
+            backward[last_kind].1 += 1;
+        }
+        let n_kind = |k: usize| self.kind.iter().filter(|&&x| x == k).count();
+        let rows = vec![
+            Row::new(
+                format!(
+                    "forward: embedding + {} layers (probe: loss() - head fwd)",
+                    self.kind.len()
+                ),
+                probes.forward_s * micro as f64,
+                micro,
+            ),
+            Row::new(
+                "loss head: fused linear CE fwd+bwd (probe)".into(),
+                probes.head_s * micro as f64,
+                micro,
+            ),
+            Row::new(
+                format!("backward sliding ({}): recompute + bwd", n_kind(0)),
+                backward[0].0,
+                backward[0].1,
+            ),
+            Row::new(
+                format!("backward full ({}): recompute + bwd", n_kind(1)),
+                backward[1].0,
+                backward[1].1,
+            ),
+            Row::new(
+                "grad accumulation into DDP buckets".into(),
+                self.accumulate.0,
+                self.accumulate.1,
+            ),
+            Row::new("DDP finish (all-reduce wait)".into(), self.finish, 1),
+            Row::new("clip: grad norm over buckets".into(), norm_s, 1),
+            Row::new("AdamW over buckets".into(), optim_s, 1),
+            Row::new("other (between phases)".into(), self.other, 1),
+        ];
+        Table {
+            rows,
+            wall_s,
+            micro,
+        }
+    }
+}
+
+impl StepObserver for Profiler<'_> {
+    fn event(&mut self, event: StepEvent) -> anyhow::Result<()> {
+        self.device.synchronize()?;
+        let now = Instant::now();
+        let dt = (now - self.last).as_secs_f64();
+        self.last = now;
+        match (self.prev, event) {
+            (Some(StepEvent::MicroBatchStart(_)), StepEvent::LayerBackward(_)) => {
+                self.first.push(dt)
+            }
+            (Some(StepEvent::LayerReported(_)), StepEvent::LayerBackward(i)) => {
+                let k = self.kind.get(i).copied().unwrap_or(0);
+                self.backward[k].0 += dt;
+                self.backward[k].1 += 1;
+            }
+            (Some(StepEvent::LayerBackward(_)), StepEvent::LayerReported(_)) => {
+                self.accumulate.0 += dt;
+                self.accumulate.1 += 1;
+            }
+            (Some(StepEvent::MicroBatchEnd(_)), StepEvent::Finished) => self.finish += dt,
+            _ => self.other += dt,
+        }
+        self.prev = Some(event);
+        Ok(())
+    }
+}
+
+impl Marks for Profiler<'_> {
+    fn mark(&mut self) -> Result<Option<Instant>> {
+        self.device.synchronize()?;
+        Ok(Some(Instant::now()))
+    }
+}
+
+/// Separate timings of what runs before the first layer callback, on the profiled step's
+/// first micro-batch shape (best of two, synchronised).
+struct Probes {
+    /// Embedding + every layer's forward without graph (`loss()` minus the forward-only head).
+    forward_s: f64,
+    /// The fused linear cross-entropy with d(hidden) (tracked hidden) + its backward, on a random
+    /// hidden and a random `(vocab, hidden)` weight in the model dtype.
+    head_s: f64,
+}
+
+impl Probes {
+    fn measure(model: &Gemma4Model, batch: &Batch, seed: u64) -> Result<Self> {
+        let dev = model.device();
+        let best = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+            let mut best = f64::INFINITY;
+            for _ in 0..2 {
+                dev.synchronize()?;
+                let t = Instant::now();
+                f()?;
+                dev.synchronize()?;
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            Ok(best)
+        };
+        let ctx = LoraContext {
+            training: true,
+            track_grad: false,
+            seed,
+            micro_step: 0,
+        };
+        let loss_s = best(&mut || {
+            let out = model.loss(&step::token_batch(batch), &batch.labels, &ctx)?;
+            out.sum.to_scalar::<f32>()?;
+            Ok(())
+        })?;
+        let cfg = model.config();
+        let (n, h) = (batch.batch * batch.seq_len, cfg.hidden_size);
+        let (targets, n_targets) =
+            g4ft_gemma4::shift_labels(&batch.labels, (batch.batch, batch.seq_len), cfg.vocab_size)?;
+        let targets = Tensor::from_vec(targets, n, dev)?;
+        let x = Tensor::randn(0f32, 1.0, (n, h), dev)?.to_dtype(model.dtype())?;
+        let w = Tensor::randn(0f32, 0.02, (cfg.vocab_size, h), dev)?.to_dtype(model.dtype())?;
+        let (cap, chunk) = (cfg.final_logit_softcapping, model.loss_chunk_rows());
+        let head_fwd_s = best(&mut || {
+            g4ft_ops::linear_cross_entropy(&x, &w, &targets, cap, chunk)?.to_scalar::<f32>()?;
+            Ok(())
+        })?;
+        let head_s = best(&mut || {
+            let xv = Var::from_tensor(&x)?;
+            let loss = g4ft_ops::linear_cross_entropy(xv.as_tensor(), &w, &targets, cap, chunk)?;
+            loss.to_scalar::<f32>()?;
+            let grads = (loss / n_targets.max(1) as f64)?.backward()?;
+            grads.get(&xv).context("the head gives d(hidden)")?;
+            Ok(())
+        })?;
+        Ok(Probes {
+            forward_s: loss_s - head_fwd_s,
+            head_s,
+        })
+    }
+}
+
+/// One row of the profile.
+struct Row {
+    name: String,
+    total_s: f64,
+    calls: usize,
+}
+
+impl Row {
+    fn new(name: String, total_s: f64, calls: usize) -> Self {
+        Row {
+            name,
+            total_s,
+            calls,
+        }
+    }
+}
+
+/// The profile of one step.
+struct Table {
+    rows: Vec<Row>,
+    wall_s: f64,
+    micro: usize,
+}
+
+impl Table {
+    fn render(&self) -> String {
+        let sum: f64 = self.rows.iter().map(|r| r.total_s).sum();
+        let mut out = format!(
+            "PROFILE one step of {} micro-batches, device synchronised at every phase boundary\n{:<58} {:>10} {:>6} {:>10} {:>7}\n",
+            self.micro, "phase", "total ms", "calls", "ms/call", "share"
+        );
+        for r in &self.rows {
+            out += &format!(
+                "{:<58} {:>10.2} {:>6} {:>10.3} {:>6.1}%\n",
+                r.name,
+                r.total_s * 1e3,
+                r.calls,
+                r.total_s * 1e3 / r.calls.max(1) as f64,
+                100.0 * r.total_s / sum
+            );
+        }
+        out += &format!(
+            "{:<58} {:>10.2}\n{:<58} {:>10.2}\n",
+            "sum of phases",
+            sum * 1e3,
+            "step wall (synchronised)",
+            self.wall_s * 1e3
+        );
+        out += "note: forward is not split per layer type (no per-layer forward hook in \
+                forward_backward); the last layer's backward = first callback interval - \
+                forward probe - head probe\n";
+        out
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let rows: Vec<serde_json::Value> = self
+            .rows
+            .iter()
+            .map(|r| serde_json::json!({"phase": r.name, "total_s": r.total_s, "calls": r.calls}))
+            .collect();
+        serde_json::json!({"micro_batches": self.micro, "wall_s": self.wall_s, "rows": rows})
+    }
 }

@@ -281,20 +281,18 @@ fn train(cli: &Cli) -> Result<()> {
                 LossWeighting::MeanPerMicroBatch { accum: cfg.accum }
             };
 
-            let mut loss_share = 0.0;
-            for (micro, batch) in window.iter().enumerate() {
-                let ctx = step::train_context(cfg.seed, rank, pos.micro_step);
-                pos.micro_step += 1;
-                let scale = weighting.scale(batch.n_label_tokens);
-                let stats = if micro + 1 < cfg.accum {
-                    // Skip the gradient all-reduce on all but the last micro-batch.
-                    ddp.no_sync(|ddp| step::backward(&model, ddp, batch, &ctx, scale))?
-                } else {
-                    step::backward(&model, &mut ddp, batch, &ctx, scale)?
-                };
-                loss_share += step::loss_share(&stats, scale, world_size);
-            }
-            ddp.finish()?; // every bucket reduced: the buffers hold the rank-averaged gradients
+            // ACCUM−1 micro-batches under ddp.no_sync, the last one synchronised (buckets
+            // all-reduce during its backward), then ddp.finish(): the buffers hold the
+            // rank-averaged gradients.
+            let loss_share = step::accumulate_window(
+                &model,
+                &mut ddp,
+                &window,
+                weighting,
+                cfg.seed,
+                &mut pos.micro_step,
+                &mut step::NoObserver,
+            )?;
 
             // Clip after the all-reduce: the same norm and coefficient on every rank.
             let loss = step::all_reduce_sum(&group, &[loss_share], &device)?[0];

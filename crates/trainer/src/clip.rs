@@ -24,19 +24,36 @@ pub fn grad_norm_cpu(grads: &[&[f32]]) -> f32 {
 }
 
 /// [`grad_norm_cpu`] over flat gradient tensors (the DDP buckets). On CPU it reads the values
-/// and accumulates in f64; on other devices it reduces `Σ g²` per bucket on the device in fp32 and
-/// reads back one scalar per bucket (a device sync, which the log line needs anyway).
+/// and accumulates in f64; on other devices each bucket's norm comes from
+/// `g4ft_ops::clip_coefficient` (two launches, fp32, fixed summation order) and the bucket
+/// norms are read back together (one device sync, which the log line needs anyway) and combined
+/// in f64.
 pub fn grad_norm(grads: &[Tensor]) -> Result<f32> {
-    let mut sum_sq = 0f64;
-    for g in grads {
-        if g.device().is_cpu() {
-            let v = g.flatten_all()?.to_vec1::<f32>()?;
-            let n = grad_norm_cpu(&[&v]) as f64;
-            sum_sq += n * n;
-        } else {
-            sum_sq += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+    match grads.first() {
+        Some(g) if !g.device().is_cpu() => grad_norm_fused(grads),
+        _ => {
+            let mut sum_sq = 0f64;
+            for g in grads {
+                let v = g.flatten_all()?.to_vec1::<f32>()?;
+                let n = grad_norm_cpu(&[&v]) as f64;
+                sum_sq += n * n;
+            }
+            Ok(sum_sq.sqrt() as f32)
         }
     }
+}
+
+/// The device path of [`grad_norm`]: per-bucket norms from the fused op, combined on the host.
+fn grad_norm_fused(grads: &[Tensor]) -> Result<f32> {
+    let norms = grads
+        .iter()
+        .map(|g| Ok(g4ft_ops::clip_coefficient(g, 1.0)?.0.reshape(1)?))
+        .collect::<Result<Vec<_>>>()?;
+    if norms.is_empty() {
+        return Ok(0.0);
+    }
+    let norms = Tensor::cat(&norms, 0)?.to_vec1::<f32>()?;
+    let sum_sq: f64 = norms.iter().map(|&n| n as f64 * n as f64).sum();
     Ok(sum_sq.sqrt() as f32)
 }
 
@@ -91,6 +108,21 @@ mod tests {
             Tensor::new(&[0.0f32, 4.0], &Device::Cpu).unwrap(),
         ];
         assert_eq!(grad_norm(&t).unwrap(), 5.0);
+    }
+
+    #[test]
+    fn fused_norm_matches_cpu() {
+        // The device path (g4ft_ops::clip_coefficient, here its CPU implementation).
+        let a: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.01).sin()).collect();
+        let b: Vec<f32> = (0..37).map(|i| i as f32 * -0.5).collect();
+        let t = [
+            Tensor::from_slice(&a, a.len(), &Device::Cpu).unwrap(),
+            Tensor::from_slice(&b, b.len(), &Device::Cpu).unwrap(),
+        ];
+        let (cpu, fused) = (grad_norm(&t).unwrap(), grad_norm_fused(&t).unwrap());
+        assert_eq!(cpu, grad_norm_cpu(&[&a, &b]));
+        assert!((cpu - fused).abs() <= 1e-6 * cpu, "{cpu} vs {fused}");
+        assert_eq!(grad_norm_fused(&[]).unwrap(), 0.0);
     }
 
     #[test]

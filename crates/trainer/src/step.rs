@@ -1,8 +1,12 @@
 //! The glue between the model's layer-wise backward, DDP and the optimizer that
-//! `examples/train_ddp.rs` calls inside its loop: one micro-batch's forward + backward with each
-//! finished layer's LoRA gradients handed to DDP ([`backward`]), the loss scale of the two loss
-//! modes ([`LossWeighting`]), AdamW over DDP's flat buckets ([`adamw_step`]), scalar all-reduces
-//! ([`all_reduce_sum`]), evaluation ([`evaluate`]) and the FLOP shape for MFU ([`flops_model`]).
+//! `examples/train_ddp.rs` (and `examples/bench_train.rs`, so the benchmark times exactly the
+//! training step) calls inside its loop: one micro-batch's forward + backward with each
+//! finished layer's LoRA gradients handed to DDP ([`backward`]), an optimizer step's window of
+//! micro-batches with `no_sync` accumulation and the final synchronised backward
+//! ([`accumulate_window`], observable phase by phase through [`StepObserver`]), the loss scale
+//! of the two loss modes ([`LossWeighting`]), AdamW over DDP's flat buckets ([`adamw_step`]),
+//! scalar all-reduces ([`all_reduce_sum`]), evaluation ([`evaluate`]) and the FLOP shape for MFU
+//! ([`flops_model`]).
 //!
 //! Plain functions over the crates' types; the order in which they are called (and every
 //! collective) stays visible in the example.
@@ -105,6 +109,39 @@ pub fn loss_share(stats: &LossStats, scale: f64, world_size: usize) -> f64 {
     stats.mean() * scale / world_size as f64
 }
 
+/// A point in [`accumulate_window`] (for a profiler: synchronise the device and read a clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepEvent {
+    /// Micro-batch `k` of the window is about to run its forward.
+    MicroBatchStart(usize),
+    /// Layer `i`'s recompute + backward is done (for the last layer: also the forward of every
+    /// layer and the loss head); its gradients go to DDP next.
+    LayerBackward(usize),
+    /// Layer `i`'s gradients are in DDP's buckets (accumulated; on the synchronised
+    /// micro-batch, complete buckets are on the wire).
+    LayerReported(usize),
+    /// Micro-batch `k`'s forward + backward returned.
+    MicroBatchEnd(usize),
+    /// `ddp.finish()` returned: the buckets hold the rank-averaged gradients.
+    Finished,
+}
+
+/// Receives the [`StepEvent`]s of [`accumulate_window`] in order.
+pub trait StepObserver {
+    /// Called at `event`; an error aborts the step.
+    fn event(&mut self, event: StepEvent) -> Result<()>;
+}
+
+/// The observer of the normal path: does nothing (no device synchronisation).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl StepObserver for NoObserver {
+    fn event(&mut self, _: StepEvent) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// Forward + layer-wise backward of one micro-batch; as soon as layer `i`'s gradients are final
 /// they go to `sink`, so on the synchronised micro-batch a full bucket all-reduces while layers
 /// `i−1 … 0` are still being recomputed.
@@ -115,16 +152,66 @@ pub fn backward(
     ctx: &LoraContext,
     loss_scale: f64,
 ) -> Result<LossStats> {
+    backward_observed(model, sink, batch, ctx, loss_scale, &mut NoObserver)
+}
+
+/// [`backward`] reporting [`StepEvent::LayerBackward`] / [`StepEvent::LayerReported`] around
+/// each layer's hand-over to `sink`.
+pub fn backward_observed(
+    model: &Gemma4Model,
+    sink: &mut impl GradSink,
+    batch: &Batch,
+    ctx: &LoraContext,
+    loss_scale: f64,
+    obs: &mut impl StepObserver,
+) -> Result<LossStats> {
     model.forward_backward(
         &token_batch(batch),
         &batch.labels,
         ctx,
         loss_scale,
-        |_layer, grads: &GradStore| -> Result<()> {
+        |layer, grads: &GradStore| -> Result<()> {
+            obs.event(StepEvent::LayerBackward(layer))?;
             sink.report(grads)?;
-            Ok(())
+            obs.event(StepEvent::LayerReported(layer))
         },
     )
+}
+
+/// The gradient work of one optimizer step, as the post's loop does it: every micro-batch of
+/// `window` runs [`backward`] with its [`LossWeighting::scale`], all but the last inside
+/// `ddp.no_sync` (local accumulation into the buckets), the last one synchronised (buckets
+/// all-reduce as they fill); then `ddp.finish()`. Dropout uses [`train_context`] with `seed`,
+/// this rank and `*micro_step`, which advances by one per micro-batch. Returns this rank's
+/// share of the logged step loss (Σ [`loss_share`]; all-reduce it for the logged value).
+pub fn accumulate_window(
+    model: &Gemma4Model,
+    ddp: &mut DistributedDataParallel<'_>,
+    window: &[Batch],
+    weighting: LossWeighting,
+    seed: u64,
+    micro_step: &mut u64,
+    obs: &mut impl StepObserver,
+) -> Result<f64> {
+    let (rank, world_size) = (ddp.group().rank(), ddp.group().world_size());
+    let mut share = 0.0;
+    for (k, batch) in window.iter().enumerate() {
+        obs.event(StepEvent::MicroBatchStart(k))?;
+        let ctx = train_context(seed, rank, *micro_step);
+        *micro_step += 1;
+        let scale = weighting.scale(batch.n_label_tokens);
+        let stats = if k + 1 < window.len() {
+            // Skip the gradient all-reduce on all but the last micro-batch.
+            ddp.no_sync(|ddp| backward_observed(model, ddp, batch, &ctx, scale, obs))?
+        } else {
+            backward_observed(model, ddp, batch, &ctx, scale, obs)?
+        };
+        share += loss_share(&stats, scale, world_size);
+        obs.event(StepEvent::MicroBatchEnd(k))?;
+    }
+    ddp.finish()?; // every bucket reduced: the buffers hold the rank-averaged gradients
+    obs.event(StepEvent::Finished)?;
+    Ok(share)
 }
 
 /// One AdamW step over DDP's flat, already averaged gradient buckets, with the clip coefficient
