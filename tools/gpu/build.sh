@@ -19,5 +19,9 @@ for bin in examples/score examples/train_ddp examples/bench_train examples/memor
   name=$(basename "$bin")
   strip -o ".gpu/$name" "$src" && xz -6 -f ".gpu/$name"
 done
+# The NCCL all-reduce overlap bench (criterion; run it with --bench) for tools/gpu/run_nccl.sh.
+bench=$(cargo bench --features cuda -p g4ft -p g4ft-ddp --bench allreduce_overlap --no-run --message-format=json \
+  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+strip -o .gpu/allreduce_overlap "$bench" && xz -6 -f .gpu/allreduce_overlap
 cp ../shared/cuda/device-env.sh .gpu/
 ls -la .gpu

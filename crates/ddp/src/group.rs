@@ -5,8 +5,10 @@
 //! Mirrors `torch.distributed.init_process_group(env://)`: with `TORCHELASTIC_USE_AGENT_STORE=True`
 //! every rank connects to the launcher's store under `/worker/attempt_<n>/`; otherwise rank 0
 //! serves the store on `MASTER_PORT`. Invariants: `world_size == 1` returns early inside each
-//! collective (no store, no sockets); every collective is counted, numbered and announced, so a
-//! hang becomes an error naming the missing ranks, and a desync one naming both call sites.
+//! collective (no store, no sockets) unless the one-rank NCCL communicator is forced
+//! ([`GroupOptions::force_nccl`], `G4FT_DDP_FORCE_NCCL=1`); every collective is counted, numbered
+//! and announced, so a hang becomes an error naming the missing ranks, and a desync one naming
+//! both call sites.
 
 use crate::comm::{Backend, Communicator, CpuComm, ReduceOp, Work};
 use crate::env::DistEnv;
@@ -25,6 +27,10 @@ use std::time::Duration;
 /// Default collective timeout (PyTorch's default for NCCL is 10 minutes too).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// Environment variable read when [`GroupOptions::force_nccl`] is `None`: `1`/`true`/`yes` force
+/// the NCCL communicator at world size 1, `0`/`false`/`no`/empty/absent do not.
+pub const FORCE_NCCL_ENV: &str = "G4FT_DDP_FORCE_NCCL";
+
 static GROUPS: AtomicUsize = AtomicUsize::new(0);
 
 /// Options of [`ProcessGroup::new`].
@@ -39,6 +45,12 @@ pub struct GroupOptions {
     /// Namespace of this group's store keys; every rank must use the same. Default `pg<n>` for
     /// the n-th group this process creates (set it when several ranks share one process).
     pub name: Option<String>,
+    /// At world size 1 on a CUDA device, still create a one-rank NCCL communicator (with its
+    /// comm stream and events) and run every collective (all_reduce, broadcast, barrier,
+    /// all_gather) through it instead of returning early: the way to exercise and time the NCCL
+    /// path on a single GPU. Changes nothing at world size > 1 on CUDA (always NCCL); an error on
+    /// a CPU device. `None` (default): read [`FORCE_NCCL_ENV`] (`G4FT_DDP_FORCE_NCCL=1`).
+    pub force_nccl: Option<bool>,
 }
 
 impl Default for GroupOptions {
@@ -47,6 +59,27 @@ impl Default for GroupOptions {
             timeout: DEFAULT_TIMEOUT,
             store_checks: None,
             name: None,
+            force_nccl: None,
+        }
+    }
+}
+
+impl GroupOptions {
+    /// Whether the NCCL communicator is forced at world size 1: the option, or else
+    /// [`FORCE_NCCL_ENV`] read through `get`. Errors name the variable and its bad value.
+    pub fn resolve_force_nccl(&self, get: impl Fn(&str) -> Option<String>) -> Result<bool> {
+        if let Some(f) = self.force_nccl {
+            return Ok(f);
+        }
+        let v = get(FORCE_NCCL_ENV).unwrap_or_default();
+        match v.trim().to_ascii_lowercase().as_str() {
+            "" | "0" | "false" | "no" => Ok(false),
+            "1" | "true" | "yes" => Ok(true),
+            _ => Err(crate::error::DdpError::Env {
+                var: FORCE_NCCL_ENV.into(),
+                value: v,
+                reason: "expected 1/true/yes or 0/false/no".into(),
+            }),
         }
     }
 }
@@ -59,6 +92,8 @@ pub struct ProcessGroup {
     comm: Box<dyn Communicator>,
     ledger: Option<Arc<Ledger>>,
     store_checks: bool,
+    /// World size 1 without a forced communicator: collectives return at once.
+    trivial: bool,
     seq: Cell<u64>,
     counts: RefCell<BTreeMap<String, u64>>,
     // Declared last: dropped after the communicator, so peers see our sockets close first.
@@ -73,13 +108,29 @@ impl ProcessGroup {
 
     /// Joins the group: hosts the store on rank 0 when there is no agent store, connects to it,
     /// and sets up the backend for `device` (NCCL for CUDA devices, the TCP ring otherwise).
+    /// At world size 1 there is no store and no communicator, unless
+    /// [`GroupOptions::force_nccl`] asks for a one-rank NCCL communicator (CUDA devices only).
     /// Collective: every rank must call it.
     pub fn new(env: DistEnv, device: &Device, opts: GroupOptions) -> Result<Self> {
         let tag = RankTag {
             rank: env.rank,
             world: env.world_size,
         };
+        let force_nccl = opts.resolve_force_nccl(|k| std::env::var(k).ok())?;
+        if force_nccl && !device.is_cuda() {
+            return Err(tag.usage(
+                "ProcessGroup::new",
+                format!(
+                    "force_nccl ({FORCE_NCCL_ENV}) needs a CUDA device, got {:?}",
+                    device.location()
+                ),
+            ));
+        }
         let id = GROUPS.fetch_add(1, Ordering::SeqCst);
+        let ns = format!(
+            "ddp/{}",
+            opts.name.clone().unwrap_or_else(|| format!("pg{id}"))
+        );
         let base = |comm: Box<dyn Communicator>, ledger, store_checks, server| ProcessGroup {
             env: env.clone(),
             tag,
@@ -87,12 +138,18 @@ impl ProcessGroup {
             comm,
             ledger,
             store_checks,
+            trivial: env.world_size == 1 && !force_nccl,
             seq: Cell::new(0),
             counts: RefCell::new(BTreeMap::new()),
             _server: server,
         };
         if env.world_size == 1 {
-            return Ok(base(Box::new(CpuComm::single(tag)), None, false, None));
+            let comm: Box<dyn Communicator> = if force_nccl {
+                new_nccl(tag, device, None, &ns)?
+            } else {
+                Box::new(CpuComm::single(tag))
+            };
+            return Ok(base(comm, None, false, None));
         }
         let server = if !env.use_agent_store && env.rank == 0 {
             Some(StoreServer::bind("0.0.0.0", env.master_port)?)
@@ -106,13 +163,9 @@ impl ProcessGroup {
             opts.timeout,
         )?;
         let store = Arc::new(Mutex::new(client));
-        let ns = format!(
-            "ddp/{}",
-            opts.name.clone().unwrap_or_else(|| format!("pg{id}"))
-        );
         let ledger = Arc::new(Ledger::new(store.clone(), tag, &ns));
         let (comm, backend): (Box<dyn Communicator>, Backend) = if device.is_cuda() {
-            (new_nccl(tag, device, &store, &ns)?, Backend::Nccl)
+            (new_nccl(tag, device, Some(&store), &ns)?, Backend::Nccl)
         } else {
             let c = CpuComm::connect(tag, &store, &ns, Some(ledger.clone()), opts.timeout)?;
             (Box::new(c), Backend::Cpu)
@@ -203,7 +256,7 @@ impl ProcessGroup {
             t.elem_count(),
             label,
         )?;
-        if self.tag.world == 1 {
+        if self.trivial {
             return Ok(Work::done());
         }
         self.comm.all_reduce(t, op, &fp, self.timeout)
@@ -226,7 +279,7 @@ impl ProcessGroup {
                 format!("root {root} >= world size {}", self.tag.world),
             ));
         }
-        if self.tag.world == 1 {
+        if self.trivial {
             return Ok(());
         }
         self.comm.broadcast(t, root, &fp, self.timeout)?.wait()
@@ -241,7 +294,7 @@ impl ProcessGroup {
             0,
             site(Location::caller()),
         )?;
-        if self.tag.world == 1 {
+        if self.trivial {
             return Ok(());
         }
         self.comm
@@ -257,7 +310,7 @@ impl ProcessGroup {
 
     fn gather_at(&self, bytes: &[u8], op: &str, site: String) -> Result<Vec<Vec<u8>>> {
         let fp = self.begin(op.into(), "bytes".into(), 0, site)?;
-        if self.tag.world == 1 {
+        if self.trivial {
             return Ok(vec![bytes.to_vec()]);
         }
         self.comm.all_gather_bytes(bytes, &fp, self.timeout)
@@ -373,7 +426,7 @@ fn dtype(t: &Tensor) -> String {
 fn new_nccl(
     tag: RankTag,
     _device: &Device,
-    _store: &Arc<Mutex<StoreClient>>,
+    _store: Option<&Arc<Mutex<StoreClient>>>,
     _ns: &str,
 ) -> Result<Box<dyn Communicator>> {
     Err(crate::error::DdpError::FeatureDisabled {
@@ -386,10 +439,54 @@ fn new_nccl(
 fn new_nccl(
     tag: RankTag,
     device: &Device,
-    store: &Arc<Mutex<StoreClient>>,
+    store: Option<&Arc<Mutex<StoreClient>>>,
     ns: &str,
 ) -> Result<Box<dyn Communicator>> {
     Ok(Box::new(crate::comm::NcclComm::new(
         tag, device, store, ns,
     )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(force: Option<bool>) -> GroupOptions {
+        GroupOptions {
+            force_nccl: force,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn force_nccl_option_wins_over_env() {
+        let env = |v: &'static str| move |k: &str| (k == FORCE_NCCL_ENV).then(|| v.to_string());
+        assert!(!opts(Some(false)).resolve_force_nccl(env("1")).unwrap());
+        assert!(opts(Some(true)).resolve_force_nccl(env("0")).unwrap());
+        assert!(opts(None).resolve_force_nccl(env("1")).unwrap());
+        assert!(opts(None).resolve_force_nccl(env(" TRUE ")).unwrap());
+        assert!(!opts(None).resolve_force_nccl(env("0")).unwrap());
+        assert!(!opts(None).resolve_force_nccl(|_| None).unwrap());
+        let err = opts(None).resolve_force_nccl(env("maybe")).unwrap_err();
+        assert!(err.to_string().contains(FORCE_NCCL_ENV), "{err}");
+    }
+
+    #[test]
+    fn force_nccl_on_cpu_is_an_error() {
+        let err = ProcessGroup::new(DistEnv::single(), &Device::Cpu, opts(Some(true)))
+            .err()
+            .expect("force_nccl on a CPU device must fail");
+        assert!(err.to_string().contains("needs a CUDA device"), "{err}");
+    }
+
+    #[test]
+    fn world_one_without_force_is_local() {
+        let pg = ProcessGroup::new(DistEnv::single(), &Device::Cpu, opts(Some(false))).unwrap();
+        let t = Tensor::new(&[1f32, 2.0], &Device::Cpu).unwrap();
+        pg.all_reduce(&t, ReduceOp::Sum).unwrap();
+        pg.barrier().unwrap();
+        assert_eq!(pg.all_gather_object(&7u32).unwrap(), vec![7]);
+        assert_eq!(pg.backend(), Backend::Cpu);
+        assert_eq!(pg.seq(), 3);
+    }
 }

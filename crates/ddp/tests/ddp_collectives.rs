@@ -1,5 +1,6 @@
 //! all_reduce (sum, avg) / broadcast / all_gather / barrier correctness over the CPU ring for
-//! many sizes and dtypes, world sizes 1-4, through `ddprun`.
+//! many sizes and dtypes, world sizes 1-4, through `ddprun` (the NCCL variant, scenario `nccl`,
+//! runs on the GPU machine: `tools/gpu/run_nccl.sh`).
 
 mod common;
 use common::*;
@@ -39,4 +40,17 @@ fn collectives_world_3() {
 #[test]
 fn collectives_world_4() {
     collectives(4);
+}
+
+/// Without `--features cuda` the NCCL scenario fails cleanly (non-zero, saying why).
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn nccl_scenario_needs_cuda() {
+    let o = ddprun(&["--standalone", "--nproc-per-node", "1"], &["nccl"], 20.0);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(
+        t.contains("FAILED nccl") && t.contains("--features cuda"),
+        "{t}"
+    );
 }

@@ -1,9 +1,15 @@
 //! Test worker for the multi-process tests in `crates/ddp/tests/` (run under `ddprun` or with a
 //! hand-made torchrun environment). `ddp_test_worker <scenario> [args]`; prints `OK <scenario>`
 //! on success, exits 1 with the error otherwise. `G4FT_DDP_TIMEOUT_S` sets the collective timeout.
+//!
+//! Every scenario runs on the CPU backend except `nccl`: the `collectives` checks on CUDA tensors
+//! (device `cuda:LOCAL_RANK`, one GPU per rank) through NCCL, plus a DDP bucket/no_sync round,
+//! with the NCCL communicator forced so that world size 1 runs NCCL too (needs `--features cuda`).
 
 use candle_core::{DType, Device, Tensor, Var};
-use g4ft_ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup, ReduceOp};
+use g4ft_ddp::{
+    Backend, DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup, ReduceOp,
+};
 use std::time::Duration;
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -20,16 +26,17 @@ fn main() {
     }
 }
 
-fn group() -> Res<ProcessGroup> {
+fn group(device: &Device, force_nccl: Option<bool>) -> Res<ProcessGroup> {
     let secs: f64 = std::env::var("G4FT_DDP_TIMEOUT_S")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(600.0);
     let opts = GroupOptions {
         timeout: Duration::from_secs_f64(secs),
+        force_nccl,
         ..Default::default()
     };
-    Ok(ProcessGroup::from_env(&Device::Cpu, opts)?)
+    Ok(ProcessGroup::from_env(device, opts)?)
 }
 
 fn arg<T: std::str::FromStr>(a: &[String], i: usize, default: T) -> T {
@@ -37,9 +44,12 @@ fn arg<T: std::str::FromStr>(a: &[String], i: usize, default: T) -> T {
 }
 
 fn run(scenario: &str, a: &[String]) -> Res<()> {
-    let pg = group()?;
+    if scenario == "nccl" {
+        return nccl();
+    }
+    let pg = group(&Device::Cpu, None)?;
     match scenario {
-        "collectives" => collectives(&pg),
+        "collectives" => collectives(&pg, &Device::Cpu),
         "nosync" => nosync(&pg, arg(a, 0, 4), arg(a, 1, 3)),
         "train" => train(&pg, arg(a, 0, 2), arg(a, 1, 1), arg(a, 2, String::new())),
         "kill" => kill(&pg, arg(a, 0, 1)),
@@ -57,7 +67,101 @@ fn val(r: usize, i: usize) -> f64 {
     ((i * 7 + r * 13) % 17) as f64
 }
 
-fn collectives(pg: &ProcessGroup) -> Res<()> {
+/// `collectives` and a DDP round on CUDA tensors through NCCL (forced at world size 1 too).
+fn nccl() -> Res<()> {
+    let env = DistEnv::from_env()?;
+    let dev = Device::new_cuda(env.local_rank)
+        .map_err(|e| format!("cuda:{} (build with --features cuda): {e}", env.local_rank))?;
+    let pg = group(&dev, Some(true))?;
+    if pg.backend() != Backend::Nccl {
+        return Err(format!("backend {:?}, expected Nccl", pg.backend()).into());
+    }
+    collectives(&pg, &dev)?;
+    ddp_round(&pg, &dev)?;
+    Ok(())
+}
+
+/// DDP on `dev`: construction broadcasts rank 0's values; several buckets; a no_sync
+/// micro-batch then a synced one leave the rank average of both sums in the buckets.
+fn ddp_round(pg: &ProcessGroup, dev: &Device) -> Res<()> {
+    let (r, w) = (pg.rank(), pg.world_size());
+    let shapes: [&[usize]; 4] = [&[5, 7], &[300], &[4, 4], &[1000]];
+    let init = |p: usize, n: usize, rank: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| (p * 31 + i * 7 + rank * 13) as f32)
+            .collect()
+    };
+    let mut ps = Vec::new();
+    for (p, s) in shapes.iter().enumerate() {
+        let n: usize = s.iter().product();
+        let v = Var::from_tensor(&Tensor::from_vec(init(p, n, r), *s, dev)?)?;
+        ps.push((format!("p{p}"), v));
+    }
+    let opts = DdpOptions {
+        bucket_cap_mb: 400.0 * 4.0 / (1024.0 * 1024.0), // 400 floats: several buckets
+        ..Default::default()
+    };
+    let mut ddp = DistributedDataParallel::new(pg, ps.clone(), opts)?;
+    if ddp.plan().buckets.len() < 3 {
+        return Err(format!("{} buckets, expected >= 3", ddp.plan().buckets.len()).into());
+    }
+    for (p, (name, v)) in ps.iter().enumerate() {
+        let want: Vec<f64> = init(p, v.elem_count(), 0)
+            .iter()
+            .map(|x| *x as f64)
+            .collect();
+        check(
+            &v.as_tensor().flatten_all()?,
+            &want,
+            &format!("{name} after DDP::new"),
+        )?;
+    }
+    // Gradient of parameter p, micro-batch m, on rank q: small integers (exact sums).
+    let grad = |p: usize, n: usize, m: usize, q: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 3 + p + m * 5 + q * 11) % 19) as f32)
+            .collect()
+    };
+    for step in 0..2 {
+        ddp.no_sync(|ns| -> Res<()> {
+            for (p, (name, v)) in ps.iter().enumerate() {
+                let g = Tensor::from_vec(grad(p, v.elem_count(), 0, r), v.shape(), dev)?;
+                ns.grad_ready(name, &g.to_dtype(DType::BF16)?)?;
+            }
+            Ok(())
+        })?;
+        for (p, (name, v)) in ps.iter().enumerate().rev() {
+            let g = Tensor::from_vec(grad(p, v.elem_count(), 1, r), v.shape(), dev)?;
+            ddp.grad_ready(name, &g)?;
+        }
+        ddp.finish()?;
+        for (p, (name, v)) in ps.iter().enumerate() {
+            let n = v.elem_count();
+            let want: Vec<f64> = (0..n)
+                .map(|i| {
+                    let s: f32 = (0..w)
+                        .map(|q| grad(p, n, 0, q)[i] + grad(p, n, 1, q)[i])
+                        .sum();
+                    s as f64 / w as f64
+                })
+                .collect();
+            check(
+                &ddp.grad(name)?.flatten_all()?,
+                &want,
+                &format!("step {step}: averaged gradient of {name}"),
+            )?;
+        }
+    }
+    ddp.check_parameters()?;
+    println!(
+        "ddp buckets {} reductions {}",
+        ddp.plan().buckets.len(),
+        ddp.reductions()
+    );
+    Ok(())
+}
+
+fn collectives(pg: &ProcessGroup, dev: &Device) -> Res<()> {
     let (r, w) = (pg.rank(), pg.world_size());
     for &n in &[0usize, 1, 2, 3, 5, 17, 100, 1023, 4096, 100_003] {
         for dt in [
@@ -71,18 +175,18 @@ fn collectives(pg: &ProcessGroup) -> Res<()> {
         ] {
             let mine: Vec<f64> = (0..n).map(|i| val(r, i)).collect();
             let sum: Vec<f64> = (0..n).map(|i| (0..w).map(|q| val(q, i)).sum()).collect();
-            let t = Tensor::new(mine.as_slice(), &Device::Cpu)?.to_dtype(dt)?;
+            let t = make(&mine, dt, dev)?;
             pg.all_reduce(&t, ReduceOp::Sum)?;
             check(&t, &sum, &format!("all_reduce(sum) {dt:?} n={n}"))?;
             if dt.is_float() {
                 // Averages of small integers are exact only in f32/f64; half types get a tolerance.
                 let avg: Vec<f64> = sum.iter().map(|s| s / w as f64).collect();
-                let t = Tensor::new(mine.as_slice(), &Device::Cpu)?.to_dtype(dt)?;
+                let t = make(&mine, dt, dev)?;
                 pg.all_reduce(&t, ReduceOp::Avg)?;
                 check(&t, &avg, &format!("all_reduce(avg) {dt:?} n={n}"))?;
             }
             for root in 0..w {
-                let t = Tensor::new(mine.as_slice(), &Device::Cpu)?.to_dtype(dt)?;
+                let t = make(&mine, dt, dev)?;
                 pg.broadcast(&t, root)?;
                 let want: Vec<f64> = (0..n).map(|i| val(root, i)).collect();
                 check(&t, &want, &format!("broadcast(root={root}) {dt:?} n={n}"))?;
@@ -90,7 +194,7 @@ fn collectives(pg: &ProcessGroup) -> Res<()> {
         }
     }
     // A view in the middle of a larger buffer: only the view changes.
-    let base = Tensor::ones(10, DType::F32, &Device::Cpu)?;
+    let base = Tensor::ones(10, DType::F32, dev)?;
     pg.all_reduce(&base.narrow(0, 3, 4)?, ReduceOp::Sum)?;
     let want: Vec<f64> = (0..10)
         .map(|i| if (3..7).contains(&i) { w as f64 } else { 1.0 })
@@ -107,8 +211,21 @@ fn collectives(pg: &ProcessGroup) -> Res<()> {
     Ok(())
 }
 
+/// `vals` as a `dt` tensor on `dev`: a prefix view of one more element, so that even `n = 0`
+/// allocates nothing empty (zero-byte CUDA allocations are not allowed).
+fn make(vals: &[f64], dt: DType, dev: &Device) -> Res<Tensor> {
+    let padded: Vec<f64> = vals.iter().copied().chain([0.0]).collect();
+    Ok(Tensor::new(padded.as_slice(), dev)?
+        .to_dtype(dt)?
+        .narrow(0, 0, vals.len())?)
+}
+
 fn check(t: &Tensor, want: &[f64], what: &str) -> Res<()> {
-    let got: Vec<f64> = t.to_dtype(DType::F64)?.to_vec1()?;
+    let got: Vec<f64> = if t.elem_count() == 0 {
+        Vec::new()
+    } else {
+        t.to_dtype(DType::F64)?.to_vec1()?
+    };
     for (i, (g, e)) in got.iter().zip(want).enumerate() {
         let rel = match t.dtype() {
             DType::BF16 | DType::F16 => 0.02,

@@ -2,17 +2,21 @@
 //! highest-priority stream, ordered against Candle's compute stream with events.
 //!
 //! Design (`candle-training-notes.md` §3.4): everything is issued from the one host thread that
-//! owns the Candle device (`Comm` is `!Send`). Per collective: record an event on the compute
-//! stream, make the comm stream wait on it, enqueue NCCL on the comm stream, record `done` there;
-//! [`CudaWork::wait`] makes the compute stream wait on `done` and bounds the wait on the host by
-//! the timeout. Buffers handed to NCCL are DDP's persistent buckets (or caller-owned tensors kept
-//! alive until `wait`), so they outlive the collective even without Candle's event tracking.
-//! Small-object gathers and barriers go through the store (bounded WAITs naming missing ranks).
-//! The NCCL unique id travels through the store (rank 0 SETs the 128 bytes, the others GET).
+//! owns the Candle device (`Comm` is `!Send`). Per tensor collective: record an event on the
+//! compute stream, make the comm stream wait on it, enqueue NCCL on the comm stream, record `done`
+//! there; [`CudaWork::wait`] makes the compute stream wait on `done` and bounds the wait on the
+//! host by the timeout. Buffers handed to NCCL are DDP's persistent buckets (or caller-owned
+//! tensors kept alive until `wait`), so they outlive the collective even without Candle's event
+//! tracking. Small-object gathers and barriers are NCCL collectives too (`ncclAllGather` of each
+//! rank's length, then of the blobs padded to the longest; a barrier is the length gather alone),
+//! on the comm stream, every host wait bounded by the timeout. The NCCL unique id travels through
+//! the store (rank 0 SETs the 128 bytes, the others GET); a one-rank communicator (world size 1,
+//! [`crate::GroupOptions::force_nccl`]) needs no store. After a timed-out collective the
+//! communicator is aborted on drop without waiting for its streams (a dead peer never finishes).
 
 use super::{Backend, Communicator, ReduceOp, Work, WorkInner};
 use crate::error::{RankTag, Result};
-use crate::fingerprint::{Fingerprint, Ledger};
+use crate::fingerprint::Fingerprint;
 use crate::store::StoreClient;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaStorage;
@@ -20,6 +24,7 @@ use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 use cudarc::driver::{result as drv, CudaEvent, CudaStream};
 use cudarc::nccl::safe::{Comm, Id, ReduceOp as NcclReduce};
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,18 +32,21 @@ use std::time::{Duration, Instant};
 pub struct NcclComm {
     tag: RankTag,
     comm: Comm,
+    device: Device,
     compute: Arc<CudaStream>,
     comm_stream: Arc<CudaStream>,
-    ledger: Ledger,
+    // Set when a collective did not complete in time: drop must not wait for the streams.
+    failed: Arc<AtomicBool>,
 }
 
 impl NcclComm {
     /// Creates the comm stream (highest priority), shares the unique id through the store under
-    /// `<ns>/nccl_id` and runs `ncclCommInitRank`. Collective: every rank must call it.
+    /// `<ns>/nccl_id` (`store` may be `None` only for a one-rank communicator) and runs
+    /// `ncclCommInitRank`. Collective: every rank must call it.
     pub fn new(
         tag: RankTag,
         device: &Device,
-        store: &Arc<Mutex<StoreClient>>,
+        store: Option<&Arc<Mutex<StoreClient>>>,
         ns: &str,
     ) -> Result<Self> {
         let cd = device
@@ -58,50 +66,64 @@ impl NcclComm {
             .new_stream_with_priority(greatest)
             .map_err(drv_err("create comm stream"))?;
         let key = format!("{ns}/nccl_id");
-        let id = if tag.rank == 0 {
-            let id =
-                Id::new().map_err(|e| tag.comm("NCCL setup: ncclGetUniqueId", format!("{e:?}")))?;
-            let bytes: Vec<u8> = id.internal().iter().map(|c| *c as u8).collect();
-            store
-                .lock()
-                .expect("store lock poisoned")
-                .set(&key, &bytes)?;
-            id
-        } else {
-            let bytes = store.lock().expect("store lock poisoned").get(&key)?;
-            let arr: [u8; 128] = bytes.as_slice().try_into().map_err(|_| {
-                tag.comm(
+        let new_id =
+            || Id::new().map_err(|e| tag.comm("NCCL setup: ncclGetUniqueId", format!("{e:?}")));
+        let id = match store {
+            None if tag.world == 1 => new_id()?,
+            None => {
+                return Err(tag.comm(
                     "NCCL setup: unique id",
-                    format!("{} bytes in the store, expected 128", bytes.len()),
-                )
-            })?;
-            Id::uninit(arr.map(|b| b as core::ffi::c_char))
+                    "no store to share it through (world size > 1)",
+                ))
+            }
+            Some(store) if tag.rank == 0 => {
+                let id = new_id()?;
+                let bytes: Vec<u8> = id.internal().iter().map(|c| *c as u8).collect();
+                store
+                    .lock()
+                    .expect("store lock poisoned")
+                    .set(&key, &bytes)?;
+                id
+            }
+            Some(store) => {
+                let bytes = store.lock().expect("store lock poisoned").get(&key)?;
+                let arr: [u8; 128] = bytes.as_slice().try_into().map_err(|_| {
+                    tag.comm(
+                        "NCCL setup: unique id",
+                        format!("{} bytes in the store, expected 128", bytes.len()),
+                    )
+                })?;
+                Id::uninit(arr.map(|b| b as core::ffi::c_char))
+            }
         };
         let comm = Comm::from_rank(comm_stream.clone(), tag.rank, tag.world, id)
             .map_err(|e| tag.comm("NCCL setup: ncclCommInitRank", format!("{e:?}")))?;
         Ok(NcclComm {
             tag,
             comm,
+            device: device.clone(),
             compute,
             comm_stream,
-            ledger: Ledger::new(store.clone(), tag, ns),
+            failed: Arc::new(AtomicBool::new(false)),
         })
     }
 
-    fn enqueue(&self, t: &Tensor, kind: Kind, fp: &Fingerprint, timeout: Duration) -> Result<Work> {
-        if !t.device().is_cuda() || !t.is_contiguous() {
-            return Err(self
-                .tag
-                .comm(fp.to_string(), "NCCL needs a contiguous CUDA tensor"));
-        }
-        if !matches!(
-            t.dtype(),
-            DType::F32 | DType::F64 | DType::BF16 | DType::F16
-        ) {
+    /// Fails fast once a collective has failed (the communicator is unusable after that).
+    fn usable(&self, fp: &Fingerprint) -> Result<()> {
+        if self.failed.load(Ordering::SeqCst) {
             return Err(self.tag.comm(
                 fp.to_string(),
-                format!("dtype {:?} not supported (f32 f64 bf16 f16)", t.dtype()),
+                "an earlier NCCL collective failed (timeout or CUDA error); the communicator is unusable",
             ));
+        }
+        Ok(())
+    }
+
+    fn enqueue(&self, t: &Tensor, kind: Kind, fp: &Fingerprint, timeout: Duration) -> Result<Work> {
+        self.usable(fp)?;
+        check_tensor(self.tag, &self.device, t, kind, fp)?;
+        if t.elem_count() == 0 {
+            return Ok(Work::done());
         }
         let op = NcclInPlace {
             nc: self,
@@ -125,9 +147,44 @@ impl NcclComm {
                 tag: self.tag,
                 what: fp.to_string(),
                 timeout,
+                failed: self.failed.clone(),
                 keep: t.clone(),
             }),
         })
+    }
+
+    /// Waits on the host, up to `deadline`, until everything queued on the comm stream is done.
+    fn drain(&self, what: &str, timeout: Duration, deadline: Instant) -> Result<()> {
+        let ev = self
+            .comm_stream
+            .record_event(None)
+            .map_err(|e| self.tag.comm(what, format!("record event: {e:?}")))?;
+        poll(&ev, self.tag, what, timeout, deadline, &self.failed)
+    }
+
+    /// `ncclAllGather` of one `T`-typed blob per rank (all of length `mine.len()`), indexed by rank.
+    fn gather_equal<T>(
+        &self,
+        mine: &[T],
+        what: &str,
+        timeout: Duration,
+        deadline: Instant,
+    ) -> Result<Vec<T>>
+    where
+        T: cudarc::nccl::safe::NcclType + cudarc::driver::DeviceRepr + Copy,
+    {
+        let cs = &self.comm_stream;
+        let d = |e: cudarc::driver::DriverError| self.tag.comm(what, format!("{e:?}"));
+        // The host copies below synchronise the comm stream: drain it first, with the deadline.
+        self.drain(what, timeout, deadline)?;
+        let send = cs.clone_htod(mine).map_err(d)?;
+        // SAFETY: fully written by the all-gather before it is read back.
+        let mut recv = unsafe { cs.alloc::<T>(mine.len() * self.tag.world) }.map_err(d)?;
+        self.comm
+            .all_gather(&send, &mut recv)
+            .map_err(|e| self.tag.comm(what, format!("ncclAllGather: {e:?}")))?;
+        self.drain(what, timeout, deadline)?;
+        cs.clone_dtoh(&recv).map_err(d)
     }
 }
 
@@ -162,15 +219,97 @@ impl Communicator for NcclComm {
         fp: &Fingerprint,
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>> {
-        self.ledger.gather(fp, bytes, timeout)
+        self.usable(fp)?;
+        let what = fp.to_string();
+        let deadline = Instant::now() + timeout;
+        let lens = self.gather_equal(&[bytes.len() as u64], &what, timeout, deadline)?;
+        let max = lens.iter().copied().max().unwrap_or(0) as usize;
+        if max == 0 {
+            return Ok(vec![Vec::new(); self.tag.world]);
+        }
+        let mut padded = bytes.to_vec();
+        padded.resize(max, 0);
+        let all = self.gather_equal(&padded, &what, timeout, deadline)?;
+        Ok(all
+            .chunks(max)
+            .zip(&lens)
+            .map(|(c, n)| c[..*n as usize].to_vec())
+            .collect())
     }
 }
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        // Comm's Drop aborts the communicator: let queued collectives finish first.
-        let _ = self.comm_stream.synchronize();
-        let _ = self.compute.synchronize();
+        // Comm's Drop aborts the communicator: let queued collectives finish first, unless one
+        // already timed out (its peer is gone; waiting would hang forever).
+        if !self.failed.load(Ordering::SeqCst) {
+            let _ = self.comm_stream.synchronize();
+            let _ = self.compute.synchronize();
+        }
+    }
+}
+
+fn check_tensor(
+    tag: RankTag,
+    device: &Device,
+    t: &Tensor,
+    kind: Kind,
+    fp: &Fingerprint,
+) -> Result<()> {
+    let bad = |why: String| Err(tag.comm(fp.to_string(), why));
+    if !t.device().same_device(device) {
+        return bad(format!(
+            "tensor on {:?}, the NCCL communicator is on {:?}",
+            t.device().location(),
+            device.location()
+        ));
+    }
+    if !t.is_contiguous() {
+        return bad("tensor is not contiguous (call .contiguous() first)".into());
+    }
+    let float = matches!(
+        t.dtype(),
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16
+    );
+    let int = matches!(t.dtype(), DType::U8 | DType::U32 | DType::I64);
+    match kind {
+        Kind::Reduce(ReduceOp::Avg) if !float => {
+            bad(format!("avg needs a float dtype, got {:?}", t.dtype()))
+        }
+        _ if !(float || int) => bad(format!(
+            "dtype {:?} not supported (f32 f64 bf16 f16 u8 u32 i64)",
+            t.dtype()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Polls `ev` until it completes; a CUDA error or passing `deadline` marks the communicator failed.
+fn poll(
+    ev: &CudaEvent,
+    tag: RankTag,
+    what: &str,
+    timeout: Duration,
+    deadline: Instant,
+    failed: &AtomicBool,
+) -> Result<()> {
+    loop {
+        match ev.try_is_complete() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => {
+                failed.store(true, Ordering::SeqCst);
+                return Err(tag.comm(what, format!("CUDA error while waiting: {e:?}")));
+            }
+        }
+        if Instant::now() >= deadline {
+            failed.store(true, Ordering::SeqCst);
+            return Err(tag.comm(
+                what,
+                format!("NCCL collective not complete after {timeout:?} (a peer died or diverged)"),
+            ));
+        }
+        std::thread::sleep(Duration::from_micros(50));
     }
 }
 
@@ -237,6 +376,9 @@ impl InplaceOp1 for NcclInPlace<'_> {
             DType::F64 => self.run::<f64>(s, a, b)?,
             DType::BF16 => self.run::<half::bf16>(s, a, b)?,
             DType::F16 => self.run::<half::f16>(s, a, b)?,
+            DType::U8 => self.run::<u8>(s, a, b)?,
+            DType::U32 => self.run::<u32>(s, a, b)?,
+            DType::I64 => self.run::<i64>(s, a, b)?,
             other => candle_core::bail!("NCCL: dtype {other:?} not supported"),
         }
         // Recorded after the NCCL call: the compute stream waits on it in CudaWork::wait.
@@ -253,6 +395,7 @@ pub(crate) struct CudaWork {
     tag: RankTag,
     what: String,
     timeout: Duration,
+    failed: Arc<AtomicBool>,
     // Keeps the buffer alive until the collective is ordered before later compute work.
     keep: Tensor,
 }
@@ -266,18 +409,14 @@ impl CudaWork {
                 .comm(&self.what, format!("compute stream wait: {e:?}"))
         })?;
         let deadline = Instant::now() + self.timeout;
-        while !self.done.is_complete() {
-            if Instant::now() >= deadline {
-                return Err(self.tag.comm(
-                    &self.what,
-                    format!(
-                        "NCCL collective not complete after {:?} (a peer died or diverged)",
-                        self.timeout
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_micros(50));
-        }
+        poll(
+            &self.done,
+            self.tag,
+            &self.what,
+            self.timeout,
+            deadline,
+            &self.failed,
+        )?;
         drop(self.keep);
         Ok(())
     }
