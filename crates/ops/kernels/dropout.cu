@@ -1,36 +1,93 @@
-// LoRA dropout with a counter-based mask (CPU reference: src/dropout.rs): element i of a tensor is
-// kept iff (mix(k0 ^ mix(k1 ^ mix(k2 ^ mix(i)))) >> 40) >= thresh, mix = SplitMix64's finaliser,
-// thresh = round(p * 2^24). No state: the same key replays the same mask (recompute, backward), and
-// the CPU computes identical bits. Kept elements are scaled by 1/(1-p) (fp32, one rounding).
+// LoRA dropout with a counter-based mask (CPU reference and the full rationale: src/dropout.rs).
+// The host folds the key into one word, kk = mix(k0 ^ mix(k1 ^ mix(k2))), mix = SplitMix64's
+// finaliser. Elements 2j and 2j+1 share h = mix(kk + j*GAMMA) (output j of SplitMix64 seeded with
+// kk): element 2j draws r = hi32(h) >> 8, element 2j+1 r = lo32(h) >> 8, and is kept iff
+// r >= thresh = round(p * 2^24). One finaliser per two elements; each thread owns one pair per
+// grid-stride step and advances its SplitMix64 state by stride*GAMMA (no multiply in the loop).
+// No state: the same key replays the same mask (recompute, backward), and the CPU computes
+// identical bits. Kept elements are scaled by 1/(1-p) (fp32, one rounding).
 #include "common.cuh"
 
+#define GAMMA 0x9E3779B97F4A7C15ull
+
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
+    z += GAMMA;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
-__device__ __forceinline__ bool keep(uint64_t k0, uint64_t k1, uint64_t k2, uint64_t i, uint32_t thresh) {
-    return (uint32_t)(mix64(k0 ^ mix64(k1 ^ mix64(k2 ^ mix64(i)))) >> 40) >= thresh;
+// Grid-stride walk over the element pairs of an n-element tensor: body(i, keep_i, keep_i1) for the
+// pair (i, i + 1), i = 2j; keep_i1 is meaningless when i + 1 == n (the caller checks i + 1 < n).
+template <typename F>
+__device__ __forceinline__ void for_pairs(size_t n, uint64_t kk, uint32_t thresh, F body) {
+    size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const size_t pairs = (n + 1) / 2;
+    uint64_t s = kk + (uint64_t)j * GAMMA;
+    const uint64_t ds = (uint64_t)stride * GAMMA;
+    for (; j < pairs; j += stride, s += ds) {
+        const uint64_t h = mix64(s);
+        body(2 * j, ((uint32_t)(h >> 32) >> 8) >= thresh, ((uint32_t)h >> 8) >= thresh);
+    }
 }
 
-extern "C" __global__ void dropout_mask(uint8_t* out, size_t n, uint64_t k0, uint64_t k1, uint64_t k2,
-                                        uint32_t thresh) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = keep(k0, k1, k2, i, thresh) ? 1 : 0;
+// Two adjacent elements, loaded and stored as one access when both pointers allow it.
+template <typename T> struct alignas(2 * sizeof(T)) Pair { T a, b; };
+
+template <typename T> __device__ __forceinline__ bool pair_aligned(const void* p, const void* q) {
+    return (((uintptr_t)p | (uintptr_t)q) % sizeof(Pair<T>)) == 0;
 }
 
+extern "C" __global__ void dropout_mask(uint8_t* out, size_t n, uint64_t kk, uint32_t thresh) {
+    for_pairs(n, kk, thresh, [&](size_t i, bool k0, bool k1) {
+        out[i] = k0;
+        if (i + 1 < n) out[i + 1] = k1;
+    });
+}
+
+// y = keep ? r(x * scale) : 0.
 template <typename T>
-__device__ void dropout_apply(const T* x, T* y, size_t n, uint64_t k0, uint64_t k1, uint64_t k2,
-                              uint32_t thresh, float scale) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        y[i] = from_f32<T>(keep(k0, k1, k2, i, thresh) ? to_f32(x[i]) * scale : 0.f);
+__device__ void dropout_apply(const T* x, T* y, size_t n, uint64_t kk, uint32_t thresh, float scale) {
+    const bool vec = pair_aligned<T>(x, y);
+    auto f = [&](T v, bool k) { return from_f32<T>(k ? to_f32(v) * scale : 0.f); };
+    for_pairs(n, kk, thresh, [&](size_t i, bool k0, bool k1) {
+        if (vec && i + 1 < n) {
+            const Pair<T> v = *reinterpret_cast<const Pair<T>*>(x + i);
+            *reinterpret_cast<Pair<T>*>(y + i) = Pair<T>{f(v.a, k0), f(v.b, k1)};
+        } else {
+            y[i] = f(x[i], k0);
+            if (i + 1 < n) y[i + 1] = f(x[i + 1], k1);
+        }
+    });
+}
+
+// dx = keep ? r(dx + t * scale) : dx, one fp32 fma and one rounding; dropped elements are untouched.
+template <typename T>
+__device__ void dropout_acc(const T* t, T* dx, size_t n, uint64_t kk, uint32_t thresh, float scale) {
+    const bool vec = pair_aligned<T>(t, dx);
+    auto f = [&](T d, T v, bool k) { return k ? from_f32<T>(fmaf(to_f32(v), scale, to_f32(d))) : d; };
+    for_pairs(n, kk, thresh, [&](size_t i, bool k0, bool k1) {
+        if (!k0 && !k1) return;
+        if (vec && i + 1 < n) {
+            const Pair<T> v = *reinterpret_cast<const Pair<T>*>(t + i);
+            Pair<T>* p = reinterpret_cast<Pair<T>*>(dx + i);
+            const Pair<T> d = *p;
+            *p = Pair<T>{f(d.a, v.a, k0), f(d.b, v.b, k1)};
+        } else {
+            if (k0) dx[i] = f(dx[i], t[i], true);
+            if (k1 && i + 1 < n) dx[i + 1] = f(dx[i + 1], t[i + 1], true);
+        }
+    });
 }
 
 #define INST(T, S)                                                                                   \
-    extern "C" __global__ void dropout_##S(const T* x, T* y, size_t n, uint64_t k0, uint64_t k1,     \
-                                           uint64_t k2, uint32_t thresh, float scale) {              \
-        dropout_apply<T>(x, y, n, k0, k1, k2, thresh, scale);                                        \
+    extern "C" __global__ void dropout_##S(const T* x, T* y, size_t n, uint64_t kk, uint32_t thresh, \
+                                           float scale) {                                            \
+        dropout_apply<T>(x, y, n, kk, thresh, scale);                                                \
+    }                                                                                                \
+    extern "C" __global__ void dropout_acc_##S(const T* t, T* dx, size_t n, uint64_t kk,             \
+                                               uint32_t thresh, float scale) {                       \
+        dropout_acc<T>(t, dx, n, kk, thresh, scale);                                                 \
     }
 G4FT_FLOAT_TYPES(INST)
