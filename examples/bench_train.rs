@@ -110,6 +110,41 @@ struct Args {
     /// and print the time breakdown.
     #[arg(long)]
     profile: bool,
+    /// Bracket the last measured step with `cuProfilerStart`/`cuProfilerStop`, so that
+    /// `ncu --profile-from-start off` records only that step (`tools/gpu/kernel_profile.sh`).
+    #[arg(long)]
+    cuda_profiler_last_step: bool,
+}
+
+/// `cudaProfilerStart` (`start`) or `cudaProfilerStop` (CUDA runtime, linked by the `cuda` build;
+/// the driver stub library has no `cuProfilerStart`).
+#[cfg(feature = "cuda")]
+fn cuda_profiler(start: bool) -> Result<()> {
+    extern "C" {
+        fn cudaProfilerStart() -> i32;
+        fn cudaProfilerStop() -> i32;
+    }
+    // SAFETY: plain runtime calls without arguments.
+    let r = unsafe {
+        if start {
+            cudaProfilerStart()
+        } else {
+            cudaProfilerStop()
+        }
+    };
+    if r != 0 {
+        bail!(
+            "cudaProfiler{}: error {r}",
+            if start { "Start" } else { "Stop" }
+        );
+    }
+    Ok(())
+}
+
+/// Without CUDA there is no profiler range to open.
+#[cfg(not(feature = "cuda"))]
+fn cuda_profiler(_start: bool) -> Result<()> {
+    bail!("--cuda-profiler-last-step needs a build with --features cuda")
 }
 
 /// SplitMix64 finaliser, for the random token ids.
@@ -286,6 +321,10 @@ fn main() -> Result<()> {
     let mut durs = Vec::new();
     let mut micro_step = 0u64;
     for step in 0..args.steps {
+        let profiled = args.cuda_profiler_last_step && step + 1 == args.steps;
+        if profiled {
+            cuda_profiler(true)?;
+        }
         let ts = Instant::now();
         let batches = window(step);
         let out = train_step(
@@ -300,6 +339,9 @@ fn main() -> Result<()> {
         )?;
         device.synchronize()?;
         let end = Instant::now();
+        if profiled {
+            cuda_profiler(false)?;
+        }
         let dt = (end - ts).as_secs_f64();
         step_ends.push(end);
         durs.push(dt);

@@ -66,7 +66,9 @@ pub struct DecoderLayer {
     post_attention_layernorm: Tensor,
     pre_feedforward_layernorm: Tensor,
     post_feedforward_layernorm: Tensor,
-    layer_scalar: Tensor,
+    /// `layer_scalar` (a frozen 1-element buffer), read once at load: the multiply is one
+    /// `affine` (no broadcast kernel) and is skipped when the value is exactly 1.
+    layer_scalar: f64,
     ple: Option<LayerPle>,
     moe: Option<LayerMoe>,
     eps: f64,
@@ -108,7 +110,10 @@ impl DecoderLayer {
             post_attention_layernorm: norm("post_attention_layernorm")?,
             pre_feedforward_layernorm: norm("pre_feedforward_layernorm")?,
             post_feedforward_layernorm: norm("post_feedforward_layernorm")?,
-            layer_scalar: w.tensor(&format!("layers.{i}.layer_scalar"), &[1])?,
+            layer_scalar: w
+                .tensor(&format!("layers.{i}.layer_scalar"), &[1])?
+                .to_dtype(candle_core::DType::F64)?
+                .to_vec1::<f64>()?[0],
             ple,
             moe,
             eps: cfg.rms_norm_eps,
@@ -184,7 +189,9 @@ impl DecoderLayer {
             let p = rms_norm(&p, Some(&ple.post_norm), self.eps)?;
             xs = (xs + p)?;
         }
-        let xs = xs.broadcast_mul(&self.layer_scalar)?;
+        if self.layer_scalar != 1.0 {
+            xs = xs.affine(self.layer_scalar, 0.0)?;
+        }
         Ok((xs, own))
     }
 

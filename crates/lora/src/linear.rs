@@ -97,13 +97,12 @@ impl LoraLinear {
         self.adapter = adapter;
     }
 
-    /// `x (..., in) → (..., out)`: frozen base GEMM plus `dropout(x)·Aᵀ·Bᵀ·scale`, the adapter
-    /// matmuls in `x`'s dtype. Dropout (training only) follows [`crate::lora_dropout`]: its mask is
+    /// `x (..., in) → (..., out)`: frozen base GEMM plus `dropout(x)·Aᵀ·Bᵀ·scale` as one fused op
+    /// ([`g4ft_ops::lora_linear`]), the adapter matmuls in `x`'s dtype. Dropout (training only) follows [`crate::lora_dropout`]: its mask is
     /// keyed on `(ctx.seed, ctx.micro_step, path)`, so a recompute with the same context replays it.
     pub fn forward(&self, x: &Tensor, ctx: &LoraContext) -> Result<Tensor> {
-        let base = g4ft_ops::linear_frozen(x, &self.weight)?;
         let Some(ad) = &self.adapter else {
-            return Ok(base);
+            return g4ft_ops::linear_frozen(x, &self.weight);
         };
         let (a, b) = if ctx.track_grad {
             (ad.a.as_tensor().clone(), ad.b.as_tensor().clone())
@@ -116,9 +115,8 @@ impl LoraLinear {
         } else {
             (a.to_dtype(dtype)?, b.to_dtype(dtype)?)
         };
-        let x = crate::dropout::lora_dropout(x, ad.dropout, ctx, &self.path)?;
-        let low = x.broadcast_matmul(&a.t()?)?; // (..., r)
-        let up = low.broadcast_matmul(&b.t()?)?; // (..., out)
-        base + (up * ad.scale)?
+        let dropout = (ctx.training && ad.dropout > 0.0)
+            .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)));
+        g4ft_ops::lora_linear(x, &self.weight, &a, &b, ad.scale, dropout)
     }
 }

@@ -51,8 +51,8 @@ struct Blocking {
     ld_max: usize,
 }
 
-/// One query block: rows `[q0, q0 + rows)` see at most the keys `[k0, k0 + lk)`; its score rows
-/// are `ld` apart (`lk` rounded up to 8 elements: 16-byte aligned rows for the tensor-core GEMMs).
+/// One query block: rows `[q0, q0 + rows)` see at most the keys `[k0, k0 + lk)` (`lk` a multiple of
+/// 8 unless `t` is too short); its score rows are `ld` apart (`lk` rounded up to 8 elements).
 #[derive(Clone, Copy)]
 struct Block {
     q0: usize,
@@ -87,12 +87,22 @@ impl Blocking {
         let bq = self.bq;
         (0..n.t).step_by(bq).map(move |q0| {
             let rows = bq.min(n.t - q0);
-            let k0 = if n.window > 0 {
+            let lo = if n.window > 0 {
                 (q0 + 1).saturating_sub(n.window)
             } else {
                 0
             };
-            let lk = q0 + rows - k0;
+            let hi = q0 + rows;
+            // Pad the key range to a multiple of 8 (inside [0, t)): the GEMMs' key extent must be
+            // 16-byte aligned or cuBLAS falls back to slow `align1` kernels. The extra keys lie
+            // before the window or after the last query, so the mask gives them zero weight.
+            let padded = (hi - lo).next_multiple_of(8);
+            let (k0, lk) = if padded <= n.t {
+                let end = (lo + padded).min(n.t);
+                (end - padded, padded)
+            } else {
+                (lo, hi - lo)
+            };
             Block {
                 q0,
                 rows,

@@ -176,6 +176,31 @@ fn gpu_kernels_table() -> Result<()> {
             tol,
             &gpu,
         )?;
+        for dropout in [None, Some((0.1, [1, 2, 3]))] {
+            let w = r(&[384, 512], dtype, 4)?;
+            ok &= check(
+                &format!("lora_linear {dn} dropout={:?}", dropout.map(|d| d.0)),
+                "x (2,32,512) w (384,512) r16",
+                &move |x| {
+                    lora_linear(
+                        &x[0],
+                        &w.to_device(x[0].device())?,
+                        &x[1],
+                        &x[2],
+                        2.0,
+                        dropout,
+                    )
+                },
+                &[
+                    r(&[2, 32, 512], dtype, 1)?,
+                    r(&[16, 512], dtype, 2)?,
+                    r(&[384, 16], dtype, 3)?,
+                ],
+                &[true, true, true],
+                tol,
+                &gpu,
+            )?;
+        }
         ok &= check(
             &format!("lora_dropout {dn}"),
             "(64, 3000)",
@@ -358,6 +383,22 @@ fn gpu_kernels_table() -> Result<()> {
         &[r(&[16 * t, t], bf, 1)?],
         &gpu,
     )?;
+    for (out, inf) in [(4096, h), (inter, h), (h, inter)] {
+        let drop = Some((0.05, [1, 2, 3]));
+        time_row(
+            "lora_linear r16 p=0.05",
+            &format!("x ({t}, {inf}) -> {out}"),
+            &move |x| lora_linear(&x[0], &x[1], &x[2], &x[3], 2.0, drop),
+            &move |x| lora_linear_slow(&x[0], &x[1], &x[2], &x[3], 2.0, drop),
+            &[
+                r(&[t, inf], bf, 1)?,
+                (r(&[out, inf], bf, 2)? * 0.02)?,
+                (r(&[16, inf], bf, 3)? * 0.02)?,
+                (r(&[out, 16], bf, 4)? * 0.02)?,
+            ],
+            &gpu,
+        )?;
+    }
     time_row(
         "lora_dropout p=0.1",
         "(2048, 3840)",

@@ -11,7 +11,7 @@
 //! with one rounding back to the input dtype, RoPE products in the activation dtype.
 //!
 //! Ops: [`backward_with_seed`] (SeedGrad), [`linear_frozen`] (FrozenMatmul: d(x) only),
-//! [`rms_norm`], [`rope`], [`softmax_last_dim`], [`gelu_tanh_mul`], [`linear_cross_entropy`]
+//! [`lora_linear`] (frozen linear + LoRA branch as one node), [`rms_norm`], [`rope`], [`softmax_last_dim`], [`gelu_tanh_mul`], [`linear_cross_entropy`]
 //! (chunked, loss and d(hidden) in one pass), [`attention`] (causal, sliding window, key mask, GQA,
 //! no (t, t) tensor), [`adamw_step`] + [`clip_coefficient`] (flat fp32 buffers), [`lora_dropout`] /
 //! [`dropout_mask`] (counter-hash mask that replays, identical bits on CPU and CUDA).
@@ -37,6 +37,7 @@ mod geglu;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
 mod linear_frozen;
+mod lora_linear;
 mod optim;
 mod rms_norm;
 mod rope;
@@ -53,6 +54,7 @@ pub use cross_entropy::{
 pub use dropout::{dropout_key, dropout_mask, lora_dropout, lora_dropout_slow};
 pub use geglu::{gelu_tanh, gelu_tanh_mul, gelu_tanh_mul_slow};
 pub use linear_frozen::{linear_frozen, linear_frozen_slow};
+pub use lora_linear::{lora_linear, lora_linear_slow, LoraDropout};
 pub use optim::{adamw_step, adamw_step_slow, clip_coefficient, AdamW};
 pub use rms_norm::{rms_norm, rms_norm_slow};
 pub use rope::{rope, rope_slow};

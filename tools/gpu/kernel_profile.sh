@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Per-kernel GPU time of one 12B-shaped training step under Nsight Compute (the GPU machine has ncu,
+# not nsys), from the repository root after tools/gpu/build.sh (carry .gpu). The model is the real
+# 12B text config cut to LAYERS layers (default 6 = 5 sliding + 1 full, the 5:1 pattern), one
+# micro-batch of SEQ tokens; ncu records gpu__time_duration of every kernel after the first SKIP
+# launches (model init), and tools/gpu/ncu_summary.py groups them. Logs go to $OUT.
+set -uo pipefail
+OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
+LAYERS="${LAYERS:-6}"; SEQ="${SEQ:-2048}"
+(cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
+source .gpu/device-env.sh
+NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
+cfg="$OUT/config_${LAYERS}l.json"
+python3 - "$cfg" "$LAYERS" <<'PY'
+import json, sys
+c = json.load(open("crates/gemma4/tests/configs/gemma-4-12B-it.json"))
+t = c.get("text_config", c)
+n = int(sys.argv[2])
+t["num_hidden_layers"] = n
+t["layer_types"] = t["layer_types"][:n]
+json.dump(c, open(sys.argv[1], "w"))
+PY
+# 3 steps of 1 micro-batch; ncu records only the last (bench_train --cuda-profiler-last-step).
+bench=(.gpu/bench_train --config "$cfg" --device cuda --dtype bf16 --seq "$SEQ" --micro-batch 1 --accum 1 --steps 3 --warmup-discard 1)
+"${bench[@]}" > "$OUT/kprof_plain.log" 2>&1; grep -E "SUMMARY|step=" "$OUT/kprof_plain.log" | tail -3
+timeout "${NCU_TIMEOUT_S:-300}" "$NCU" --profile-from-start off --metrics gpu__time_duration.sum --csv \
+  --print-units base --kernel-name-base function "${bench[@]}" --cuda-profiler-last-step \
+  > "$OUT/kprof_ncu.csv" 2> "$OUT/kprof_ncu.err"
+echo "ncu exit $?"
+tail -3 "$OUT/kprof_ncu.err"
+python3 tools/gpu/ncu_summary.py "$OUT/kprof_ncu.csv" | tee "$OUT/kprof_summary.txt"
