@@ -17,6 +17,7 @@ const KERNELS: &[&str] = &[
     "attention",
     "adamw",
     "dropout",
+    "transpose",
 ];
 
 fn main() {

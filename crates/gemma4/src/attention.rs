@@ -8,7 +8,7 @@
 
 use candle_core::{DType, Tensor};
 use g4ft_lora::{LoraContext, LoraLinear};
-use g4ft_ops::{rms_norm, rope, softmax_last_dim};
+use g4ft_ops::{rms_norm, rope, softmax_last_dim, swap_dims12};
 
 use crate::config::{Config, LayerConfig, LayerType};
 use crate::error::Result;
@@ -116,13 +116,9 @@ impl Attention {
             Some(v_proj) => v_proj.forward(x, ctx)?.reshape(shape)?,
             None => raw.clone(), // attention_k_eq_v: V from the raw k_proj output
         };
-        let k = rms_norm(&raw, Some(k_norm), self.eps)?
-            .transpose(1, 2)?
-            .contiguous()?;
+        let k = swap_dims12(&rms_norm(&raw, Some(k_norm), self.eps)?)?;
         let k = rope(&k, &rope_t.cos, &rope_t.sin)?;
-        let v = rms_norm(&vraw, None, self.eps)?
-            .transpose(1, 2)?
-            .contiguous()?;
+        let v = swap_dims12(&rms_norm(&vraw, None, self.eps)?)?;
         Ok(Some(KvPair { k, v }))
     }
 
@@ -143,9 +139,7 @@ impl Attention {
             .q_proj
             .forward(x, ctx)?
             .reshape((b, t, self.num_heads, self.head_dim))?;
-        let q = rms_norm(&q, Some(&self.q_norm), self.eps)?
-            .transpose(1, 2)?
-            .contiguous()?;
+        let q = swap_dims12(&rms_norm(&q, Some(&self.q_norm), self.eps)?)?;
         let q = rope(&q, &rope_t.cos, &rope_t.sin)?; // (b, nh, t, d)
         let o = match bias {
             AttentionBias::Causal { key_mask } => {
@@ -160,9 +154,7 @@ impl Attention {
                 attention_dense(&q, &kv.k, &kv.v, mask)?
             }
         };
-        let o = o
-            .transpose(1, 2)?
-            .reshape((b, t, self.num_heads * self.head_dim))?;
+        let o = swap_dims12(&o)?.reshape((b, t, self.num_heads * self.head_dim))?;
         Ok(self.o_proj.forward(&o, ctx)?)
     }
 

@@ -176,6 +176,17 @@ fn gpu_kernels_table() -> Result<()> {
             tol,
             &gpu,
         )?;
+        for d in [256, 5] {
+            ok &= check(
+                &format!("swap_dims12 {dn} d={d}"),
+                "(2, 9, 4, d)",
+                &|x| swap_dims12(&x[0]),
+                &[r(&[2, 9, 4, d], dtype, 1)?],
+                &[true],
+                0.0,
+                &gpu,
+            )?;
+        }
         for dropout in [None, Some((0.1, [1, 2, 3]))] {
             let w = r(&[384, 512], dtype, 4)?;
             ok &= check(

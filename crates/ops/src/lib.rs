@@ -45,6 +45,7 @@ mod seed_grad;
 mod softmax;
 #[cfg(test)]
 mod testing;
+mod transpose;
 mod util;
 
 pub use attention::{attention, attention_slow};
@@ -60,3 +61,4 @@ pub use rms_norm::{rms_norm, rms_norm_slow};
 pub use rope::{rope, rope_slow};
 pub use seed_grad::backward_with_seed;
 pub use softmax::{softmax_last_dim, softmax_last_dim_slow};
+pub use transpose::{swap_dims12, swap_dims12_slow};

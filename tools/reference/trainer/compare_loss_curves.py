@@ -21,9 +21,11 @@ masquerading as, or hiding behind, bf16 noise.
 """
 import argparse
 import json
+import math
 import sys
 
 SETUP_REL_TOL = 1e-4
+MIN_STEPS = 10  # fewer comparable steps than this is no evidence
 SETUP_STEPS = 5
 
 
@@ -80,6 +82,17 @@ def main():
     if missing:
         print(f"steps missing in some run (not compared): {missing}")
 
+    # A non-finite reference loss (the post's loop has no non-finite skip, so one NaN gradient
+    # poisons every later step) ends the comparison there; a non-finite loss of ours fails.
+    ours_bad = [s for s in steps if not math.isfinite(ob[s]) or (of is not None and not math.isfinite(of[s]))]
+    ref_bad = [s for s in steps if not (math.isfinite(rf[s]) and math.isfinite(rb[s]))]
+    if ref_bad:
+        print(f"reference loss not finite from step {ref_bad[0]} on; comparing steps before it")
+        steps = [s for s in steps if s < ref_bad[0]]
+    if ours_bad:
+        print(f"ours: non-finite loss at steps {ours_bad}")
+    if len(steps) < MIN_STEPS:
+        sys.exit(f"VERDICT FAIL: only {len(steps)} comparable steps (need {MIN_STEPS})")
     noise_max, noise_mean = stats(rb, rf, steps)
     diff_max, diff_mean = stats(ob, rb, steps)
     vs32_max, vs32_mean = stats(ob, rf, steps)
@@ -88,7 +101,7 @@ def main():
     print(f"ours bf16 vs ref bf16:                     max {diff_max:.5f} mean {diff_mean:.5f} "
           f"(tolerance 2x noise: max {tol_max:.5f} mean {tol_mean:.5f})")
     print(f"ours bf16 vs ref f32:                      max {vs32_max:.5f} mean {vs32_mean:.5f}")
-    ok = diff_max <= tol_max and diff_mean <= tol_mean
+    ok = diff_max <= tol_max and diff_mean <= tol_mean and not ours_bad
     setup_ok = None
     if of is not None:
         rel = max(abs(of[s] - rf[s]) / abs(rf[s]) for s in steps[:SETUP_STEPS])

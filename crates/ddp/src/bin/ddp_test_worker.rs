@@ -98,7 +98,7 @@ fn ddp_round(pg: &ProcessGroup, dev: &Device) -> Res<()> {
         ps.push((format!("p{p}"), v));
     }
     let opts = DdpOptions {
-        bucket_cap_mb: 400.0 * 4.0 / (1024.0 * 1024.0), // 400 floats: several buckets
+        bucket_cap_mb: 200.0 * 4.0 / (1024.0 * 1024.0), // 200 floats: [1000], [4x4], [300], [5x7]
         ..Default::default()
     };
     let mut ddp = DistributedDataParallel::new(pg, ps.clone(), opts)?;
