@@ -281,7 +281,10 @@ mod nccl {
             for _ in 0..reps {
                 h = h.matmul(&w).expect("matmul"); // (ROWS, H)
             }
-            let hs = h.narrow(1, 0, R).and_then(|t| t.contiguous()).expect("narrow"); // (ROWS, R)
+            let hs = h
+                .narrow(1, 0, R)
+                .and_then(|t| t.contiguous())
+                .expect("narrow"); // (ROWS, R)
             let ga = hs.t().and_then(|t| t.matmul(&x)).expect("grad A"); // (R, H)
             let gb = x.t().and_then(|t| t.matmul(&hs)).expect("grad B"); // (H, R)
             let f32 = |t: &Tensor| t.to_dtype(DType::F32).expect("to f32");
