@@ -216,33 +216,45 @@ impl<'g> DistributedDataParallel<'g> {
     /// backward (its bucket may be on the wire).
     pub fn grad_ready(&mut self, name: &str, grad: &Tensor) -> Result<()> {
         let i = self.index(name)?;
-        if self.ready[i] {
-            return Err(self.tag().usage(
-                format!("grad_ready({name})"),
-                "reported twice in one synchronised backward",
-            ));
-        }
-        self.accumulate(i, grad)?;
-        self.ready[i] = true;
-        self.syncing = true;
-        self.state[self.plan.locate[i].0].pending -= 1;
-        self.launch_ready()
+        self.report(&[(i, grad)])
     }
 
     /// [`DistributedDataParallel::grad_ready`] for every wrapped parameter that has a gradient in
-    /// `grads` (e.g. one layer's store from a layer-wise backward). Returns how many it reported.
+    /// `grads` (e.g. one layer's store from a layer-wise backward), as one batch: on CUDA a
+    /// single accumulation launch per bucket touched. Nothing is accumulated if one of them was
+    /// already reported in this backward. Returns how many it reported.
     pub fn grads_ready_from(&mut self, grads: &GradStore) -> Result<usize> {
         let found = self.found_in(grads);
-        for (name, g) in &found {
-            self.grad_ready(name, g)?;
-        }
-        Ok(found.len())
+        let items: Vec<(usize, &Tensor)> = found.iter().map(|(i, g)| (*i, g)).collect();
+        self.report(&items)?;
+        Ok(items.len())
     }
 
-    fn found_in(&self, grads: &GradStore) -> Vec<(String, Tensor)> {
+    /// Synchronised report of distinct parameters `items` (index, gradient).
+    fn report(&mut self, items: &[(usize, &Tensor)]) -> Result<()> {
+        if let Some((i, _)) = items.iter().find(|(i, _)| self.ready[*i]) {
+            return Err(self.tag().usage(
+                format!("grad_ready({})", self.params[*i].0),
+                "reported twice in one synchronised backward",
+            ));
+        }
+        self.accumulate_all(items)?;
+        for (i, _) in items {
+            self.ready[*i] = true;
+            self.state[self.plan.locate[*i].0].pending -= 1;
+        }
+        if !items.is_empty() {
+            self.syncing = true;
+        }
+        self.launch_ready()
+    }
+
+    /// Wrapped parameters with a gradient in `grads`: (index, gradient), model order.
+    fn found_in(&self, grads: &GradStore) -> Vec<(usize, Tensor)> {
         self.params
             .iter()
-            .filter_map(|(n, v)| grads.get(v.as_tensor()).map(|g| (n.clone(), g.clone())))
+            .enumerate()
+            .filter_map(|(i, (_, v))| grads.get(v.as_tensor()).map(|g| (i, g.clone())))
             .collect()
     }
 
@@ -266,21 +278,49 @@ impl<'g> DistributedDataParallel<'g> {
         f(&mut NoSync { ddp: self })
     }
 
+    /// Adds (or, on the first report of the window, writes) the gradients of the distinct
+    /// parameters `items` into their bucket slices. Shapes are checked for all before anything
+    /// is written. CUDA buckets: one kernel launch per bucket touched (see [`crate::accumulate`]);
+    /// CPU: narrow/add/`slice_set` per parameter.
+    fn accumulate_all(&mut self, items: &[(usize, &Tensor)]) -> Result<()> {
+        for &(i, grad) in items {
+            let (b, s) = self.plan.locate[i];
+            let slot = &self.plan.buckets[b][s];
+            if grad.shape() != &slot.shape {
+                return Err(self.tag().usage(
+                    self.slot_ctx(i),
+                    format!("shape {:?}, expected {:?}", grad.dims(), slot.shape.dims()),
+                ));
+            }
+        }
+        #[cfg(feature = "cuda")]
+        if self
+            .buckets
+            .first()
+            .is_some_and(|b| b.grad.device().is_cuda())
+        {
+            return self.accumulate_cuda(items);
+        }
+        for &(i, grad) in items {
+            self.accumulate(i, grad)?;
+        }
+        Ok(())
+    }
+
+    /// "gradient of NAME into bucket B at offset O" (error context).
+    fn slot_ctx(&self, i: usize) -> String {
+        let (b, s) = self.plan.locate[i];
+        let slot = &self.plan.buckets[b][s];
+        format!(
+            "gradient of {} into bucket {b} at offset {}",
+            slot.name, slot.offset
+        )
+    }
+
+    /// CPU path of [`Self::accumulate_all`] for one parameter (shape already checked).
     fn accumulate(&mut self, i: usize, grad: &Tensor) -> Result<()> {
         let (b, s) = self.plan.locate[i];
         let slot = &self.plan.buckets[b][s];
-        let ctx = || {
-            format!(
-                "gradient of {} into bucket {b} at offset {}",
-                slot.name, slot.offset
-            )
-        };
-        if grad.shape() != &slot.shape {
-            return Err(self.tag().usage(
-                ctx(),
-                format!("shape {:?}, expected {:?}", grad.dims(), slot.shape.dims()),
-            ));
-        }
         let tag = self.tag();
         let run = || -> candle_core::Result<()> {
             let g = grad.to_dtype(DType::F32)?.flatten_all()?.contiguous()?;
@@ -292,8 +332,62 @@ impl<'g> DistributedDataParallel<'g> {
             };
             flat.slice_set(&v, 0, slot.offset)
         };
-        run().map_err(tag.tensor(ctx()))?;
+        run().map_err(tag.tensor(self.slot_ctx(i)))?;
         self.seen[i] = true;
+        Ok(())
+    }
+
+    /// CUDA path of [`Self::accumulate_all`]: f32 contiguous gradients are read in place (other
+    /// dtypes or layouts are converted first, allocating as before); one `ddp_accumulate_f32`
+    /// launch per bucket touched and [`crate::accumulate::MAX_ENTRIES`] gradients, on candle's
+    /// stream.
+    #[cfg(feature = "cuda")]
+    fn accumulate_cuda(&mut self, items: &[(usize, &Tensor)]) -> Result<()> {
+        use crate::accumulate::{src_ptr, tables, AccumulateInPlace, Item};
+        let tag = self.tag();
+        // Converted gradients stay alive until their launch is enqueued (frees are stream-ordered).
+        let mut keep = Vec::with_capacity(items.len());
+        let mut batch = Vec::with_capacity(items.len());
+        for &(i, grad) in items {
+            let (b, s) = self.plan.locate[i];
+            let slot = &self.plan.buckets[b][s];
+            if !grad.device().same_device(self.buckets[b].grad.device()) {
+                return Err(tag.usage(
+                    self.slot_ctx(i),
+                    format!(
+                        "gradient on {:?}, bucket on {:?}",
+                        grad.device().location(),
+                        self.buckets[b].grad.device().location()
+                    ),
+                ));
+            }
+            let g = grad
+                .to_dtype(DType::F32)
+                .and_then(|g| g.contiguous())
+                .map_err(tag.tensor(self.slot_ctx(i)))?;
+            let src = src_ptr(&g).map_err(tag.tensor(self.slot_ctx(i)))?;
+            batch.push(Item {
+                bucket: b,
+                off: slot.offset,
+                len: slot.numel,
+                src,
+                overwrite: !self.seen[i],
+            });
+            keep.push(g);
+        }
+        for (b, table) in tables(&batch) {
+            self.buckets[b]
+                .grad
+                .inplace_op1(&AccumulateInPlace { table })
+                .map_err(tag.tensor(format!(
+                    "accumulate {} gradient(s) into bucket {b}",
+                    table.entries().len()
+                )))?;
+        }
+        drop(keep);
+        for (i, _) in items {
+            self.seen[*i] = true;
+        }
         Ok(())
     }
 
@@ -442,16 +536,16 @@ impl NoSync<'_, '_> {
     /// Adds `grad` into the parameter's bucket slice; nothing goes on the wire.
     pub fn grad_ready(&mut self, name: &str, grad: &Tensor) -> Result<()> {
         let i = self.ddp.index(name)?;
-        self.ddp.accumulate(i, grad)
+        self.ddp.accumulate_all(&[(i, grad)])
     }
 
-    /// [`NoSync::grad_ready`] for every wrapped parameter present in `grads`.
+    /// [`NoSync::grad_ready`] for every wrapped parameter present in `grads`, as one batch (on
+    /// CUDA a single accumulation launch per bucket touched).
     pub fn grads_ready_from(&mut self, grads: &GradStore) -> Result<usize> {
         let found = self.ddp.found_in(grads);
-        for (name, g) in &found {
-            self.grad_ready(name, g)?;
-        }
-        Ok(found.len())
+        let items: Vec<(usize, &Tensor)> = found.iter().map(|(i, g)| (*i, g)).collect();
+        self.ddp.accumulate_all(&items)?;
+        Ok(items.len())
     }
 }
 
@@ -476,4 +570,114 @@ fn fnv1a(v: &[f32]) -> u64 {
         }
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::DistEnv;
+    use crate::group::GroupOptions;
+    use candle_core::Device;
+
+    fn group() -> ProcessGroup {
+        let opts = GroupOptions {
+            force_nccl: Some(false),
+            ..Default::default()
+        };
+        ProcessGroup::new(DistEnv::single(), &Device::Cpu, opts).expect("world-1 CPU group")
+    }
+
+    /// Three parameters over two buckets (cap 8 floats: [3x2] alone, then [2] + [4]).
+    fn params() -> Vec<(String, Var)> {
+        [vec![4usize], vec![2], vec![3, 2]]
+            .into_iter()
+            .enumerate()
+            .map(|(p, s)| {
+                let t = Tensor::zeros(s, DType::F32, &Device::Cpu).expect("zeros");
+                (format!("p{p}"), Var::from_tensor(&t).expect("var"))
+            })
+            .collect()
+    }
+
+    /// Gradient of parameter `p` in micro-batch `m`.
+    fn grad_vals(p: usize, n: usize, m: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| (i * 3 + p * 5 + m * 7) as f32 * 0.25)
+            .collect()
+    }
+
+    /// A store with the gradients of micro-batch `m` for the parameters `which`.
+    fn store(ps: &[(String, Var)], which: &[usize], m: usize) -> GradStore {
+        let mut loss = Tensor::zeros((), DType::F32, &Device::Cpu).expect("zero");
+        for &p in which {
+            let v = &ps[p].1;
+            let c = Tensor::from_vec(grad_vals(p, v.elem_count(), m), v.shape(), &Device::Cpu)
+                .expect("coefficients");
+            loss = (loss + (v.as_tensor() * c).expect("mul").sum_all().expect("sum")).expect("add");
+        }
+        loss.backward().expect("backward")
+    }
+
+    #[test]
+    fn batched_reports_accumulate_across_no_sync_and_buckets() {
+        let pg = group();
+        let ps = params();
+        let opts = DdpOptions {
+            bucket_cap_mb: 8.0 * 4.0 / (1024.0 * 1024.0),
+            ..Default::default()
+        };
+        let mut ddp = DistributedDataParallel::new(&pg, ps.clone(), opts).expect("ddp");
+        assert_eq!(ddp.plan().buckets.len(), 2);
+        for _step in 0..2 {
+            let n = ddp
+                .no_sync(|ns| ns.grads_ready_from(&store(&ps, &[0, 1, 2], 0)))
+                .expect("no_sync");
+            assert_eq!(n, 3);
+            let n = ddp
+                .grads_ready_from(&store(&ps, &[0, 1, 2], 1))
+                .expect("sync report");
+            assert_eq!(n, 3);
+            assert_eq!(ddp.reductions() % 2, 0, "both buckets launched");
+            ddp.finish().expect("finish");
+            for (p, (name, v)) in ps.iter().enumerate() {
+                let n = v.elem_count();
+                let want: Vec<f32> = grad_vals(p, n, 0)
+                    .iter()
+                    .zip(grad_vals(p, n, 1))
+                    .map(|(a, b)| a + b)
+                    .collect();
+                let got: Vec<f32> = ddp
+                    .grad(name)
+                    .and_then(|g| g.flatten_all().map_err(pg.tag().tensor("flatten")))
+                    .and_then(|g| g.to_vec1().map_err(pg.tag().tensor("to_vec1")))
+                    .expect("grad");
+                assert_eq!(got, want, "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn batched_report_with_a_repeat_accumulates_nothing() {
+        let pg = group();
+        let ps = params();
+        let mut ddp =
+            DistributedDataParallel::new(&pg, ps.clone(), DdpOptions::default()).expect("ddp");
+        let g0 = Tensor::from_vec(grad_vals(0, 4, 1), 4, &Device::Cpu).expect("g0");
+        ddp.grad_ready("p0", &g0).expect("p0");
+        let err = ddp
+            .grads_ready_from(&store(&ps, &[0, 1], 2))
+            .expect_err("p0 reported twice");
+        assert!(err.to_string().contains("p0"), "{err}");
+        // p1 was not taken by the failed batch: it can still be reported, once.
+        let g1 = Tensor::from_vec(grad_vals(1, 2, 1), 2, &Device::Cpu).expect("g1");
+        ddp.grad_ready("p1", &g1).expect("p1");
+        let g2 = Tensor::from_vec(grad_vals(2, 6, 1), (3, 2), &Device::Cpu).expect("g2");
+        ddp.grad_ready("p2", &g2).expect("p2");
+        ddp.finish().expect("finish");
+        let got: Vec<f32> = ddp
+            .grad("p0")
+            .and_then(|g| g.to_vec1().map_err(pg.tag().tensor("to_vec1")))
+            .expect("grad");
+        assert_eq!(got, grad_vals(0, 4, 1));
+    }
 }

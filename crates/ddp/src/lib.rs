@@ -16,6 +16,8 @@
 //! Deliberately left out: models, optimizers, data loading (other crates), elastic membership
 //! changes, `Join` for uneven inputs, reduce-scatter/ZeRO sharding.
 
+#[cfg(any(feature = "cuda", test))]
+mod accumulate;
 pub mod bucket;
 pub mod comm;
 pub mod ddp;

@@ -5,6 +5,9 @@
 //! Every scenario runs on the CPU backend except `nccl`: the `collectives` checks on CUDA tensors
 //! (device `cuda:LOCAL_RANK`, one GPU per rank) through NCCL, plus a DDP bucket/no_sync round,
 //! with the NCCL communicator forced so that world size 1 runs NCCL too (needs `--features cuda`).
+//! The DDP rounds cover both accumulation entry points on CUDA: single reports (bf16 gradients,
+//! converted) and batched `grads_ready_from` reports (f32, read in place by the batched kernel,
+//! across buckets and past the kernel's 32-entry table).
 
 use candle_core::{DType, Device, Tensor, Var};
 use g4ft_ddp::{
@@ -78,6 +81,7 @@ fn nccl() -> Res<()> {
     }
     collectives(&pg, &dev)?;
     ddp_round(&pg, &dev)?;
+    ddp_many(&pg, &dev)?;
     Ok(())
 }
 
@@ -122,17 +126,30 @@ fn ddp_round(pg: &ProcessGroup, dev: &Device) -> Res<()> {
             .map(|i| ((i * 3 + p + m * 5 + q * 11) % 19) as f32)
             .collect()
     };
-    for step in 0..2 {
-        ddp.no_sync(|ns| -> Res<()> {
-            for (p, (name, v)) in ps.iter().enumerate() {
-                let g = Tensor::from_vec(grad(p, v.elem_count(), 0, r), v.shape(), dev)?;
-                ns.grad_ready(name, &g.to_dtype(DType::BF16)?)?;
+    for step in 0..3 {
+        if step == 0 {
+            // One parameter per report; the no_sync ones in bf16 (converted to f32).
+            ddp.no_sync(|ns| -> Res<()> {
+                for (p, (name, v)) in ps.iter().enumerate() {
+                    let g = Tensor::from_vec(grad(p, v.elem_count(), 0, r), v.shape(), dev)?;
+                    ns.grad_ready(name, &g.to_dtype(DType::BF16)?)?;
+                }
+                Ok(())
+            })?;
+            for (p, (name, v)) in ps.iter().enumerate().rev() {
+                let g = Tensor::from_vec(grad(p, v.elem_count(), 1, r), v.shape(), dev)?;
+                ddp.grad_ready(name, &g)?;
             }
-            Ok(())
-        })?;
-        for (p, (name, v)) in ps.iter().enumerate().rev() {
-            let g = Tensor::from_vec(grad(p, v.elem_count(), 1, r), v.shape(), dev)?;
-            ddp.grad_ready(name, &g)?;
+        } else {
+            // Every parameter in one batched report per micro-batch (spans all buckets).
+            let all: Vec<usize> = (0..ps.len()).collect();
+            let n = ddp.no_sync(|ns| -> Res<usize> {
+                Ok(ns.grads_ready_from(&grads_of(&ps, &all, dev, |p, n| grad(p, n, 0, r))?)?)
+            })?;
+            let m = ddp.grads_ready_from(&grads_of(&ps, &all, dev, |p, n| grad(p, n, 1, r))?)?;
+            if (n, m) != (ps.len(), ps.len()) {
+                return Err(format!("batched reports took {n} and {m} gradients").into());
+            }
         }
         ddp.finish()?;
         for (p, (name, v)) in ps.iter().enumerate() {
@@ -158,6 +175,76 @@ fn ddp_round(pg: &ProcessGroup, dev: &Device) -> Res<()> {
         ddp.plan().buckets.len(),
         ddp.reductions()
     );
+    Ok(())
+}
+
+/// Gradients `g(p, numel)` of the parameters `which` as a GradStore (backward of
+/// `sum_p (v_p * g_p).sum()`, so each gradient is exactly `g_p`), f32 on `dev`.
+fn grads_of(
+    ps: &[(String, Var)],
+    which: &[usize],
+    dev: &Device,
+    g: impl Fn(usize, usize) -> Vec<f32>,
+) -> Res<candle_core::backprop::GradStore> {
+    let mut loss = Tensor::zeros((), DType::F32, dev)?;
+    for &p in which {
+        let v = &ps[p].1;
+        let c = Tensor::from_vec(g(p, v.elem_count()), v.shape(), dev)?;
+        loss = (loss + (v.as_tensor() * c)?.sum_all()?)?;
+    }
+    Ok(loss.backward()?)
+}
+
+/// DDP with 40 parameters of different sizes in one bucket, reported in batches (more than the
+/// kernel's 32 table entries, so one report takes several launches), three micro-batches per
+/// step of which the middle one reports only the even parameters: buckets hold the rank average
+/// of every micro-batch's sum.
+fn ddp_many(pg: &ProcessGroup, dev: &Device) -> Res<()> {
+    let (r, w) = (pg.rank(), pg.world_size());
+    let mut ps = Vec::new();
+    for p in 0..40 {
+        let n = 1 + p * 37 % 301;
+        ps.push((
+            format!("q{p}"),
+            Var::from_tensor(&Tensor::zeros(n, DType::F32, dev)?)?,
+        ));
+    }
+    let mut ddp = DistributedDataParallel::new(pg, ps.clone(), DdpOptions::default())?;
+    let grad = |p: usize, n: usize, m: usize, q: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 5 + p * 3 + m * 7 + q * 11) % 23) as f32)
+            .collect()
+    };
+    let all: Vec<usize> = (0..ps.len()).collect();
+    let even: Vec<usize> = (0..ps.len()).step_by(2).collect();
+    for step in 0..2 {
+        ddp.no_sync(|ns| -> Res<()> {
+            ns.grads_ready_from(&grads_of(&ps, &all, dev, |p, n| grad(p, n, 0, r))?)?;
+            ns.grads_ready_from(&grads_of(&ps, &even, dev, |p, n| grad(p, n, 1, r))?)?;
+            Ok(())
+        })?;
+        ddp.grads_ready_from(&grads_of(&ps, &all, dev, |p, n| grad(p, n, 2, r))?)?;
+        ddp.finish()?;
+        for (p, (name, v)) in ps.iter().enumerate() {
+            let n = v.elem_count();
+            let micro: &[usize] = if p % 2 == 0 { &[0, 1, 2] } else { &[0, 2] };
+            let want: Vec<f64> = (0..n)
+                .map(|i| {
+                    let s: f32 = (0..w)
+                        .flat_map(|q| micro.iter().map(move |m| (q, *m)))
+                        .map(|(q, m)| grad(p, n, m, q)[i])
+                        .sum();
+                    s as f64 / w as f64
+                })
+                .collect();
+            check(
+                &ddp.grad(name)?,
+                &want,
+                &format!("many step {step}: averaged gradient of {name}"),
+            )?;
+        }
+    }
+    println!("ddp many: {} parameters ok", ps.len());
     Ok(())
 }
 
