@@ -1,6 +1,6 @@
 //! The LoRA-wrapped linear layer and the per-forward context that drives dropout and tracking.
 
-use candle_core::{DType, Result, Tensor, Var};
+use candle_core::{Result, Tensor, Var};
 
 /// Per-forward settings shared by every [`LoraLinear`] of a model.
 ///
@@ -98,7 +98,8 @@ impl LoraLinear {
     }
 
     /// `x (..., in) → (..., out)`: frozen base GEMM plus `dropout(x)·Aᵀ·Bᵀ·scale` as one fused op
-    /// ([`g4ft_ops::lora_linear`]), the adapter matmuls in `x`'s dtype. Dropout (training only) follows [`crate::lora_dropout`]: its mask is
+    /// ([`g4ft_ops::lora_linear`]), the adapter matmuls in `x`'s dtype from the fp32 weights, whose
+    /// gradients come back in fp32. Dropout (training only) follows [`crate::lora_dropout`]: its mask is
     /// keyed on `(ctx.seed, ctx.micro_step, path)`, so a recompute with the same context replays it.
     pub fn forward(&self, x: &Tensor, ctx: &LoraContext) -> Result<Tensor> {
         let Some(ad) = &self.adapter else {
@@ -108,12 +109,6 @@ impl LoraLinear {
             (ad.a.as_tensor().clone(), ad.b.as_tensor().clone())
         } else {
             (ad.a.as_detached_tensor(), ad.b.as_detached_tensor())
-        };
-        let dtype = x.dtype();
-        let (a, b) = if dtype == DType::F32 {
-            (a, b)
-        } else {
-            (a.to_dtype(dtype)?, b.to_dtype(dtype)?)
         };
         let dropout = (ctx.training && ad.dropout > 0.0)
             .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)));

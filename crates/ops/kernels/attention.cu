@@ -14,6 +14,8 @@ __device__ __forceinline__ bool attn_allowed(int qi, int kj, int window, const u
 
 // P = softmax of the allowed scores of each row (0 elsewhere), written in T for the P·V GEMM;
 // lse[b, h, qi] = max + log(sum) in fp32, +inf for a row with no allowed key (its P row is 0).
+// Two passes over the fp32 scores: an online (max, sum) per thread, merged over the block, then
+// the normalised write.
 template <typename T>
 __device__ void attn_softmax_rows(const float* s, T* p, float* lse, const uint8_t* mask, int nh,
                                   int t, int rows, int lk, int ld, int q0, int k0, int window) {
@@ -21,20 +23,24 @@ __device__ void attn_softmax_rows(const float* s, T* p, float* lse, const uint8_
     const float* srow = s + (size_t)r * ld;
     T* prow = p + (size_t)r * ld;
     const uint8_t* mb = mask + (size_t)(bh / nh) * t;
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < lk; j += blockDim.x)
-        if (attn_allowed(qi, k0 + j, window, mb)) m = fmaxf(m, srow[j]);
-    m = block_max(m);
-    float l = 0.f;
-    if (m > -INFINITY)
-        for (int j = threadIdx.x; j < lk; j += blockDim.x)
-            if (attn_allowed(qi, k0 + j, window, mb)) l += expf(srow[j] - m);
-    l = block_sum(l);
+    float m = -INFINITY, l = 0.f;
     for (int j = threadIdx.x; j < lk; j += blockDim.x) {
-        bool ok = m > -INFINITY && attn_allowed(qi, k0 + j, window, mb);
-        prow[j] = from_f32<T>(ok ? expf(srow[j] - m) / l : 0.f);
+        if (!attn_allowed(qi, k0 + j, window, mb)) continue;
+        float v = srow[j];
+        if (v > m) {
+            l = l * expf(m - v) + 1.f;
+            m = v;
+        } else {
+            l += expf(v - m);
+        }
     }
-    if (threadIdx.x == 0) lse[(size_t)bh * t + qi] = m > -INFINITY ? m + logf(l) : INFINITY;
+    float mt = block_max(m);
+    l = block_sum(m > -INFINITY ? l * expf(m - mt) : 0.f);
+    for (int j = threadIdx.x; j < lk; j += blockDim.x) {
+        bool ok = mt > -INFINITY && attn_allowed(qi, k0 + j, window, mb);
+        prow[j] = from_f32<T>(ok ? expf(srow[j] - mt) / l : 0.f);
+    }
+    if (threadIdx.x == 0) lse[(size_t)bh * t + qi] = mt > -INFINITY ? mt + logf(l) : INFINITY;
 }
 
 // Softmax backward of one row: p = exp(s − lse), ds = scale·p·(dp − D) with D = dout·o (the rounded
@@ -63,14 +69,22 @@ __device__ void attn_ds_rows(const float* s, const float* dp, const T* o, const 
 }
 
 // dst[(bh·dst_t + dst_off + i)·d + c] = src[(bh·src_t + src_off + i)·d + c] for bh < n_bh, i < rows:
-// gathers a block of query rows into a compact buffer (and scatters it back).
+// gathers a block of query rows into a compact buffer (and scatters it back). Rows are moved in
+// 16-byte chunks when d·sizeof(T) allows it (head dims 256 / 512), element-wise otherwise.
 template <typename T>
 __device__ void attn_copy_rows(const T* src, T* dst, int n_bh, int rows, int d, int src_t,
                                int src_off, int dst_t, int dst_off) {
-    size_t n = (size_t)n_bh * rows * d;
-    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        size_t c = e % d, i = (e / d) % rows, bh = e / ((size_t)d * rows);
-        dst[(bh * dst_t + dst_off + i) * d + c] = src[(bh * src_t + src_off + i) * d + c];
+    size_t nrows = (size_t)n_bh * rows;
+    bool vec = (d * sizeof(T)) % 16 == 0;
+    int w = vec ? (int)(d * sizeof(T) / 16) : d;  // units per row
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < nrows * w;
+         e += (size_t)gridDim.x * blockDim.x) {
+        size_t u = e % w, row = e / w, i = row % rows, bh = row / rows;
+        size_t si = (bh * src_t + src_off + i) * w + u, di = (bh * dst_t + dst_off + i) * w + u;
+        if (vec)
+            reinterpret_cast<uint4*>(dst)[di] = reinterpret_cast<const uint4*>(src)[si];
+        else
+            dst[di] = src[si];
     }
 }
 

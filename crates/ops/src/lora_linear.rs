@@ -24,9 +24,13 @@ use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 /// Dropout of the adapter input: probability and counter-hash key ([`crate::dropout_key`]).
 pub type LoraDropout = (f64, [u64; 3]);
 
-/// The forward op on `(x (m, in), a (r, in), b (out, r))`; stashes `low = drop(x)·Aᵀ`.
+/// The forward op on `(x (m, in), a (r, in), b (out, r))`; stashes `low = drop(x)·Aᵀ`. `a`/`b` may
+/// be fp32 master weights: the GEMMs read `a_x`/`b_x`, their copies in `x`'s dtype (no graph), and
+/// the backward returns `dA`/`dB` in `a`/`b`'s dtype (fp32 straight from the GEMM accumulator).
 struct LoraLinearOp {
     w: Tensor,
+    a_x: Tensor,
+    b_x: Tensor,
     scale: f64,
     dropout: Option<LoraDropout>,
     low: Stash,
@@ -92,12 +96,10 @@ impl CustomOp3 for LoraLinearOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (x, a, b) = (
-            cpu_tensor(s1, l1, "x")?,
-            cpu_tensor(s2, l2, "a")?,
-            cpu_tensor(s3, l3, "b")?,
-        );
-        let (y, low) = forward_composite(&x, &self.w, &a, &b, self.scale, self.dropout)?;
+        let _ = (s2, l2, s3, l3); // the GEMMs read the cast copies a_x, b_x
+        let x = cpu_tensor(s1, l1, "x")?;
+        let (y, low) =
+            forward_composite(&x, &self.w, &self.a_x, &self.b_x, self.scale, self.dropout)?;
         self.low.put(low);
         Ok((cpu_storage(&y)?, y.shape().clone()))
     }
@@ -112,11 +114,12 @@ impl CustomOp3 for LoraLinearOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (y, low) = cuda_impl::forward(self, (s1, l1), (s2, l2), (s3, l3))?;
+        let _ = (s2, l2, s3, l3); // the GEMMs read the cast copies a_x, b_x
+        let (y, low) = cuda_impl::forward(self, (s1, l1))?;
         let (m, out) = (l1.dims()[0], self.w.dim(0)?);
         self.low.put(crate::util::tensor_from_storage(
             candle_core::Storage::Cuda(low),
-            &[m, l2.dims()[0]],
+            &[m, self.a_x.dim(0)?],
         ));
         Ok((y, Shape::from((m, out))))
     }
@@ -135,44 +138,50 @@ impl CustomOp3 for LoraLinearOp {
         if x.device().is_cuda() {
             let op = LoraLinearBwd {
                 w: self.w.clone(),
-                a: a.clone(),
-                b: b.clone(),
+                a_x: self.a_x.clone(),
+                b_x: self.b_x.clone(),
+                grad_dtype: (a.dtype(), b.dtype()),
                 g,
                 low,
                 scale: self.scale,
                 dropout: self.dropout,
+                dadb: Stash::default(),
             };
-            let packed = x.apply_op1_no_bwd(&op)?;
-            let (m, inf) = x.dims2()?;
-            let (r, out) = (a.dim(0)?, b.dim(0)?);
-            let dx = packed.narrow(0, 0, m * inf)?.reshape((m, inf))?;
-            let da = packed.narrow(0, m * inf, r * inf)?.reshape((r, inf))?;
-            let db = packed
-                .narrow(0, (m + r) * inf, out * r)?
-                .reshape((out, r))?;
+            let dx = x.apply_op1_no_bwd(&op)?;
+            let dadb = op.dadb.get("lora-linear-bwd")?;
+            let (r, inf, out) = (a.dim(0)?, a.dim(1)?, b.dim(0)?);
+            let da = dadb.narrow(0, 0, r * inf)?.reshape((r, inf))?;
+            let db = dadb.narrow(0, r * inf, out * r)?.reshape((out, r))?;
             return Ok((Some(dx), Some(da), Some(db)));
         }
         // The composite backward, in autograd's order: d(up) = scale·g, d(low) = d(up)·B,
         // dB = d(up)ᵀ·low, dA = d(low)ᵀ·drop(x), dx = g·W + drop'(d(low)·A).
         let dup = (&g * self.scale)?;
-        let dlow = dup.matmul(b)?;
-        let db = dup.t()?.matmul(&low)?;
-        let da = dlow.t()?.matmul(&dropped(x, self.dropout)?)?;
-        let dx = (g.matmul(&self.w)? + dropped(&dlow.matmul(a)?, self.dropout)?)?;
+        let dlow = dup.matmul(&self.b_x)?;
+        let db = dup.t()?.matmul(&low)?.to_dtype(b.dtype())?;
+        let da = dlow
+            .t()?
+            .matmul(&dropped(x, self.dropout)?)?
+            .to_dtype(a.dtype())?;
+        let dx = (g.matmul(&self.w)? + dropped(&dlow.matmul(&self.a_x)?, self.dropout)?)?;
         Ok((Some(dx), Some(da), Some(db)))
     }
 }
 
-/// The CUDA backward on `x`: packed `[dx (m, in), dA (r, in), dB (out, r)]`.
+/// The CUDA backward on `x`: returns `dx (m, in)`, stashes `[dA (r, in), dB (out, r)]`.
 #[cfg(feature = "cuda")]
 struct LoraLinearBwd {
     w: Tensor,
-    a: Tensor,
-    b: Tensor,
+    a_x: Tensor,
+    b_x: Tensor,
+    /// Dtypes of the adapter gradients (those of `a` and `b`: fp32 for master weights).
+    grad_dtype: (candle_core::DType, candle_core::DType),
     g: Tensor,
     low: Tensor,
     scale: f64,
     dropout: Option<LoraDropout>,
+    /// Packed `[dA, dB]` in `grad_dtype` (both the same dtype), written by the CUDA backward.
+    dadb: Stash,
 }
 
 #[cfg(feature = "cuda")]
@@ -192,15 +201,20 @@ impl CustomOp1 for LoraLinearBwd {
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (m, inf) = l.shape().dims2()?;
-        let (r, out) = (self.a.dim(0)?, self.b.dim(0)?);
-        let packed = cuda_impl::backward(self, (s, l))?;
-        Ok((packed, Shape::from(m * inf + r * inf + out * r)))
+        let (r, out) = (self.a_x.dim(0)?, self.b_x.dim(0)?);
+        let (dx, dadb) = cuda_impl::backward(self, (s, l))?;
+        self.dadb.put(crate::util::tensor_from_storage(
+            candle_core::Storage::Cuda(dadb),
+            &[r * inf + out * r],
+        ));
+        Ok((dx, Shape::from((m, inf))))
     }
 }
 
 /// `x·Wᵀ + scale·(drop(x)·Aᵀ)·Bᵀ` as one op (see the module doc). `x`: `(..., in)`; `w`: frozen
-/// `(out, in)` (never gets a gradient); `a`: `(r, in)`; `b`: `(out, r)`; all the same float dtype
-/// (cast the fp32 adapter weights first: the cast's backward brings their gradients back to fp32).
+/// `(out, in)` in `x`'s dtype (never gets a gradient); `a`: `(r, in)`; `b`: `(out, r)`, both in one
+/// float dtype (typically fp32 master weights): the products use copies in `x`'s dtype, as PEFT
+/// under autocast, and `a`/`b` get their gradients in their own dtype.
 /// `dropout`: `Some((p, key))` with `0 < p < 1` applies [`crate::lora_dropout`] to the adapter
 /// input. Returns `(..., out)`. Gradients for `x`, `a` and `b`.
 pub fn lora_linear(
@@ -226,11 +240,11 @@ pub fn lora_linear(
             b.dims()
         );
     }
-    if [w.dtype(), a.dtype(), b.dtype()] != [x.dtype(); 3] {
+    if w.dtype() != x.dtype() || a.dtype() != b.dtype() {
         bail!(
-            "lora_linear: x {:?}, w {:?}, a {:?}, b {:?} must share one dtype",
-            x.dtype(),
+            "lora_linear: w {:?} must have x's dtype {:?}, and a {:?} and b {:?} one dtype",
             w.dtype(),
+            x.dtype(),
             a.dtype(),
             b.dtype()
         );
@@ -241,8 +255,11 @@ pub fn lora_linear(
         }
     }
     let m: usize = lead.iter().product();
+    let cast = |t: &Tensor| t.detach().to_dtype(x.dtype())?.contiguous();
     let op = LoraLinearOp {
         w: w.detach().contiguous()?,
+        a_x: cast(a)?,
+        b_x: cast(b)?,
         scale,
         dropout,
         low: Stash::default(),
@@ -267,6 +284,7 @@ pub fn lora_linear_slow(
     dropout: Option<LoraDropout>,
 ) -> Result<Tensor> {
     let base = crate::linear_frozen(x, w)?;
+    let (a, b) = (a.to_dtype(x.dtype())?, b.to_dtype(x.dtype())?);
     let low = dropped(x, dropout)?.broadcast_matmul(&a.t()?)?;
     base + (low.broadcast_matmul(&b.t()?)? * scale)?
 }
@@ -329,19 +347,16 @@ mod cuda_impl {
     pub(super) fn forward(
         op: &LoraLinearOp,
         (s1, l1): (&CudaStorage, &Layout),
-        (s2, l2): (&CudaStorage, &Layout),
-        (s3, l3): (&CudaStorage, &Layout),
     ) -> Result<(CudaStorage, CudaStorage)> {
         let name = "lora-linear";
         let dev = s1.device().clone();
         let stream = dev.cuda_stream();
         let (m, inf) = l1.shape().dims2()?;
-        let (r, out) = (l2.dims()[0], l3.dims()[0]);
+        let (r, out) = (op.a_x.dim(0)?, op.w.dim(0)?);
         with_cuda_float_type!(s1, name, T => {
             let dt = <T as candle_core::WithDType>::DTYPE;
-            let p = |s, l, what| -> Result<u64> { Ok(cuda::view::<T>(s, l, name, what)?.device_ptr(&stream).0) };
-            let (x, a, b) = (p(s1, l1, "x")?, p(s2, l2, "a")?, p(s3, l3, "b")?);
-            let w = addr::<T>(&op.w, name, "w")?;
+            let x = cuda::view::<T>(s1, l1, name, "x")?.device_ptr(&stream).0;
+            let (w, a, b) = (addr::<T>(&op.w, name, "w")?, addr::<T>(&op.a_x, name, "a")?, addr::<T>(&op.b_x, name, "b")?);
             // SAFETY: y and low are fully written by the GEMMs below (beta = 0 first).
             let y = unsafe { dev.alloc::<T>(m * out)? };
             let low = unsafe { dev.alloc::<T>(m * r)? };
@@ -364,33 +379,51 @@ mod cuda_impl {
         })
     }
 
-    /// Packed `[dx, dA, dB]`.
+    /// `(dx (m, in) in x's dtype, [dA, dB] packed in the adapter's dtype)`.
     pub(super) fn backward(
         op: &LoraLinearBwd,
         (s, l): (&CudaStorage, &Layout),
-    ) -> Result<CudaStorage> {
+    ) -> Result<(CudaStorage, CudaStorage)> {
         let name = "lora-linear-bwd";
         let dev = s.device().clone();
         let stream = dev.cuda_stream();
         let (m, inf) = l.shape().dims2()?;
-        let (r, out) = (op.a.dim(0)?, op.b.dim(0)?);
+        let (r, out) = (op.a_x.dim(0)?, op.b_x.dim(0)?);
+        let gdt = op.grad_dtype.0;
+        if op.grad_dtype.1 != gdt || !(gdt == DType::F32 || gdt == s.dtype()) {
+            candle_core::bail!(
+                "{name}: adapter gradients in {:?} (x is {:?}); expected f32 or x's dtype",
+                op.grad_dtype,
+                s.dtype()
+            );
+        }
         with_cuda_float_type!(s, name, T => {
             let dt = <T as candle_core::WithDType>::DTYPE;
             let x = cuda::view::<T>(s, l, name, "x")?.device_ptr(&stream).0;
-            let [w, a, b, g, low] = [(&op.w, "w"), (&op.a, "a"), (&op.b, "b"), (&op.g, "grad"), (&op.low, "low")]
+            let [w, a, b, g, low] = [(&op.w, "w"), (&op.a_x, "a"), (&op.b_x, "b"), (&op.g, "grad"), (&op.low, "low")]
                 .map(|(t, what)| addr::<T>(t, name, what));
             let (w, a, b, g, low) = (w?, a?, b?, g?, low?);
-            let elem = std::mem::size_of::<T>() as u64;
             // SAFETY: dx, dA, dB and dlow are fully written by the GEMMs below (beta = 0 first).
-            let packed = unsafe { dev.alloc::<T>(m * inf + r * inf + out * r)? };
+            let dx_buf = unsafe { dev.alloc::<T>(m * inf)? };
             let dlow_buf = unsafe { dev.alloc::<T>(m * r)? };
-            let dx = packed.device_ptr(&stream).0;
-            let (da, db) = (dx + (m * inf) as u64 * elem, dx + ((m + r) * inf) as u64 * elem);
+            let n_ab = r * inf + out * r;
+            let dadb = if gdt == DType::F32 {
+                cuda::wrap(unsafe { dev.alloc::<f32>(n_ab)? }, &dev)
+            } else {
+                cuda::wrap(unsafe { dev.alloc::<T>(n_ab)? }, &dev)
+            };
+            let da = if gdt == DType::F32 {
+                dadb.as_cuda_slice::<f32>()?.device_ptr(&stream).0
+            } else {
+                dadb.as_cuda_slice::<T>()?.device_ptr(&stream).0
+            };
+            let db = da + (r * inf * gdt.size_in_bytes()) as u64;
+            let dx = dx_buf.device_ptr(&stream).0;
             let dlow = dlow_buf.device_ptr(&stream).0;
             let scale = op.scale as f32;
-            // d(low) = scale·g·B; dB = scale·gᵀ·low; dx = g·W.
+            // d(low) = scale·g·B; dB = scale·gᵀ·low (accumulated in fp32, stored in gdt); dx = g·W.
             gemm(&dev, (m, r, out), (false, false), (scale, 0.0), (mat(g, out, dt), mat(b, r, dt), mat(dlow, r, dt)))?;
-            gemm(&dev, (out, r, m), (true, false), (scale, 0.0), (mat(g, out, dt), mat(low, r, dt), mat(db, r, dt)))?;
+            gemm(&dev, (out, r, m), (true, false), (scale, 0.0), (mat(g, out, dt), mat(low, r, dt), mat(db, r, gdt)))?;
             gemm(&dev, (m, inf, out), (false, false), (1.0, 0.0), (mat(g, out, dt), mat(w, inf, dt), mat(dx, inf, dt)))?;
             let xd = match op.dropout {
                 None => {
@@ -410,10 +443,10 @@ mod cuda_impl {
                 }
             };
             let xdp = xd.as_ref().map_or(x, |t| t.device_ptr(&stream).0);
-            gemm(&dev, (r, inf, m), (true, false), (1.0, 0.0), (mat(dlow, r, dt), mat(xdp, inf, dt), mat(da, inf, dt)))?;
+            gemm(&dev, (r, inf, m), (true, false), (1.0, 0.0), (mat(dlow, r, dt), mat(xdp, inf, dt), mat(da, inf, gdt)))?;
             drop(xd);
             drop(dlow_buf);
-            Ok(cuda::wrap(packed, &dev))
+            Ok((cuda::wrap(dx_buf, &dev), dadb))
         })
     }
 }
@@ -424,16 +457,21 @@ mod tests {
     use crate::testing::{check_fused_vs_slow, randn};
     use candle_core::{DType, Device};
 
-    fn check(dtype: DType, dropout: Option<LoraDropout>, tol: (f64, f64)) -> Result<()> {
+    /// `x` and `w` in `dtype`, the adapter in `adapter` (fp32 master weights with bf16 `x`).
+    fn check(
+        (dtype, adapter): (DType, DType),
+        dropout: Option<LoraDropout>,
+        tol: (f64, f64),
+    ) -> Result<()> {
         let dev = Device::Cpu;
         let (b, t, inf, out, r) = (2, 5, 12, 7, 4);
         let w = randn(&[out, inf], dtype, 4, &dev)?;
         check_fused_vs_slow(
-            &format!("lora_linear {dtype:?} dropout={dropout:?}"),
+            &format!("lora_linear {dtype:?} adapter {adapter:?} dropout={dropout:?}"),
             &[
                 randn(&[b, t, inf], dtype, 1, &dev)?,
-                randn(&[r, inf], dtype, 2, &dev)?,
-                randn(&[out, r], dtype, 3, &dev)?,
+                randn(&[r, inf], adapter, 2, &dev)?,
+                randn(&[out, r], adapter, 3, &dev)?,
             ],
             &[true, true, true],
             |x| lora_linear(&x[0], &w, &x[1], &x[2], 2.0, dropout),
@@ -445,9 +483,11 @@ mod tests {
     #[test]
     fn fused_matches_slow() -> Result<()> {
         let key = crate::dropout_key(7, 3, "layers.0.mlp.up_proj");
-        check(DType::F32, None, (1e-5, 1e-5))?;
-        check(DType::F32, Some((0.25, key)), (1e-5, 1e-5))?;
-        check(DType::BF16, Some((0.25, key)), (5e-2, 2e-2))
+        let (f32_, bf16) = (DType::F32, DType::BF16);
+        check((f32_, f32_), None, (1e-5, 1e-5))?;
+        check((f32_, f32_), Some((0.25, key)), (1e-5, 1e-5))?;
+        check((bf16, bf16), Some((0.25, key)), (5e-2, 2e-2))?;
+        check((bf16, f32_), Some((0.25, key)), (5e-2, 2e-2))
     }
 
     #[test]
