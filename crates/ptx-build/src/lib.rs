@@ -1,0 +1,46 @@
+//! Build-script helper shared by the crates with CUDA kernels (`g4ft-ops`, `g4ft-ddp`): compiles
+//! `kernels/<name>.cu` to `$OUT_DIR/<name>.ptx` with nvcc when the crate's `cuda` feature is on, and
+//! does nothing otherwise (CPU-only builds need no CUDA toolchain). The crate embeds the PTX with
+//! `include_str!` and candle loads it once per device (`get_or_load_custom_func`).
+//!
+//! Target: `compute_$CUDA_COMPUTE_CAP` PTX (default 90), JIT-compiled by the driver at first use.
+//! nvcc comes from `$NVCC`, else `$CUDA_HOME/bin/nvcc`, else `PATH`; it must match the GPU machine's
+//! driver (13.0 there: PTX ISA 9.0, see `shared/cuda/README.md`). Chosen over NVRTC because the GPU
+//! machine then needs no CUDA headers or libnvrtc at run time, and kernel errors surface at build time.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Compiles `kernels/<name>.cu` for every name (with `-Ikernels`, so kernels can share headers)
+/// when `CARGO_FEATURE_CUDA` is set. `crate_name` prefixes the panic messages. Call from `build.rs`.
+pub fn compile_kernels(crate_name: &str, kernels: &[&str]) {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=kernels");
+    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo:rerun-if-env-changed=NVCC");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".to_string());
+    let nvcc = std::env::var("NVCC").unwrap_or_else(|_| match std::env::var("CUDA_HOME") {
+        Ok(home) => format!("{home}/bin/nvcc"),
+        Err(_) => "nvcc".to_string(),
+    });
+    for name in kernels {
+        let src = format!("kernels/{name}.cu");
+        let dst = out.join(format!("{name}.ptx"));
+        let status = Command::new(&nvcc)
+            .args(["--ptx", "-O3", "-std=c++17", "-Ikernels"])
+            .arg(format!("-arch=compute_{cap}"))
+            .arg(&src)
+            .arg("-o")
+            .arg(&dst)
+            .status()
+            .unwrap_or_else(|e| panic!("{crate_name} build.rs: cannot run `{nvcc}` for {src}: {e} (hint: eval \"$(bash ../shared/cuda/setup-cuda-build.sh)\")"));
+        assert!(
+            status.success(),
+            "{crate_name} build.rs: nvcc failed on {src} ({status})"
+        );
+    }
+}
