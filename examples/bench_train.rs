@@ -206,15 +206,6 @@ fn flops_model(model: &Gemma4Model) -> FlopsModel {
     }
 }
 
-/// The CUDA device name for the vendor-peak fallback.
-fn device_name(device: &Device) -> Option<String> {
-    match device {
-        #[cfg(feature = "cuda")]
-        Device::Cuda(d) => d.cuda_stream().context().name().ok(),
-        _ => None,
-    }
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     if args.steps == 0 || args.accum == 0 || args.micro_batch == 0 || args.seq < 2 {
@@ -366,7 +357,7 @@ fn main() -> Result<()> {
     let fl = flops_model(&model).flops_per_token(t);
     let peak_tflops = args
         .peak_tflops
-        .or_else(|| device_name(&device).and_then(|n| g4ft_trainer::mfu::peak_tflops_for(&n)));
+        .or_else(|| g4ft_trainer::mfu::device_peak_tflops(&device));
     // MFU per GPU: tokens/s of this rank's device.
     let tps_device = tps / world as f64;
     let achieved = tps_device * fl.brief / 1e12;

@@ -229,7 +229,11 @@ fn train(cli: &Cli) -> Result<()> {
     }
     let mut logger = if is_main {
         remove_stale_temporaries(&cfg.output)?;
-        let mfu = cfg.peak_tflops.map(|peak_tflops| MfuSpec {
+        // MFU against --peak-tflops, else the data-sheet peak of a known GPU (none on the CPU).
+        let peak = cfg
+            .peak_tflops
+            .or_else(|| g4ft_trainer::mfu::device_peak_tflops(&device));
+        let mfu = peak.map(|peak_tflops| MfuSpec {
             model: step::flops_model(model.config(), model.prefix()),
             peak_tflops,
         });

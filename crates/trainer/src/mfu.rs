@@ -114,6 +114,20 @@ pub fn peak_tflops_for(device_name: &str) -> Option<f64> {
         .map(|&(_, v)| v)
 }
 
+/// The CUDA device's name as the driver reports it (`None` on the CPU).
+pub fn device_name(device: &candle_core::Device) -> Option<String> {
+    match device {
+        #[cfg(feature = "cuda")]
+        candle_core::Device::Cuda(d) => d.cuda_stream().context().name().ok(),
+        _ => None,
+    }
+}
+
+/// [`peak_tflops_for`] of `device`: the data-sheet bf16 peak of a known GPU, `None` otherwise.
+pub fn device_peak_tflops(device: &candle_core::Device) -> Option<f64> {
+    device_name(device).and_then(|n| peak_tflops_for(&n))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
