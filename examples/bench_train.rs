@@ -47,7 +47,7 @@ use g4ft_gemma4::{Config, Gemma4Model, LayerType};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, LoraContext, TargetModules};
 use g4ft_trainer::clip::{clip_coef, grad_norm};
 use g4ft_trainer::memory::MemProbe;
-use g4ft_trainer::mfu::{mfu, AttnLayer, FlopsModel};
+use g4ft_trainer::mfu::mfu;
 use g4ft_trainer::optim::{AdamW, AdamWParams};
 use g4ft_trainer::schedule::CosineWithWarmup;
 use g4ft_trainer::step::{self, LossWeighting, StepEvent, StepObserver};
@@ -179,30 +179,6 @@ fn random_batch(seed: u64, micro: u64, b: usize, t: usize, vocab: usize) -> Batc
         n_tokens: b * t,
         n_label_tokens: b * (t - 1),
         samples: Vec::new(),
-    }
-}
-
-/// The FLOP model of the config: frozen decoder projections, tied head, attention shapes.
-fn flops_model(model: &Gemma4Model) -> FlopsModel {
-    let cfg = model.config();
-    FlopsModel {
-        n_linear: model
-            .projections()
-            .map(|p| p.weight().elem_count() as u64)
-            .sum(),
-        n_head: (cfg.vocab_size * cfg.hidden_size) as u64,
-        layers: cfg
-            .layers
-            .iter()
-            .map(|l| AttnLayer {
-                n_heads: cfg.num_attention_heads,
-                head_dim: l.head_dim,
-                window: match l.layer_type {
-                    LayerType::Sliding => Some(cfg.sliding_window),
-                    LayerType::Full => None,
-                },
-            })
-            .collect(),
     }
 }
 
@@ -354,7 +330,7 @@ fn main() -> Result<()> {
     let tps = (step_tokens * (n - lo)) as f64 / window_s;
     let s_per_step = window_s / (n - lo) as f64;
     let peak = probe.peak()?;
-    let fl = flops_model(&model).flops_per_token(t);
+    let fl = step::flops_model(&cfg, model.prefix()).flops_per_token(t);
     let peak_tflops = args
         .peak_tflops
         .or_else(|| g4ft_trainer::mfu::device_peak_tflops(&device));
