@@ -134,7 +134,7 @@ impl<'a> Ctx<'a> {
     }
 
     fn addr<T, P: DevicePtr<T>>(&self, x: &P) -> u64 {
-        cuda::addr(x, self.dev)
+        x.device_ptr(&self.stream).0
     }
 
     fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
@@ -444,10 +444,12 @@ pub(super) fn forward(
     mask: &Tensor,
 ) -> Result<(CudaStorage, CudaStorage)> {
     let dev = s1.device().clone();
+    let stream = dev.cuda_stream();
     let (mg, ml) = mask.storage_and_layout();
-    let mask = cuda::view_addr::<u8>(cuda_of(&mg, op, "key_mask")?, ml, op, "key_mask")?;
+    let m = cuda::view::<u8>(cuda_of(&mg, op, "key_mask")?, ml, op, "key_mask")?;
+    let mask = m.device_ptr(&stream).0;
     with_cuda_float_type!(s1, op, T => {
-        let addr = |s, l, what| cuda::view_addr::<T>(s, l, op, what);
+        let addr = |s, l, what| -> Result<u64> { Ok(cuda::view::<T>(s, l, op, what)?.device_ptr(&stream).0) };
         let ptrs = [addr(s1, l1, "q")?, addr(s2, l2, "k")?, addr(s3, l3, "v")?, mask];
         let (o, lse) = fwd::<T>(&dev, n, ptrs)?;
         Ok((cuda::wrap(o, &dev), cuda::wrap(lse, &dev)))
@@ -458,15 +460,18 @@ pub(super) fn forward(
 pub(super) fn backward(a: &AttentionBwd, (s, l): (&CudaStorage, &Layout)) -> Result<CudaStorage> {
     let op = "attention-bwd";
     let dev = s.device().clone();
+    let stream = dev.cuda_stream();
     let guards = [&a.k, &a.v, &a.o, &a.dout, &a.lse, &a.mask].map(|t| t.storage_and_layout());
     let st = |i: usize, what: &str| cuda_of(&guards[i].0, op, what).map(|s| (s, guards[i].1));
     let (ms, ml) = st(5, "key_mask")?;
-    let mask = cuda::view_addr::<u8>(ms, ml, op, "key_mask")?;
+    let mask = cuda::view::<u8>(ms, ml, op, "key_mask")?
+        .device_ptr(&stream)
+        .0;
     let (ls, ll) = st(4, "lse")?;
-    let lse = cuda::view_addr::<f32>(ls, ll, op, "lse")?;
+    let lse = cuda::view::<f32>(ls, ll, op, "lse")?.device_ptr(&stream).0;
     with_cuda_float_type!(s, op, T => {
         let addr = |(s, l): (&CudaStorage, &Layout), what| -> Result<u64> {
-            cuda::view_addr::<T>(s, l, op, what)
+            Ok(cuda::view::<T>(s, l, op, what)?.device_ptr(&stream).0)
         };
         let ptrs = [
             addr((s, l), "q")?,

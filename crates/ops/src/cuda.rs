@@ -2,10 +2,7 @@
 //! contiguous views of candle storages, launch shapes. Every kernel runs on candle's own stream
 //! (`CudaFunc::builder`), so ordering against candle's kernels needs no events.
 
-use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig,
-};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::{bail, Layout, Result};
 
@@ -54,34 +51,6 @@ pub(crate) fn view<'a, T: CudaDType>(
             l.stride()
         ),
     }
-}
-
-/// Device address of [`view`]`(s, l, op, what)`, for raw-pointer launches and cuBLAS calls on
-/// candle's stream.
-pub(crate) fn view_addr<T: CudaDType>(
-    s: &CudaStorage,
-    l: &Layout,
-    op: &str,
-    what: &str,
-) -> Result<u64> {
-    let stream = s.device().cuda_stream();
-    let ptr = view::<T>(s, l, op, what)?.device_ptr(&stream).0;
-    Ok(ptr)
-}
-
-/// Device address of a contiguous CUDA tensor of element type `T`.
-pub(crate) fn tensor_addr<T: CudaDType>(
-    t: &candle_core::Tensor,
-    op: &str,
-    what: &str,
-) -> Result<u64> {
-    let (s, l) = t.storage_and_layout();
-    view_addr::<T>(cuda_of(&s, op, what)?, l, op, what)
-}
-
-/// Device address of an owned buffer (or view) on `dev`'s stream.
-pub(crate) fn addr<T, P: DevicePtr<T>>(x: &P, dev: &CudaDevice) -> u64 {
-    x.device_ptr(&dev.cuda_stream()).0
 }
 
 /// Wrap a freshly written slice as a storage of the device.

@@ -141,7 +141,7 @@ mod cuda_impl {
     use super::Keep;
     use crate::cuda::{self, cuda_module, Module};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{bail, CudaStorage, DType, Layout, Result};
 
@@ -205,10 +205,11 @@ mod cuda_impl {
         let dev = s.device().clone();
         let n = l.shape().elem_count();
         cuda::with_cuda_float_type!(s, "lora-dropout", T => {
+            let stream = dev.cuda_stream();
             let x = cuda::view::<T>(s, l, "lora-dropout", "x")?;
             // SAFETY: every element is written by the kernel.
             let y = unsafe { dev.alloc::<T>(n)? };
-            let (xp, yp) = (cuda::addr(&x, &dev), cuda::addr(&y, &dev));
+            let (xp, yp) = (x.device_ptr(&stream).0, y.device_ptr(&stream).0);
             launch(&dev, "dropout", (xp, yp), n, s.dtype(), k)?;
             Ok(cuda::wrap(y, &dev))
         })

@@ -293,10 +293,11 @@ pub fn lora_linear_slow(
 mod cuda_impl {
     use super::{LoraLinearBwd, LoraLinearOp};
     use crate::cublas::{Gemm, Mat};
-    use crate::cuda::{self, with_cuda_float_type};
+    use crate::cuda::{self, cuda_of, with_cuda_float_type};
     use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
     use candle_core::cuda_backend::CudaDevice;
-    use candle_core::{CudaStorage, DType, Layout, Result};
+    use candle_core::{CudaStorage, DType, Layout, Result, Tensor};
 
     /// A row-major matrix operand: `rows × ld` at `ptr`.
     fn mat(ptr: u64, ld: usize, dtype: DType) -> Mat {
@@ -329,6 +330,19 @@ mod cuda_impl {
         unsafe { g.run(&dev.cublas_handle(), a, b, c) }
     }
 
+    /// Device address of a contiguous tensor of element type `T`.
+    fn addr<T: candle_core::cuda_backend::CudaDType>(
+        t: &Tensor,
+        op: &str,
+        what: &str,
+    ) -> Result<u64> {
+        let (s, l) = t.storage_and_layout();
+        let cs = cuda_of(&s, op, what)?;
+        let stream = cs.device().cuda_stream();
+        let ptr = cuda::view::<T>(cs, l, op, what)?.device_ptr(&stream).0;
+        Ok(ptr)
+    }
+
     /// `(y (m, out), low (m, r))`.
     pub(super) fn forward(
         op: &LoraLinearOp,
@@ -336,27 +350,28 @@ mod cuda_impl {
     ) -> Result<(CudaStorage, CudaStorage)> {
         let name = "lora-linear";
         let dev = s1.device().clone();
+        let stream = dev.cuda_stream();
         let (m, inf) = l1.shape().dims2()?;
         let (r, out) = (op.a_x.dim(0)?, op.w.dim(0)?);
         with_cuda_float_type!(s1, name, T => {
             let dt = <T as candle_core::WithDType>::DTYPE;
-            let x = cuda::view_addr::<T>(s1, l1, name, "x")?;
-            let (w, a, b) = (cuda::tensor_addr::<T>(&op.w, name, "w")?, cuda::tensor_addr::<T>(&op.a_x, name, "a")?, cuda::tensor_addr::<T>(&op.b_x, name, "b")?);
+            let x = cuda::view::<T>(s1, l1, name, "x")?.device_ptr(&stream).0;
+            let (w, a, b) = (addr::<T>(&op.w, name, "w")?, addr::<T>(&op.a_x, name, "a")?, addr::<T>(&op.b_x, name, "b")?);
             // SAFETY: y and low are fully written by the GEMMs below (beta = 0 first).
             let y = unsafe { dev.alloc::<T>(m * out)? };
             let low = unsafe { dev.alloc::<T>(m * r)? };
-            let (yp, lowp) = (cuda::addr(&y, &dev), cuda::addr(&low, &dev));
+            let (yp, lowp) = (y.device_ptr(&stream).0, low.device_ptr(&stream).0);
             gemm(&dev, (m, out, inf), (false, true), (1.0, 0.0), (mat(x, inf, dt), mat(w, inf, dt), mat(yp, out, dt)))?;
             let xd_buf = match op.dropout {
                 Some((pr, key)) => {
                     // SAFETY: written whole by the dropout kernel.
                     let buf = unsafe { dev.alloc::<T>(m * inf)? };
-                    crate::dropout::cuda_dropout_into(&dev, x, cuda::addr(&buf, &dev), m * inf, dt, pr, key)?;
+                    crate::dropout::cuda_dropout_into(&dev, x, buf.device_ptr(&stream).0, m * inf, dt, pr, key)?;
                     Some(buf)
                 }
                 None => None,
             };
-            let xd = xd_buf.as_ref().map_or(x, |b| cuda::addr(b, &dev));
+            let xd = xd_buf.as_ref().map_or(x, |b| b.device_ptr(&stream).0);
             gemm(&dev, (m, r, inf), (false, true), (1.0, 0.0), (mat(xd, inf, dt), mat(a, inf, dt), mat(lowp, r, dt)))?;
             gemm(&dev, (m, out, r), (false, true), (op.scale as f32, 1.0), (mat(lowp, r, dt), mat(b, r, dt), mat(yp, out, dt)))?;
             drop(xd_buf);
@@ -371,6 +386,7 @@ mod cuda_impl {
     ) -> Result<(CudaStorage, CudaStorage)> {
         let name = "lora-linear-bwd";
         let dev = s.device().clone();
+        let stream = dev.cuda_stream();
         let (m, inf) = l.shape().dims2()?;
         let (r, out) = (op.a_x.dim(0)?, op.b_x.dim(0)?);
         let gdt = op.grad_dtype.0;
@@ -383,9 +399,9 @@ mod cuda_impl {
         }
         with_cuda_float_type!(s, name, T => {
             let dt = <T as candle_core::WithDType>::DTYPE;
-            let x = cuda::view_addr::<T>(s, l, name, "x")?;
+            let x = cuda::view::<T>(s, l, name, "x")?.device_ptr(&stream).0;
             let [w, a, b, g, low] = [(&op.w, "w"), (&op.a_x, "a"), (&op.b_x, "b"), (&op.g, "grad"), (&op.low, "low")]
-                .map(|(t, what)| cuda::tensor_addr::<T>(t, name, what));
+                .map(|(t, what)| addr::<T>(t, name, what));
             let (w, a, b, g, low) = (w?, a?, b?, g?, low?);
             // SAFETY: dx, dA, dB and dlow are fully written by the GEMMs below (beta = 0 first).
             let dx_buf = unsafe { dev.alloc::<T>(m * inf)? };
@@ -397,13 +413,13 @@ mod cuda_impl {
                 cuda::wrap(unsafe { dev.alloc::<T>(n_ab)? }, &dev)
             };
             let da = if gdt == DType::F32 {
-                cuda::addr(dadb.as_cuda_slice::<f32>()?, &dev)
+                dadb.as_cuda_slice::<f32>()?.device_ptr(&stream).0
             } else {
-                cuda::addr(dadb.as_cuda_slice::<T>()?, &dev)
+                dadb.as_cuda_slice::<T>()?.device_ptr(&stream).0
             };
             let db = da + (r * inf * gdt.size_in_bytes()) as u64;
-            let dx = cuda::addr(&dx_buf, &dev);
-            let dlow = cuda::addr(&dlow_buf, &dev);
+            let dx = dx_buf.device_ptr(&stream).0;
+            let dlow = dlow_buf.device_ptr(&stream).0;
             let scale = op.scale as f32;
             // d(low) = scale·g·B; dB = scale·gᵀ·low (accumulated in fp32, stored in gdt); dx = g·W.
             gemm(&dev, (m, r, out), (false, false), (scale, 0.0), (mat(g, out, dt), mat(b, r, dt), mat(dlow, r, dt)))?;
@@ -419,14 +435,14 @@ mod cuda_impl {
                     // t = d(low)·A, dx += drop'(t); then the same buffer holds drop(x) for dA.
                     // SAFETY: written whole by the GEMM, then by the dropout kernel.
                     let t = unsafe { dev.alloc::<T>(m * inf)? };
-                    let tp = cuda::addr(&t, &dev);
+                    let tp = t.device_ptr(&stream).0;
                     gemm(&dev, (m, inf, r), (false, false), (1.0, 0.0), (mat(dlow, r, dt), mat(a, inf, dt), mat(tp, inf, dt)))?;
                     crate::dropout::cuda_dropout_acc(&dev, tp, dx, m * inf, dt, pr, key)?;
                     crate::dropout::cuda_dropout_into(&dev, x, tp, m * inf, dt, pr, key)?;
                     Some(t)
                 }
             };
-            let xdp = xd.as_ref().map_or(x, |t| cuda::addr(t, &dev));
+            let xdp = xd.as_ref().map_or(x, |t| t.device_ptr(&stream).0);
             gemm(&dev, (r, inf, m), (true, false), (1.0, 0.0), (mat(dlow, r, dt), mat(xdp, inf, dt), mat(da, inf, gdt)))?;
             drop(xd);
             drop(dlow_buf);
