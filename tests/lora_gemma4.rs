@@ -150,7 +150,7 @@ fn peft_adapter_logits_loss_and_every_lora_gradient_match() {
         let stats = m
             .forward_backward(&batch.tokens(), &batch.labels, &TRAIN, 1.0, |_, g| {
                 for p in &params {
-                    if let Some(t) = g.get(p.var.as_tensor()) {
+                    if let Some(t) = g.get(&p.var) {
                         layerwise.insert(p.name.clone(), t.clone());
                     }
                 }
@@ -305,7 +305,7 @@ fn every_lora_parameter_has_a_gradient_after_one_step() {
             let mut grads = HashMap::new();
             m.forward_backward(&batch.tokens(), &batch.labels, &ctx, 1.0, |_, g| {
                 for p in &params {
-                    if let Some(t) = g.get(p.var.as_tensor()) {
+                    if let Some(t) = g.get(&p.var) {
                         grads.insert(p.name.clone(), t.clone());
                     }
                 }

@@ -8,11 +8,18 @@ eval "$(bash ../shared/cuda/setup-cuda-build.sh)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-cuda}"
 cargo build --release --features cuda -p g4ft -p g4ft-ddp --examples --bins
 mkdir -p .gpu
-# The gemma4 parity tests as a binary (run there with G4FT_TEST_DEVICE=cuda; they read the golden
-# fixtures through the build-time path, so the run links the checkout to this repository's path).
-parity=$(cargo test --release --features cuda -p g4ft -p g4ft-gemma4 --test parity --no-run --message-format=json \
-  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
-strip -o .gpu/gemma4_parity "$parity" && xz -6 -f .gpu/gemma4_parity
+# Test binaries run there: gemma4 parity + layer-wise backward (with G4FT_TEST_DEVICE=cuda; they read
+# the golden fixtures through the build-time path, so the run links the checkout to this repository's
+# path) and the ops' CUDA-vs-CPU checks.
+test_bin() { # <output name> <cargo test args...>
+  local out=$1; shift
+  local exe; exe=$(cargo test --release --features cuda "$@" --no-run --message-format=json \
+    | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+  strip -o ".gpu/$out" "$exe" && xz -6 -f ".gpu/$out"
+}
+test_bin gemma4_parity -p g4ft -p g4ft-gemma4 --test parity
+test_bin gemma4_layerwise -p g4ft -p g4ft-gemma4 --test layerwise
+test_bin g4ft_ops_test -p g4ft-ops --lib
 rel="$CARGO_TARGET_DIR/release"
 for bin in examples/score examples/train_ddp examples/bench_train examples/memory_plan ddprun ddp_test_worker; do
   src="$rel/$bin"; [ -f "$src" ] || { echo "missing $src" >&2; continue; }

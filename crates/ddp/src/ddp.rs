@@ -224,7 +224,13 @@ impl<'g> DistributedDataParallel<'g> {
     /// single accumulation launch per bucket touched. Nothing is accumulated if one of them was
     /// already reported in this backward. Returns how many it reported.
     pub fn grads_ready_from(&mut self, grads: &GradStore) -> Result<usize> {
-        let found = self.found_in(grads);
+        self.grads_ready_with(|v| grads.get(v.as_tensor()).cloned())
+    }
+
+    /// [`DistributedDataParallel::grads_ready_from`] for gradients held elsewhere (e.g. an explicit
+    /// layer backward's list): `lookup` returns a parameter's gradient or `None`.
+    pub fn grads_ready_with(&mut self, lookup: impl Fn(&Var) -> Option<Tensor>) -> Result<usize> {
+        let found = self.found_in(lookup);
         let items: Vec<(usize, &Tensor)> = found.iter().map(|(i, g)| (*i, g)).collect();
         self.report(&items)?;
         Ok(items.len())
@@ -249,12 +255,12 @@ impl<'g> DistributedDataParallel<'g> {
         self.launch_ready()
     }
 
-    /// Wrapped parameters with a gradient in `grads`: (index, gradient), model order.
-    fn found_in(&self, grads: &GradStore) -> Vec<(usize, Tensor)> {
+    /// Wrapped parameters `lookup` has a gradient for: (index, gradient), model order.
+    fn found_in(&self, lookup: impl Fn(&Var) -> Option<Tensor>) -> Vec<(usize, Tensor)> {
         self.params
             .iter()
             .enumerate()
-            .filter_map(|(i, (_, v))| grads.get(v.as_tensor()).map(|g| (i, g.clone())))
+            .filter_map(|(i, (_, v))| lookup(v).map(|g| (i, g)))
             .collect()
     }
 
@@ -542,7 +548,13 @@ impl NoSync<'_, '_> {
     /// [`NoSync::grad_ready`] for every wrapped parameter present in `grads`, as one batch (on
     /// CUDA a single accumulation launch per bucket touched).
     pub fn grads_ready_from(&mut self, grads: &GradStore) -> Result<usize> {
-        let found = self.ddp.found_in(grads);
+        self.grads_ready_with(|v| grads.get(v.as_tensor()).cloned())
+    }
+
+    /// [`NoSync::grads_ready_from`] with a `lookup` (see
+    /// [`DistributedDataParallel::grads_ready_with`]).
+    pub fn grads_ready_with(&mut self, lookup: impl Fn(&Var) -> Option<Tensor>) -> Result<usize> {
+        let found = self.ddp.found_in(lookup);
         let items: Vec<(usize, &Tensor)> = found.iter().map(|(i, g)| (*i, g)).collect();
         self.ddp.accumulate_all(&items)?;
         Ok(items.len())

@@ -16,6 +16,8 @@ use crate::mask::AttentionBias;
 use crate::rope::RopeTable;
 use crate::weights::Weights;
 
+pub(crate) mod explicit;
+
 /// K/V of a layer after norm and RoPE, each `(b, kv_heads, t, d)`: what a producer lends.
 #[derive(Debug, Clone)]
 pub struct KvPair {

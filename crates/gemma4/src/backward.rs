@@ -5,9 +5,11 @@
 //! 1. Forward without graph (`track_grad = false`), saving each layer's input and each KV
 //!    producer's K/V.
 //! 2. Head + loss on the final hidden state (a `Var`), backward → d(hidden).
-//! 3. For layers `L−1 … 0`: recompute the layer with `track_grad = true` from its saved input (a
-//!    `Var`), seed its output with the upstream gradient, report the layer's [`GradStore`], carry
-//!    d(input) (detached) to the layer below.
+//! 3. For layers `L−1 … 0`: recompute the layer from its saved input and run its backward with the
+//!    upstream gradient, report the layer's adapter gradients ([`AdapterGrads`]), carry d(input)
+//!    to the layer below. With [`BackwardMode::Explicit`] the layers it covers recompute without a
+//!    graph and run the fused ops' backward in reverse (`decoder_layer/explicit.rs`); the others
+//!    recompute with `track_grad = true` from a `Var` input and seed Candle's autograd.
 //!
 //! KV sharing: a consumer's borrowed K/V are `Var`s during its recompute; their gradients are
 //! accumulated per producer and seeded into the producer's K/V outputs together with its hidden
@@ -18,13 +20,15 @@ use std::collections::HashMap;
 
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
-use g4ft_lora::LoraContext;
+use g4ft_lora::{AdapterGrads, LoraContext};
 use g4ft_ops::backward_with_seed;
 
 use crate::attention::KvPair;
 use crate::config::KvSharing;
+use crate::decoder_layer::DecoderLayer;
 use crate::error::{Error, Result};
-use crate::model::{shift_labels, Gemma4Model, TokenBatch};
+use crate::mask::AttentionBias;
+use crate::model::{shift_labels, BackwardMode, Gemma4Model, TokenBatch};
 
 /// What a layer-wise forward/backward measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,6 +65,19 @@ fn backward_seeded(pairs: &[(&Tensor, &Tensor)]) -> Result<GradStore> {
     Ok(backward_with_seed(&out, &seed)?)
 }
 
+/// The adapter gradients of `layer`'s projections found in an autograd `store`.
+fn adapter_grads(layer: &DecoderLayer, store: &GradStore) -> Result<AdapterGrads> {
+    let mut grads = AdapterGrads::default();
+    for ad in layer.projections().filter_map(|p| p.adapter()) {
+        for var in [&ad.a, &ad.b] {
+            if let Some(g) = store.get(var.as_tensor()) {
+                grads.push(var, g.clone())?;
+            }
+        }
+    }
+    Ok(grads)
+}
+
 fn detach_kv(kv: &KvPair) -> KvPair {
     KvPair {
         k: kv.k.detach(),
@@ -76,7 +93,8 @@ impl Gemma4Model {
     /// token-weighting factor). A batch without valid targets yields zero gradients (the walk
     /// still runs so every layer is reported). `on_layer(i, grads)` is called for `i = L−1 … 0`
     /// as soon as layer `i`'s gradients are final; `grads` holds the gradients of the adapter
-    /// `Var`s of that layer (look them up with `grads.get(&var)`). `ctx.track_grad` is ignored
+    /// `Var`s of that layer (look them up with `grads.get(&var)`). [`BackwardMode`] picks how
+    /// layers are differentiated (same gradients up to summation order). `ctx.track_grad` is ignored
     /// (forced off for the first forward, on for the recompute); dropout replays because both
     /// passes use the same `seed`/`micro_step`.
     pub fn forward_backward<F, E>(
@@ -88,7 +106,7 @@ impl Gemma4Model {
         mut on_layer: F,
     ) -> std::result::Result<LossStats, E>
     where
-        F: FnMut(usize, &GradStore) -> std::result::Result<(), E>,
+        F: FnMut(usize, &AdapterGrads) -> std::result::Result<(), E>,
         E: From<Error>,
     {
         let cfg = self.config();
@@ -145,9 +163,19 @@ impl Gemma4Model {
 
         // 3. Walk the layers backwards with recompute.
         let mut pending: HashMap<usize, (Tensor, Tensor)> = HashMap::new();
+        let explicit = self.backward_mode == BackwardMode::Explicit
+            && matches!(prep.inputs.bias, AttentionBias::Causal { .. });
         for i in (0..n_layers).rev() {
             let layer = &self.layers[i];
             let input = saved.pop().expect("one saved input per layer");
+            if explicit && layer.has_explicit_backward() {
+                let tape = layer.forward_saved(&input, &prep.inputs, &bwd_ctx)?;
+                drop(input);
+                let mut grads = AdapterGrads::default();
+                g = layer.backward_saved(tape, &g, &prep.inputs, &mut grads)?;
+                on_layer(i, &grads)?;
+                continue;
+            }
             let xin = if i > 0 {
                 Some(Var::from_tensor(&input).map_err(Error::from)?)
             } else {
@@ -191,7 +219,7 @@ impl Gemma4Model {
                     pending.insert(*producer, acc);
                 }
             }
-            on_layer(i, &grads)?;
+            on_layer(i, &adapter_grads(layer, &grads)?)?;
             if let Some(xin) = &xin {
                 g = grads
                     .get(xin)

@@ -14,13 +14,15 @@ use g4ft_lora::{LoraContext, LoraLinear};
 use g4ft_ops::{gelu_tanh_mul, linear_frozen, rms_norm};
 
 use crate::attention::{Attention, KvPair};
-use crate::config::{Config, LayerConfig, LayerType};
+use crate::config::{Config, LayerConfig};
 use crate::error::{Error, Result};
 use crate::mask::AttentionBias;
 use crate::mlp::Mlp;
 use crate::moe::Moe;
 use crate::rope::RopeTable;
 use crate::weights::Weights;
+
+pub(crate) mod explicit;
 
 /// Per-layer-embedding weights of one layer (E2B/E4B).
 #[derive(Debug, Clone)]
@@ -135,13 +137,7 @@ impl DecoderLayer {
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<(Tensor, Option<KvPair>)> {
-        let rope_t = match self.cfg.layer_type {
-            LayerType::Sliding => &inputs.rope_sliding,
-            LayerType::Full => inputs
-                .rope_full
-                .as_ref()
-                .expect("a full layer exists, so its RoPE table was built"),
-        };
+        let rope_t = self.rope_table(inputs);
         // --- attention ---
         let residual = xs;
         let x = rms_norm(xs, Some(&self.input_layernorm), self.eps)?;

@@ -37,7 +37,7 @@ pub use io::{
     load_adapter, peft_key, read_adapter, save_adapter, AdapterWeights, CONFIG_NAME, KEY_PREFIX,
     WEIGHTS_NAME,
 };
-pub use linear::{Adapter, LoraContext, LoraLinear};
+pub use linear::{Adapter, AdapterGrads, LoraContext, LoraLinear, ProjectionSaved};
 pub use merge::{
     merge_adapter_dir, merge_deltas, merge_projections, MergeDelta, MergeOptions, MergeReport,
 };

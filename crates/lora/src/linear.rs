@@ -114,4 +114,94 @@ impl LoraLinear {
             .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)));
         g4ft_ops::lora_linear(x, &self.weight, &a, &b, ad.scale, dropout)
     }
+
+    /// [`LoraLinear::forward`] without a graph, for explicit backward passes: the output and what
+    /// [`ProjectionSaved::backward`] needs. Same numerics and dropout masks as `forward` with the
+    /// same context (`ctx.track_grad` is ignored).
+    pub fn forward_saved(
+        &self,
+        x: &Tensor,
+        ctx: &LoraContext,
+    ) -> Result<(Tensor, ProjectionSaved)> {
+        let Some(ad) = &self.adapter else {
+            let y = g4ft_ops::linear_frozen(&x.detach(), &self.weight)?;
+            return Ok((y, ProjectionSaved::Frozen(self.weight.clone())));
+        };
+        let dropout = (ctx.training && ad.dropout > 0.0)
+            .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)));
+        let (a, b) = (ad.a.as_tensor(), ad.b.as_tensor());
+        let (y, saved) = g4ft_ops::lora_linear_saved(x, &self.weight, a, b, ad.scale, dropout)?;
+        Ok((
+            y,
+            ProjectionSaved::Lora {
+                saved,
+                a: ad.a.clone(),
+                b: ad.b.clone(),
+            },
+        ))
+    }
+}
+
+/// What the backward of one projection reads, from [`LoraLinear::forward_saved`].
+pub enum ProjectionSaved {
+    /// No adapter: `dx = g·W`.
+    Frozen(Tensor),
+    /// An adapter: the fused op's saved state and the parameters its gradients belong to.
+    Lora {
+        /// The fused op's saved tensors.
+        saved: g4ft_ops::LoraLinearSaved,
+        /// `lora_A.weight`.
+        a: Var,
+        /// `lora_B.weight`.
+        b: Var,
+    },
+}
+
+impl ProjectionSaved {
+    /// `dx` from the output gradient `g`; the adapter's `dA`/`dB` (fp32) go into `grads`.
+    pub fn backward(&self, g: &Tensor, grads: &mut AdapterGrads) -> Result<Tensor> {
+        match self {
+            ProjectionSaved::Frozen(w) => g.broadcast_matmul(w),
+            ProjectionSaved::Lora { saved, a, b } => {
+                let (dx, da, db) = saved.backward(g)?;
+                grads.push(a, da)?;
+                grads.push(b, db)?;
+                Ok(dx)
+            }
+        }
+    }
+}
+
+/// Gradients of adapter parameters, each tagged with its `Var` (what an explicit backward
+/// produces for one layer; a small list, looked up by tensor id).
+#[derive(Debug, Default)]
+pub struct AdapterGrads(Vec<(Var, Tensor)>);
+
+impl AdapterGrads {
+    /// Records `grad` for `var` (a later gradient of the same `var` is added to it).
+    pub fn push(&mut self, var: &Var, grad: Tensor) -> Result<()> {
+        match self.0.iter_mut().find(|(v, _)| v.id() == var.id()) {
+            Some((_, g)) => *g = (&*g + grad)?,
+            None => self.0.push((var.clone(), grad)),
+        }
+        Ok(())
+    }
+
+    /// The gradient of `var`, if recorded.
+    pub fn get(&self, var: &Var) -> Option<&Tensor> {
+        self.0
+            .iter()
+            .find(|(v, _)| v.id() == var.id())
+            .map(|(_, g)| g)
+    }
+
+    /// Number of recorded gradients.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }

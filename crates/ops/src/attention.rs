@@ -217,22 +217,63 @@ impl CustomOp3 for Attention {
         o: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let saved = AttentionSaved {
+            n: self.n,
+            mask: self.mask.clone(),
+            lse: self.lse.get(self.name())?,
+        };
+        let (dq, dk, dv) = saved.backward(q, k, v, o, g)?;
+        Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}
+
+/// What the backward of [`attention_saved`] reads besides `q`, `k`, `v`, the output and its
+/// gradient: the validated sizes, the key mask and the per-row log-sum-exp (fp32).
+pub struct AttentionSaved {
+    n: Dims,
+    mask: Tensor,
+    lse: Tensor,
+}
+
+impl AttentionSaved {
+    /// `(dq, dk, dv)` from the forward's inputs `q`, `k`, `v`, its output `o` and the output
+    /// gradient `g` (the kernels autograd runs). Records no graph.
+    pub fn backward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        o: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let n = self.n;
+        if q.dims() != [n.b, n.nh, n.t, n.d] || o.dims() != q.dims() || g.dims() != q.dims() {
+            bail!(
+                "attention backward: q {:?}, o {:?} and grad {:?} must be the forward's ({}, {}, {}, {})",
+                q.dims(),
+                o.dims(),
+                g.dims(),
+                n.b,
+                n.nh,
+                n.t,
+                n.d
+            );
+        }
         let op = AttentionBwd {
             n,
-            k: k.clone(),
-            v: v.clone(),
-            o: o.clone(),
+            k: k.contiguous()?,
+            v: v.contiguous()?,
+            o: o.contiguous()?,
             dout: g.contiguous()?,
-            lse: self.lse.get(self.name())?,
+            lse: self.lse.clone(),
             mask: self.mask.clone(),
         };
-        let packed = q.apply_op1_no_bwd(&op)?;
+        let packed = q.contiguous()?.apply_op1_no_bwd(&op)?;
         let (nq, nkv) = (n.q_elems(), n.kv_elems());
         let dq = packed.narrow(0, 0, nq)?.reshape(q.dims())?;
         let dk = packed.narrow(0, nq, nkv)?.reshape(k.dims())?;
         let dv = packed.narrow(0, nq + nkv, nkv)?.reshape(v.dims())?;
-        Ok((Some(dq), Some(dk), Some(dv)))
+        Ok((dq, dk, dv))
     }
 }
 
@@ -352,6 +393,35 @@ pub fn attention(
     };
     q.contiguous()?
         .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+}
+
+/// [`attention`] without a graph, for explicit backward passes: the output and what
+/// [`AttentionSaved::backward`] needs (same arguments and numerics as [`attention`]).
+pub fn attention_saved(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    key_mask: Option<&Tensor>,
+    window: Option<usize>,
+    scale: f64,
+) -> Result<(Tensor, AttentionSaved)> {
+    let n = dims(q, k, v, window, scale)?;
+    let mask = key_mask_u8(key_mask, q, &n)?;
+    let op = Attention {
+        n,
+        mask,
+        lse: Stash::default(),
+    };
+    let o = q
+        .contiguous()?
+        .apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
+    let lse = op.lse.get("attention")?;
+    let saved = AttentionSaved {
+        n,
+        mask: op.mask,
+        lse,
+    };
+    Ok((o, saved))
 }
 
 /// Composite reference for [`attention`]: fp32 scores with an additive finite-min mask (as

@@ -185,6 +185,28 @@ pub fn gelu_tanh_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     gate.contiguous()?.apply_op2(&up.contiguous()?, GeGlu)
 }
 
+/// The backward of [`gelu_tanh_mul`] on its own, for explicit (graph-free) backward passes:
+/// `(d(gate), d(up))` from the forward inputs and the output gradient `g`. Records no graph.
+pub fn gelu_tanh_mul_backward(gate: &Tensor, up: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
+    if gate.dims() != up.dims()
+        || g.dims() != up.dims()
+        || gate.dtype() != up.dtype()
+        || g.dtype() != up.dtype()
+    {
+        bail!(
+            "gelu_tanh_mul_backward: gate {:?}, up {:?} and grad {:?} must match in shape and dtype",
+            gate.dims(),
+            up.dims(),
+            g.dims()
+        );
+    }
+    let (dgate, dup) = GeGlu.bwd(&gate.contiguous()?, &up.contiguous()?, g, g)?;
+    Ok((
+        dgate.expect("gelu_tanh_mul's backward returns d(gate)"),
+        dup.expect("gelu_tanh_mul's backward returns d(up)"),
+    ))
+}
+
 /// Composite reference for [`gelu_tanh_mul`].
 pub fn gelu_tanh_mul_slow(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     let act = gelu_tanh(gate)?;

@@ -28,12 +28,18 @@ pub type LoraDropout = (f64, [u64; 3]);
 /// be fp32 master weights: the GEMMs read `a_x`/`b_x`, their copies in `x`'s dtype (no graph), and
 /// the backward returns `dA`/`dB` in `a`/`b`'s dtype (fp32 straight from the GEMM accumulator).
 struct LoraLinearOp {
+    parts: LoraParts,
+    low: Stash,
+}
+
+/// The operands both directions read: frozen `w`, the adapter copies in `x`'s dtype, scale, dropout.
+#[derive(Clone)]
+struct LoraParts {
     w: Tensor,
     a_x: Tensor,
     b_x: Tensor,
     scale: f64,
     dropout: Option<LoraDropout>,
-    low: Stash,
 }
 
 /// `drop(x)` (identity without dropout).
@@ -98,8 +104,8 @@ impl CustomOp3 for LoraLinearOp {
     ) -> Result<(CpuStorage, Shape)> {
         let _ = (s2, l2, s3, l3); // the GEMMs read the cast copies a_x, b_x
         let x = cpu_tensor(s1, l1, "x")?;
-        let (y, low) =
-            forward_composite(&x, &self.w, &self.a_x, &self.b_x, self.scale, self.dropout)?;
+        let p = &self.parts;
+        let (y, low) = forward_composite(&x, &p.w, &p.a_x, &p.b_x, p.scale, p.dropout)?;
         self.low.put(low);
         Ok((cpu_storage(&y)?, y.shape().clone()))
     }
@@ -115,11 +121,11 @@ impl CustomOp3 for LoraLinearOp {
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let _ = (s2, l2, s3, l3); // the GEMMs read the cast copies a_x, b_x
-        let (y, low) = cuda_impl::forward(self, (s1, l1))?;
-        let (m, out) = (l1.dims()[0], self.w.dim(0)?);
+        let (y, low) = cuda_impl::forward(&self.parts, (s1, l1))?;
+        let (m, out) = (l1.dims()[0], self.parts.w.dim(0)?);
         self.low.put(crate::util::tensor_from_storage(
             candle_core::Storage::Cuda(low),
-            &[m, self.a_x.dim(0)?],
+            &[m, self.parts.a_x.dim(0)?],
         ));
         Ok((y, Shape::from((m, out))))
     }
@@ -133,53 +139,60 @@ impl CustomOp3 for LoraLinearOp {
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let low = self.low.get(self.name())?;
+        let (dx, da, db) = self.parts.backward(x, &low, g, (a.dtype(), b.dtype()))?;
+        Ok((Some(dx), Some(da), Some(db)))
+    }
+}
+
+impl LoraParts {
+    /// `(dx (m, in), dA, dB)` of the 2-D forward on `x` that kept `low`, the adapter gradients in
+    /// `grad_dtype` (those of `a` and `b`).
+    fn backward(
+        &self,
+        x: &Tensor,
+        low: &Tensor,
+        g: &Tensor,
+        grad_dtype: (candle_core::DType, candle_core::DType),
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let g = g.contiguous()?;
         #[cfg(feature = "cuda")]
         if x.device().is_cuda() {
             let op = LoraLinearBwd {
-                w: self.w.clone(),
-                a_x: self.a_x.clone(),
-                b_x: self.b_x.clone(),
-                grad_dtype: (a.dtype(), b.dtype()),
+                parts: self.clone(),
+                grad_dtype,
                 g,
-                low,
-                scale: self.scale,
-                dropout: self.dropout,
+                low: low.clone(),
                 dadb: Stash::default(),
             };
             let dx = x.apply_op1_no_bwd(&op)?;
             let dadb = op.dadb.get("lora-linear-bwd")?;
-            let (r, inf, out) = (a.dim(0)?, a.dim(1)?, b.dim(0)?);
+            let (r, inf, out) = (self.a_x.dim(0)?, self.a_x.dim(1)?, self.b_x.dim(0)?);
             let da = dadb.narrow(0, 0, r * inf)?.reshape((r, inf))?;
             let db = dadb.narrow(0, r * inf, out * r)?.reshape((out, r))?;
-            return Ok((Some(dx), Some(da), Some(db)));
+            return Ok((dx, da, db));
         }
         // The composite backward, in autograd's order: d(up) = scale·g, d(low) = d(up)·B,
         // dB = d(up)ᵀ·low, dA = d(low)ᵀ·drop(x), dx = g·W + drop'(d(low)·A).
         let dup = (&g * self.scale)?;
         let dlow = dup.matmul(&self.b_x)?;
-        let db = dup.t()?.matmul(&low)?.to_dtype(b.dtype())?;
+        let db = dup.t()?.matmul(low)?.to_dtype(grad_dtype.1)?;
         let da = dlow
             .t()?
             .matmul(&dropped(x, self.dropout)?)?
-            .to_dtype(a.dtype())?;
+            .to_dtype(grad_dtype.0)?;
         let dx = (g.matmul(&self.w)? + dropped(&dlow.matmul(&self.a_x)?, self.dropout)?)?;
-        Ok((Some(dx), Some(da), Some(db)))
+        Ok((dx, da, db))
     }
 }
 
 /// The CUDA backward on `x`: returns `dx (m, in)`, stashes `[dA (r, in), dB (out, r)]`.
 #[cfg(feature = "cuda")]
 struct LoraLinearBwd {
-    w: Tensor,
-    a_x: Tensor,
-    b_x: Tensor,
+    parts: LoraParts,
     /// Dtypes of the adapter gradients (those of `a` and `b`: fp32 for master weights).
     grad_dtype: (candle_core::DType, candle_core::DType),
     g: Tensor,
     low: Tensor,
-    scale: f64,
-    dropout: Option<LoraDropout>,
     /// Packed `[dA, dB]` in `grad_dtype` (both the same dtype), written by the CUDA backward.
     dadb: Stash,
 }
@@ -201,7 +214,7 @@ impl CustomOp1 for LoraLinearBwd {
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (m, inf) = l.shape().dims2()?;
-        let (r, out) = (self.a_x.dim(0)?, self.b_x.dim(0)?);
+        let (r, out) = (self.parts.a_x.dim(0)?, self.parts.b_x.dim(0)?);
         let (dx, dadb) = cuda_impl::backward(self, (s, l))?;
         self.dadb.put(crate::util::tensor_from_storage(
             candle_core::Storage::Cuda(dadb),
@@ -225,6 +238,77 @@ pub fn lora_linear(
     scale: f64,
     dropout: Option<LoraDropout>,
 ) -> Result<Tensor> {
+    let (op, x2, out_dims) = prepare(x, w, a, b, scale, dropout)?;
+    x2.apply_op3(&a.contiguous()?, &b.contiguous()?, op)?
+        .reshape(out_dims)
+}
+
+/// What [`LoraLinearSaved::backward`] reads: the operands, the 2-D input and `low = drop(x)·Aᵀ`.
+pub struct LoraLinearSaved {
+    parts: LoraParts,
+    x: Tensor,
+    low: Tensor,
+    grad_dtype: (candle_core::DType, candle_core::DType),
+    x_dims: Vec<usize>,
+}
+
+impl LoraLinearSaved {
+    /// `(dx, dA, dB)` from the output gradient `g` (the GEMMs autograd runs): `dx` in `x`'s
+    /// shape and dtype, `dA`/`dB` in `a`/`b`'s dtype. Records no graph.
+    pub fn backward(&self, g: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let (m, inf) = self.x.dims2()?;
+        let out = self.parts.w.dim(0)?;
+        if g.elem_count() != m * out || g.dtype() != self.x.dtype() {
+            bail!(
+                "lora_linear backward: grad {:?} {:?} does not fit the forward's output ({m} rows of {out}, {:?})",
+                g.dims(),
+                g.dtype(),
+                self.x.dtype()
+            );
+        }
+        let g = g.reshape((m, out))?;
+        let (dx, da, db) = self
+            .parts
+            .backward(&self.x, &self.low, &g, self.grad_dtype)?;
+        debug_assert_eq!(dx.dims(), [m, inf]);
+        Ok((dx.reshape(self.x_dims.as_slice())?, da, db))
+    }
+}
+
+/// [`lora_linear`] without a graph, for explicit backward passes: the output and what
+/// [`LoraLinearSaved::backward`] needs (same arguments and numerics as [`lora_linear`]).
+pub fn lora_linear_saved(
+    x: &Tensor,
+    w: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    scale: f64,
+    dropout: Option<LoraDropout>,
+) -> Result<(Tensor, LoraLinearSaved)> {
+    let (op, x2, out_dims) = prepare(x, w, a, b, scale, dropout)?;
+    let y = x2
+        .apply_op3_no_bwd(&a.detach().contiguous()?, &b.detach().contiguous()?, &op)?
+        .reshape(out_dims)?;
+    let saved = LoraLinearSaved {
+        low: op.low.get("lora-linear")?,
+        parts: op.parts,
+        x: x2,
+        grad_dtype: (a.dtype(), b.dtype()),
+        x_dims: x.dims().to_vec(),
+    };
+    Ok((y, saved))
+}
+
+/// Checks the operands of [`lora_linear`]; returns the op, `x` as a contiguous `(m, in)` tensor
+/// and the output dims.
+fn prepare(
+    x: &Tensor,
+    w: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    scale: f64,
+    dropout: Option<LoraDropout>,
+) -> Result<(LoraLinearOp, Tensor, Vec<usize>)> {
     let (out, inf) = w.dims2()?;
     let (r, ain) = a.dims2()?;
     let (bout, br) = b.dims2()?;
@@ -257,20 +341,18 @@ pub fn lora_linear(
     let m: usize = lead.iter().product();
     let cast = |t: &Tensor| t.detach().to_dtype(x.dtype())?.contiguous();
     let op = LoraLinearOp {
-        w: w.detach().contiguous()?,
-        a_x: cast(a)?,
-        b_x: cast(b)?,
-        scale,
-        dropout,
+        parts: LoraParts {
+            w: w.detach().contiguous()?,
+            a_x: cast(a)?,
+            b_x: cast(b)?,
+            scale,
+            dropout,
+        },
         low: Stash::default(),
     };
-    let y = x
-        .reshape((m, inf))?
-        .contiguous()?
-        .apply_op3(&a.contiguous()?, &b.contiguous()?, op)?;
     let mut out_dims = lead.to_vec();
     out_dims.push(out);
-    y.reshape(out_dims)
+    Ok((op, x.reshape((m, inf))?.contiguous()?, out_dims))
 }
 
 /// Composite reference for [`lora_linear`]: frozen matmul, dropout, two adapter matmuls, scale,
@@ -291,7 +373,7 @@ pub fn lora_linear_slow(
 
 #[cfg(feature = "cuda")]
 mod cuda_impl {
-    use super::{LoraLinearBwd, LoraLinearOp};
+    use super::{LoraLinearBwd, LoraParts};
     use crate::cublas::{Gemm, Mat};
     use crate::cuda::{self, cuda_of, with_cuda_float_type};
     use candle_core::backend::BackendStorage;
@@ -345,7 +427,7 @@ mod cuda_impl {
 
     /// `(y (m, out), low (m, r))`.
     pub(super) fn forward(
-        op: &LoraLinearOp,
+        op: &LoraParts,
         (s1, l1): (&CudaStorage, &Layout),
     ) -> Result<(CudaStorage, CudaStorage)> {
         let name = "lora-linear";
@@ -388,8 +470,8 @@ mod cuda_impl {
         let dev = s.device().clone();
         let stream = dev.cuda_stream();
         let (m, inf) = l.shape().dims2()?;
-        let (r, out) = (op.a_x.dim(0)?, op.b_x.dim(0)?);
-        let gdt = op.grad_dtype.0;
+        let (p, gdt) = (&op.parts, op.grad_dtype.0);
+        let (r, out) = (p.a_x.dim(0)?, p.b_x.dim(0)?);
         if op.grad_dtype.1 != gdt || !(gdt == DType::F32 || gdt == s.dtype()) {
             candle_core::bail!(
                 "{name}: adapter gradients in {:?} (x is {:?}); expected f32 or x's dtype",
@@ -400,7 +482,7 @@ mod cuda_impl {
         with_cuda_float_type!(s, name, T => {
             let dt = <T as candle_core::WithDType>::DTYPE;
             let x = cuda::view::<T>(s, l, name, "x")?.device_ptr(&stream).0;
-            let [w, a, b, g, low] = [(&op.w, "w"), (&op.a_x, "a"), (&op.b_x, "b"), (&op.g, "grad"), (&op.low, "low")]
+            let [w, a, b, g, low] = [(&p.w, "w"), (&p.a_x, "a"), (&p.b_x, "b"), (&op.g, "grad"), (&op.low, "low")]
                 .map(|(t, what)| addr::<T>(t, name, what));
             let (w, a, b, g, low) = (w?, a?, b?, g?, low?);
             // SAFETY: dx, dA, dB and dlow are fully written by the GEMMs below (beta = 0 first).
@@ -420,12 +502,12 @@ mod cuda_impl {
             let db = da + (r * inf * gdt.size_in_bytes()) as u64;
             let dx = dx_buf.device_ptr(&stream).0;
             let dlow = dlow_buf.device_ptr(&stream).0;
-            let scale = op.scale as f32;
+            let scale = p.scale as f32;
             // d(low) = scale·g·B; dB = scale·gᵀ·low (accumulated in fp32, stored in gdt); dx = g·W.
             gemm(&dev, (m, r, out), (false, false), (scale, 0.0), (mat(g, out, dt), mat(b, r, dt), mat(dlow, r, dt)))?;
             gemm(&dev, (out, r, m), (true, false), (scale, 0.0), (mat(g, out, dt), mat(low, r, dt), mat(db, r, gdt)))?;
             gemm(&dev, (m, inf, out), (false, false), (1.0, 0.0), (mat(g, out, dt), mat(w, inf, dt), mat(dx, inf, dt)))?;
-            let xd = match op.dropout {
+            let xd = match p.dropout {
                 None => {
                     // dx += d(low)·A; dA = d(low)ᵀ·x.
                     gemm(&dev, (m, inf, r), (false, false), (1.0, 1.0), (mat(dlow, r, dt), mat(a, inf, dt), mat(dx, inf, dt)))?;

@@ -102,6 +102,33 @@ impl CustomOp1 for RmsNorm {
     }
 }
 
+/// The backward of [`rms_norm`] on its own, for explicit (graph-free) backward passes: `dx` from
+/// the forward input `x` and the output gradient `g` (the kernel autograd runs). Records no graph.
+pub fn rms_norm_backward(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    g: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    let weight = weight.map(|w| w.detach().contiguous()).transpose()?;
+    check_weight(&weight, x)?;
+    if g.dims() != x.dims() || g.dtype() != x.dtype() {
+        bail!(
+            "rms_norm_backward: grad {:?} {:?} must match x {:?} {:?}",
+            g.dims(),
+            g.dtype(),
+            x.dims(),
+            x.dtype()
+        );
+    }
+    RmsNorm {
+        weight,
+        eps: eps as f32,
+    }
+    .bwd(&x.contiguous()?, x, g)
+    .map(|dx| dx.expect("rms_norm's backward always returns dx"))
+}
+
 impl CustomOp2 for RmsNormBwd {
     fn name(&self) -> &'static str {
         "rms-norm-bwd"

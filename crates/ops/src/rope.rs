@@ -143,6 +143,17 @@ impl CustomOp1 for Rope {
 /// `x`: (b, h, t, d); `cos`, `sin`: (b, t, d) (or (1, t, d), shared by the batch) in `x`'s dtype.
 /// Products in the activation dtype. Fused custom op; `x` gets a gradient, cos/sin none.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    rope_op(x, cos, sin, false)
+}
+
+/// The backward of [`rope`] on its own, for explicit (graph-free) backward passes: `dx` from the
+/// output gradient `g` (the transposed rotation). Records no graph.
+pub fn rope_backward(g: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    rope_op(&g.detach(), cos, sin, true)
+}
+
+/// [`rope`] (`backward = false`) or its transpose.
+fn rope_op(x: &Tensor, cos: &Tensor, sin: &Tensor, backward: bool) -> Result<Tensor> {
     if cos.dtype() != x.dtype() || sin.dtype() != x.dtype() || cos.dims() != sin.dims() {
         bail!(
             "rope: cos {:?} {:?} and sin {:?} {:?} must match each other and x's dtype {:?}",
@@ -156,7 +167,7 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op1(Rope {
         cos: cos.detach().contiguous()?,
         sin: sin.detach().contiguous()?,
-        backward: false,
+        backward,
     })
 }
 

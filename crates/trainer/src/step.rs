@@ -14,12 +14,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use g4ft_data::{Batch, DataLoader};
 use g4ft_ddp::{DdpError, DistributedDataParallel, NoSync, ProcessGroup, ReduceOp};
 use g4ft_gemma4::{Config, Gemma4Model, LayerType, LossStats, TokenBatch};
-use g4ft_lora::LoraContext;
+use g4ft_lora::{AdapterGrads, LoraContext};
 
 use crate::checkpoint::{latest_complete_checkpoint, read_checkpoint};
 use crate::mfu::{AttnLayer, FlopsModel};
@@ -29,18 +28,18 @@ use crate::optim::{AdamW, FlatBucket};
 /// all-reduce as they fill), or its [`NoSync`] guard on the others (local accumulation only).
 pub trait GradSink {
     /// Hands over every wrapped parameter's gradient found in `grads`.
-    fn report(&mut self, grads: &GradStore) -> std::result::Result<usize, DdpError>;
+    fn report(&mut self, grads: &AdapterGrads) -> std::result::Result<usize, DdpError>;
 }
 
 impl GradSink for DistributedDataParallel<'_> {
-    fn report(&mut self, grads: &GradStore) -> std::result::Result<usize, DdpError> {
-        self.grads_ready_from(grads)
+    fn report(&mut self, grads: &AdapterGrads) -> std::result::Result<usize, DdpError> {
+        self.grads_ready_with(|v| grads.get(v).cloned())
     }
 }
 
 impl GradSink for NoSync<'_, '_> {
-    fn report(&mut self, grads: &GradStore) -> std::result::Result<usize, DdpError> {
-        self.grads_ready_from(grads)
+    fn report(&mut self, grads: &AdapterGrads) -> std::result::Result<usize, DdpError> {
+        self.grads_ready_with(|v| grads.get(v).cloned())
     }
 }
 
@@ -170,7 +169,7 @@ pub fn backward_observed(
         &batch.labels,
         ctx,
         loss_scale,
-        |layer, grads: &GradStore| -> Result<()> {
+        |layer, grads: &AdapterGrads| -> Result<()> {
             obs.event(StepEvent::LayerBackward(layer))?;
             sink.report(grads)?;
             obs.event(StepEvent::LayerReported(layer))
