@@ -5,11 +5,13 @@
 //!
 //! Lines (GB = 10⁹ bytes, `b` micro-batch, `t` sequence length, `H` hidden, `L` layers):
 //! - frozen weights: every text parameter in the weight dtype;
-//! - LoRA state: fp32 params + gradient accumulators + AdamW m and v (16 B/param), plus the flat
-//!   fp32 gradient bucket the step concatenates (4 B/param, transient at the step);
+//! - LoRA state: fp32 params + AdamW m and v (12 B/param), plus DDP's flat fp32 gradient buckets,
+//!   the only copy of the gradients (4 B/param);
 //! - saved layer inputs: `L·b·t·H·bytes` (plus the K/V of KV-sharing producers);
-//! - one layer's recompute working set (largest layer): the graph's saved activations of the
-//!   recomputed layer plus the live gradients of its MLP block (the largest), an estimate;
+//! - one layer's recompute working set (largest layer): for the layers the explicit backward covers
+//!   (`BackwardMode::Explicit`: own K/V, no MoE, no per-layer embedding) its tape plus what is live
+//!   at its largest moment (the `down_proj` backward); for the others the autograd graph's saved
+//!   activations plus the live gradients of the MLP block, an estimate;
 //! - CE working set: one `(chunk_rows, V)` logits chunk in the weight dtype (d(logits) overwrite it
 //!   in place), plus d(hidden) and the normed hidden of all `b·t` rows;
 //! - communication per optimizer step and rank: `2(N−1)/N × 4 B × trainable` (ring all-reduce of
@@ -57,8 +59,41 @@ struct Args {
 
 const GB: f64 = 1e9;
 
-/// Saved activations (elements) of one recomputed layer's graph and its live MLP gradients.
+/// Peak working set (elements) of one layer's recompute + backward: [`explicit_layer_elems`] for
+/// the layers the explicit backward covers, [`autograd_layer_elems`] for the others.
 fn layer_working_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
+    let explicit = cfg.moe.is_none()
+        && cfg.hidden_size_per_layer_input == 0
+        && l.kv_sharing == KvSharing::None
+        && l.has_kv_proj();
+    if explicit {
+        explicit_layer_elems(cfg, l, bt, r)
+    } else {
+        autograd_layer_elems(cfg, l, bt, r)
+    }
+}
+
+/// The explicit backward (`decoder_layer/explicit.rs`): its tape (layer input, raw q/k/v, post-norm
+/// K/V, attention output, the two residual-stream tensors, gate, up, their product, the MLP output,
+/// the LoRA `low`s) plus, during the `down_proj` backward, the upstream gradient, d(MLP output)
+/// and one dropout chunk (8M elements); d(product) takes the product's memory.
+fn explicit_layer_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
+    let (h, nh) = (cfg.hidden_size as u64, cfg.num_attention_heads as u64);
+    let (d, kv, im) = (
+        l.head_dim as u64,
+        l.num_key_value_heads as u64,
+        l.intermediate_size as u64,
+    );
+    let (q, kvd) = (nh * d, kv * d);
+    let v_raw = if l.has_v_proj { kvd } else { 0 };
+    let tape = bt * (h + q + kvd + v_raw + 2 * kvd + q + 2 * h + 3 * im + h + 7 * r);
+    let live = bt * 2 * h + (8u64 << 20).min(bt * im);
+    tape + live - bt * h // the MLP output is freed before the down_proj backward
+}
+
+/// Saved activations (elements) of one recomputed layer's autograd graph and its live MLP
+/// gradients.
+fn autograd_layer_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
     let (h, nh) = (cfg.hidden_size as u64, cfg.num_attention_heads as u64);
     let (d, kv, im) = (
         l.head_dim as u64,
@@ -115,7 +150,7 @@ fn main() -> Result<()> {
         .map(|s| ProjectionShape::new(s.path.clone(), s.in_features, s.out_features))
         .collect();
     let trainable = count_trainable(&lcfg, &shapes)?;
-    let lora_state = 16 * trainable;
+    let lora_state = 12 * trainable;
     let flat_bucket = 4 * trainable;
 
     let mut saved = l * bt * h * wbytes;
@@ -162,12 +197,12 @@ fn main() -> Result<()> {
         ),
     );
     row(
-        "LoRA params + grads + AdamW m, v",
+        "LoRA params + AdamW m, v",
         lora_state as f64,
-        format!("{trainable} trainable × 16 B (fp32)"),
+        format!("{trainable} trainable × 12 B (fp32)"),
     );
     row(
-        "flat fp32 grad bucket (step)",
+        "DDP fp32 gradient buckets",
         flat_bucket as f64,
         format!("{trainable} × 4 B"),
     );

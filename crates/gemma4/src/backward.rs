@@ -127,7 +127,14 @@ impl Gemma4Model {
         let mut saved = Vec::with_capacity(n_layers);
         let mut stored: HashMap<usize, KvPair> = HashMap::new();
         let mut h = prep.embeds.detach();
+        let explicit = self.backward_mode == BackwardMode::Explicit
+            && matches!(prep.inputs.bias, AttentionBias::Causal { .. });
         for (i, layer) in self.layers.iter().enumerate() {
+            if explicit && layer.has_explicit_backward() {
+                let out = layer.forward_graph_free(&h, &prep.inputs, &fwd_ctx)?;
+                saved.push(std::mem::replace(&mut h, out));
+                continue;
+            }
             let shared = match layer.config().kv_sharing {
                 KvSharing::Reuse { producer } => stored.get(&producer),
                 _ => None,
@@ -163,8 +170,6 @@ impl Gemma4Model {
 
         // 3. Walk the layers backwards with recompute.
         let mut pending: HashMap<usize, (Tensor, Tensor)> = HashMap::new();
-        let explicit = self.backward_mode == BackwardMode::Explicit
-            && matches!(prep.inputs.bias, AttentionBias::Causal { .. });
         for i in (0..n_layers).rev() {
             let layer = &self.layers[i];
             let input = saved.pop().expect("one saved input per layer");

@@ -24,8 +24,10 @@ fn attach_all(model: &mut Gemma4Model, dropout: f64) -> Vec<(String, Var, Var)> 
     let mut out = Vec::new();
     for p in model.projections_mut() {
         let (o, i) = (p.out_features(), p.in_features());
-        let a = Var::from_tensor(&Tensor::randn(0f32, 0.3, (2, i), &test_device()).unwrap()).unwrap();
-        let b = Var::from_tensor(&Tensor::randn(0f32, 0.3, (o, 2), &test_device()).unwrap()).unwrap();
+        let a =
+            Var::from_tensor(&Tensor::randn(0f32, 0.3, (2, i), &test_device()).unwrap()).unwrap();
+        let b =
+            Var::from_tensor(&Tensor::randn(0f32, 0.3, (o, 2), &test_device()).unwrap()).unwrap();
         p.set_adapter(Some(Adapter {
             a: a.clone(),
             b: b.clone(),
@@ -197,8 +199,12 @@ fn batch_without_targets_gives_zero_gradients_for_every_layer() {
         batch: b,
         seq_len: t,
     };
-    let mut model =
-        Gemma4Model::load(golden_dir(case).to_str().unwrap(), DType::F32, &test_device()).unwrap();
+    let mut model = Gemma4Model::load(
+        golden_dir(case).to_str().unwrap(),
+        DType::F32,
+        &test_device(),
+    )
+    .unwrap();
     let adapters = attach_all(&mut model, 0.0);
     assert_eq!(model.backward_mode(), BackwardMode::Explicit);
     let mut layers = Vec::new();

@@ -158,12 +158,56 @@ pub enum ProjectionSaved {
 }
 
 impl ProjectionSaved {
-    /// `dx` from the output gradient `g`; the adapter's `dA`/`dB` (fp32) go into `grads`.
-    pub fn backward(&self, g: &Tensor, grads: &mut AdapterGrads) -> Result<Tensor> {
+    /// `dx` from the forward's input `x` and the output gradient `g`; the adapter's `dA`/`dB`
+    /// (fp32) go into `grads`.
+    pub fn backward(&self, x: &Tensor, g: &Tensor, grads: &mut AdapterGrads) -> Result<Tensor> {
+        self.finish(g, grads, |saved| saved.backward(x, g))
+    }
+
+    /// [`ProjectionSaved::backward`] with `dx` added to `acc` (another gradient of `x`; on CUDA
+    /// accumulated in `acc`'s memory, see [`g4ft_ops::LoraLinearSaved::backward_acc`]).
+    pub fn backward_acc(
+        &self,
+        x: &Tensor,
+        g: &Tensor,
+        acc: Tensor,
+        grads: &mut AdapterGrads,
+    ) -> Result<Tensor> {
+        match self {
+            ProjectionSaved::Frozen(w) => acc + g.broadcast_matmul(w)?,
+            ProjectionSaved::Lora { saved, .. } => {
+                self.finish(g, grads, |_| saved.backward_acc(x, g, acc))
+            }
+        }
+    }
+
+    /// [`ProjectionSaved::backward`] for an input that dies here: on CUDA `dx` takes `x`'s memory
+    /// (see [`g4ft_ops::LoraLinearSaved::backward_over_input`]).
+    pub fn backward_over_input(
+        &self,
+        x: Tensor,
+        g: &Tensor,
+        grads: &mut AdapterGrads,
+    ) -> Result<Tensor> {
+        match self {
+            ProjectionSaved::Frozen(_) => self.backward(&x, g, grads),
+            ProjectionSaved::Lora { saved, .. } => {
+                self.finish(g, grads, |_| saved.backward_over_input(x, g))
+            }
+        }
+    }
+
+    /// `g·W` for a frozen projection; otherwise runs `lora` and records its `dA`/`dB`.
+    fn finish(
+        &self,
+        g: &Tensor,
+        grads: &mut AdapterGrads,
+        lora: impl FnOnce(&g4ft_ops::LoraLinearSaved) -> Result<(Tensor, Tensor, Tensor)>,
+    ) -> Result<Tensor> {
         match self {
             ProjectionSaved::Frozen(w) => g.broadcast_matmul(w),
             ProjectionSaved::Lora { saved, a, b } => {
-                let (dx, da, db) = saved.backward(g)?;
+                let (dx, da, db) = lora(saved)?;
                 grads.push(a, da)?;
                 grads.push(b, db)?;
                 Ok(dx)

@@ -1,6 +1,7 @@
 // GeGLU gelu_tanh(gate) * up, forward and backward (CPU reference: src/geglu.rs).
 // Rounding as PyTorch/transformers: a = r(gelu_f32(gate)), y = r(a * up).
-// Backward into one packed buffer dgu (2, n): dgate = r(r(g*up) * gelu'(gate)), dup = r(g * a).
+// Backward: dgate = r(r(g*up) * gelu'(gate)), dup = r(g * a), into two buffers (the halves of one
+// packed (2, n) buffer, or gate and up themselves: each thread reads its element before writing it).
 #include "common.cuh"
 
 #define SQRT_2_OVER_PI 0.7978845608028654f
@@ -24,12 +25,12 @@ __device__ void geglu_fwd(const T* gate, const T* up, T* y, size_t n) {
 }
 
 template <typename T>
-__device__ void geglu_bwd(const T* gate, const T* up, const T* g, T* dgu, size_t n) {
+__device__ void geglu_bwd(const T* gate, const T* up, const T* g, T* dgate, T* dup, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float x = to_f32(gate[i]), u = to_f32(up[i]), gv = to_f32(g[i]);
         float a = round_to<T>(gelu_tanh(x));
-        dgu[i] = from_f32<T>(round_to<T>(gv * u) * gelu_tanh_grad(x));
-        dgu[n + i] = from_f32<T>(gv * a);
+        dgate[i] = from_f32<T>(round_to<T>(gv * u) * gelu_tanh_grad(x));
+        dup[i] = from_f32<T>(gv * a);
     }
 }
 
@@ -37,8 +38,8 @@ __device__ void geglu_bwd(const T* gate, const T* up, const T* g, T* dgu, size_t
     extern "C" __global__ void geglu_fwd_##S(const T* gate, const T* up, T* y, size_t n) {           \
         geglu_fwd<T>(gate, up, y, n);                                                                \
     }                                                                                                \
-    extern "C" __global__ void geglu_bwd_##S(const T* gate, const T* up, const T* g, T* dgu,         \
-                                             size_t n) {                                             \
-        geglu_bwd<T>(gate, up, g, dgu, n);                                                           \
+    extern "C" __global__ void geglu_bwd_##S(const T* gate, const T* up, const T* g, T* dgate,       \
+                                             T* dup, size_t n) {                                     \
+        geglu_bwd<T>(gate, up, g, dgate, dup, n);                                                    \
     }
 G4FT_FLOAT_TYPES(INST)

@@ -66,6 +66,19 @@ impl Keep {
         })
     }
 
+    /// The mask of the elements from `first` on (`first` even): pair `first / 2` becomes pair 0,
+    /// i.e. the SplitMix64 state advances by `first / 2` steps of γ.
+    #[cfg(feature = "cuda")]
+    fn starting_at(self, first: usize) -> Result<Self> {
+        if first % 2 == 1 {
+            bail!("lora_dropout: a chunk must start at an even element, got {first}");
+        }
+        Ok(Keep {
+            kk: self.kk.wrapping_add((first as u64 / 2).wrapping_mul(GAMMA)),
+            ..self
+        })
+    }
+
     /// The keep bits of elements `0, 1, 2, …` (endless; zip it with the data).
     fn bits(self) -> impl Iterator<Item = bool> {
         (0u64..).flat_map(move |j| {
@@ -217,39 +230,41 @@ mod cuda_impl {
 }
 
 /// `y = dropout(x)` ([`lora_dropout`]'s forward with drop probability `p` and `key`) between raw
-/// device addresses on `dev`: `x` and `y` must each address `n` contiguous elements of `dtype`
-/// (f32, bf16 or f16) that stay alive until candle's stream `dev.cuda_stream()` (where it runs)
-/// has executed it; they may be equal (in place). Errors on `p` outside `[0, 1)` or another dtype.
+/// device addresses on `dev`: `x` and `y` each address `n` contiguous elements of `dtype` (f32,
+/// bf16 or f16), elements `first..first + n` of the masked tensor (`first` even: a chunk of it),
+/// that stay alive until candle's stream `dev.cuda_stream()` (where it runs) has executed it; they
+/// may be equal (in place). Errors on `p` outside `[0, 1)`, an odd `first` or another dtype.
 #[cfg(feature = "cuda")]
 pub(crate) fn cuda_dropout_into(
     dev: &candle_core::cuda_backend::CudaDevice,
-    x: u64,
-    y: u64,
-    n: usize,
+    (x, y): (u64, u64),
+    (first, n): (usize, usize),
     dtype: DType,
     p: f64,
     key: [u64; 3],
 ) -> Result<()> {
-    cuda_impl::launch(dev, "dropout", (x, y), n, dtype, Keep::new(p, key)?)
+    let keep = Keep::new(p, key)?.starting_at(first)?;
+    cuda_impl::launch(dev, "dropout", (x, y), n, dtype, keep)
 }
 
 /// `dx += dropout(t)` between raw device addresses on `dev`: for the elements [`dropout_mask`]
 /// keeps, `dx = r(dx + t·1/(1−p))` (one fp32 fma, one rounding to `dtype`); dropped elements of
-/// `dx` are not touched. `t` and `dx` must each address `n` contiguous elements of `dtype` (f32,
-/// bf16 or f16), valid until candle's stream `dev.cuda_stream()` (where it runs) has executed it.
-/// The dropout backward accumulated into an existing gradient, e.g. a fused LoRA linear's `dx`.
-/// Errors on `p` outside `[0, 1)` or another dtype.
+/// `dx` are not touched. `t` and `dx` each address `n` contiguous elements of `dtype` (f32, bf16
+/// or f16), elements `first..first + n` of the masked tensor (`first` even), valid until candle's
+/// stream `dev.cuda_stream()` (where it runs) has executed it. The dropout backward accumulated
+/// into an existing gradient, e.g. a fused LoRA linear's `dx`. Errors on `p` outside `[0, 1)`, an
+/// odd `first` or another dtype.
 #[cfg(feature = "cuda")]
 pub(crate) fn cuda_dropout_acc(
     dev: &candle_core::cuda_backend::CudaDevice,
-    t: u64,
-    dx: u64,
-    n: usize,
+    (t, dx): (u64, u64),
+    (first, n): (usize, usize),
     dtype: DType,
     p: f64,
     key: [u64; 3],
 ) -> Result<()> {
-    cuda_impl::launch(dev, "dropout_acc", (t, dx), n, dtype, Keep::new(p, key)?)
+    let keep = Keep::new(p, key)?.starting_at(first)?;
+    cuda_impl::launch(dev, "dropout_acc", (t, dx), n, dtype, keep)
 }
 
 /// The dropout key of one module in one micro-step: `[seed, micro_step, FNV-1a(module_path)]`.
@@ -441,8 +456,16 @@ mod gpu_launcher_tests {
                     x.zeros_like()?.to_device(&gpu)?,
                     d.to_device(&gpu)?,
                 );
-                cuda_dropout_into(cd, addr(&xg, off)?, addr(&yg, off)?, n, dtype, p, key)?;
-                cuda_dropout_acc(cd, addr(&xg, off)?, addr(&dg, off)?, n, dtype, p, key)?;
+                // Two chunks (elements 0..6 and 6..n) must give the mask of one launch.
+                for (first, len) in [(0, 6), (6, n - 6)] {
+                    let (xa, ya, da) = (
+                        addr(&xg, off + first)?,
+                        addr(&yg, off + first)?,
+                        addr(&dg, off + first)?,
+                    );
+                    cuda_dropout_into(cd, (xa, ya), (first, len), dtype, p, key)?;
+                    cuda_dropout_acc(cd, (xa, da), (first, len), dtype, p, key)?;
+                }
                 let xs = x.narrow(0, off, n)?;
                 let want_y = lora_dropout(&xs, p, key)?;
                 let keep = Keep::new(p, key)?;

@@ -123,15 +123,94 @@ fn packed_shape(l: &Layout) -> Shape {
     Shape::from(dims)
 }
 
+/// The backward on `(gate, up, g)` writing `d(gate)` over `gate` (and, on CUDA, `d(up)` over `up`;
+/// on the CPU `d(up)` goes to `dup`).
+struct GeGluBwdInPlace {
+    dup: crate::util::Stash,
+}
+
+impl candle_core::InplaceOp3 for GeGluBwdInPlace {
+    fn name(&self) -> &'static str {
+        "gelu-tanh-mul-bwd-in-place"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let op = self.name();
+        let Some((a, b)) = l1.contiguous_offsets() else {
+            bail!("{op}: gate must be contiguous");
+        };
+        with_float_type!(s2, op, T => {
+            let up = cpu_slice::<T>(s2, l2, op, "up")?;
+            let g = cpu_slice::<T>(s3, l3, op, "grad")?;
+            let gate = &mut T::slice_mut(s1, op, "gate")?[a..b];
+            let mut dup = Vec::with_capacity(up.len());
+            for ((x, &u), &gv) in gate.iter_mut().zip(up).zip(g) {
+                let (xv, u, gv) = (x.to_f32(), u.to_f32(), gv.to_f32());
+                *x = T::from_f32(round::<T>(gv * u) * gelu_grad(xv));
+                dup.push(T::from_f32(gv * round::<T>(gelu(xv))));
+            }
+            self.dup.put(Tensor::from_vec(dup, l2.dims(), &candle_core::Device::Cpu)?);
+            Ok(())
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        cuda_impl::launch_in_place(self.name(), (s1, l1), (s2, l2), (s3, l3))
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda_impl {
     use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, Layout, Result};
 
     const MODULE: Module = cuda_module!("geglu");
+
+    /// The backward with `d(gate)` written over `gate` and `d(up)` over `up`.
+    pub(super) fn launch_in_place(
+        op: &str,
+        (s1, l1): (&mut CudaStorage, &Layout),
+        (s2, l2): (&CudaStorage, &Layout),
+        (s3, l3): (&CudaStorage, &Layout),
+    ) -> Result<()> {
+        let dev = s1.device().clone();
+        let n = l1.shape().elem_count();
+        let stream = dev.cuda_stream();
+        with_cuda_float_type!(s2, op, T => {
+            let up = cuda::view::<T>(s2, l2, op, "up")?;
+            let g = cuda::view::<T>(s3, l3, op, "grad")?;
+            let up_ptr = up.device_ptr(&stream).0;
+            let gate = cuda::view::<T>(s1, l1, op, "gate")?;
+            let gate_ptr = gate.device_ptr(&stream).0;
+            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>("geglu_bwd"))?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&gate_ptr).arg(&up_ptr).arg(&g).arg(&gate_ptr).arg(&up_ptr).arg(&n);
+            // SAFETY: gate, up and g hold n elements; each thread reads element i of gate and up
+            // before it writes d(gate)_i and d(up)_i there (the caller owns both buffers alone).
+            unsafe { b.launch(cuda::elementwise(n)) }.w()?;
+            Ok(())
+        })
+    }
 
     /// Forward on `(gate, up)` or, with `grad`, the packed backward.
     pub(super) fn launch(
@@ -158,15 +237,49 @@ mod cuda_impl {
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&f);
             b.arg(&gate).arg(&up);
+            let dup = y.slice(n.min(out_n - n)..);
             if let Some(g) = &g {
                 b.arg(g);
             }
-            b.arg(&y).arg(&n_arg);
+            b.arg(&y);
+            if g.is_some() {
+                b.arg(&dup);
+            }
+            b.arg(&n_arg);
             // SAFETY: inputs hold n elements, the output n (forward) or 2n (backward).
             unsafe { b.launch(cuda::elementwise(n)) }.w()?;
             Ok(cuda::wrap(y, &dev))
         })
     }
+}
+
+/// [`gelu_tanh_mul_backward`] that reuses the inputs' memory: `gate` and `up` (consumed; both
+/// contiguous, owning their storage alone: no other tensor may view it) come back holding
+/// `(d(gate), d(up))` on CUDA, with no new allocation; the CPU writes `d(gate)` over `gate` and
+/// allocates `d(up)`. For explicit backward passes where the activations die here.
+pub fn gelu_tanh_mul_backward_in_place(
+    gate: Tensor,
+    up: Tensor,
+    g: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let shapes_ok = gate.dims() == up.dims() && g.dims() == up.dims();
+    let dtypes_ok = gate.dtype() == up.dtype() && g.dtype() == up.dtype();
+    if !shapes_ok || !dtypes_ok || !gate.is_contiguous() || !up.is_contiguous() {
+        bail!(
+            "gelu_tanh_mul_backward_in_place: gate {:?}, up {:?} and grad {:?} must match, gate and up contiguous",
+            gate.dims(),
+            up.dims(),
+            g.dims()
+        );
+    }
+    let op = GeGluBwdInPlace {
+        dup: crate::util::Stash::default(),
+    };
+    gate.inplace_op3(&up, &g.contiguous()?, &op)?;
+    if gate.device().is_cuda() {
+        return Ok((gate, up));
+    }
+    Ok((gate, op.dup.get("gelu-tanh-mul-bwd-in-place")?))
 }
 
 /// GeGLU: `gelu_tanh(gate) * up`, gelu computed in fp32 and rounded once (PyTorch's

@@ -63,6 +63,42 @@ fn check(
     Ok(ok)
 }
 
+/// Graph-free functions (the explicit-backward API): every output of `f` on CUDA vs the CPU.
+fn check_outputs(
+    name: &str,
+    shape: &str,
+    f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+    inputs: &[Tensor],
+    tol: f64,
+    gpu: &Device,
+) -> Result<bool> {
+    let on = |dev: &Device| -> Result<Vec<Tensor>> {
+        let ins = inputs
+            .iter()
+            .map(|t| t.to_device(dev))
+            .collect::<Result<Vec<_>>>()?;
+        f(&ins)?.iter().map(|t| t.to_device(&Device::Cpu)).collect()
+    };
+    let (cpu, cuda) = (on(&Device::Cpu)?, on(gpu)?);
+    let (mut abs, mut rel) = (0f64, 0f64);
+    for (a, b) in cuda.iter().zip(&cpu) {
+        let scale = b
+            .to_dtype(DType::F32)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()? as f64;
+        let (x, _, _) = diff(a, b, 1e-3)?;
+        abs = abs.max(x);
+        rel = rel.max(x / scale.max(1e-12));
+    }
+    let ok = rel <= tol && cuda.len() == cpu.len();
+    println!(
+        "| {name} | {shape} | {abs:.2e} | {rel:.2e} (of max abs) | {} |",
+        if ok { "ok" } else { "FAIL" }
+    );
+    Ok(ok)
+}
+
 /// Mean µs of `f` over `iters` calls after one warm-up, synchronised.
 fn time_us(dev: &Device, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?;
@@ -212,6 +248,66 @@ fn gpu_kernels_table() -> Result<()> {
                 &gpu,
             )?;
         }
+        // The explicit-backward API: saved forward + backward accumulated into a gradient, with
+        // m·in above the dropout chunk (8M elements), so the chunked temporaries are exercised.
+        for dropout in [None, Some((0.05, [4, 5, 6]))] {
+            ok &= check_outputs(
+                &format!(
+                    "lora_linear_saved + backward_acc/over_input {dn} dropout={:?}",
+                    dropout.map(|d| d.0)
+                ),
+                "x (600, 15360) w (64, 15360) r16",
+                &move |x| {
+                    let (y, saved) = lora_linear_saved(&x[0], &x[1], &x[2], &x[3], 2.0, dropout)?;
+                    let (dx, da, db) = saved.backward_acc(&x[0], &x[4], x[5].copy()?)?;
+                    let (dx_over, da_over, _) = saved.backward_over_input(x[0].copy()?, &x[4])?;
+                    Ok(vec![y, dx, da, db, dx_over, da_over])
+                },
+                &[
+                    r(&[600, 15360], dtype, 1)?,
+                    r(&[64, 15360], dtype, 2)?,
+                    r(&[16, 15360], DType::F32, 3)?,
+                    r(&[64, 16], DType::F32, 4)?,
+                    r(&[600, 64], dtype, 5)?,
+                    r(&[600, 15360], dtype, 6)?,
+                ],
+                tol,
+                &gpu,
+            )?;
+        }
+        let w = (r(&[512], dtype, 2)? + 1.0)?;
+        ok &= check_outputs(
+            &format!("rms_norm_add + rms_norm_backward(residual) {dn}"),
+            "(64, 512)",
+            &move |x| {
+                let w = w.to_device(x[0].device())?;
+                let y = rms_norm_add(&x[0], Some(&w), 1e-6, &x[1])?;
+                let dx = rms_norm_backward(&x[0], Some(&w), &x[2], 1e-6, Some(&x[1]))?;
+                Ok(vec![y, dx])
+            },
+            &[
+                r(&[64, 512], dtype, 1)?,
+                r(&[64, 512], dtype, 3)?,
+                r(&[64, 512], dtype, 4)?,
+            ],
+            tol,
+            &gpu,
+        )?;
+        ok &= check_outputs(
+            &format!("gelu_tanh_mul_backward_in_place {dn}"),
+            "(64, 3000)",
+            &|x| {
+                let (dg, du) = gelu_tanh_mul_backward_in_place(x[0].copy()?, x[1].copy()?, &x[2])?;
+                Ok(vec![dg, du])
+            },
+            &[
+                r(&[64, 3000], dtype, 1)?,
+                r(&[64, 3000], dtype, 2)?,
+                r(&[64, 3000], dtype, 3)?,
+            ],
+            tol,
+            &gpu,
+        )?;
         ok &= check(
             &format!("lora_dropout {dn}"),
             "(64, 3000)",

@@ -53,13 +53,16 @@ pub use cross_entropy::{
     cross_entropy_sum, linear_cross_entropy, linear_cross_entropy_slow, softcap,
 };
 pub use dropout::{dropout_key, dropout_mask, lora_dropout, lora_dropout_slow};
-pub use geglu::{gelu_tanh, gelu_tanh_mul, gelu_tanh_mul_backward, gelu_tanh_mul_slow};
+pub use geglu::{
+    gelu_tanh, gelu_tanh_mul, gelu_tanh_mul_backward, gelu_tanh_mul_backward_in_place,
+    gelu_tanh_mul_slow,
+};
 pub use linear_frozen::{linear_frozen, linear_frozen_slow};
 pub use lora_linear::{
     lora_linear, lora_linear_saved, lora_linear_slow, LoraDropout, LoraLinearSaved,
 };
 pub use optim::{adamw_step, adamw_step_slow, clip_coefficient, AdamW};
-pub use rms_norm::{rms_norm, rms_norm_backward, rms_norm_slow};
+pub use rms_norm::{rms_norm, rms_norm_add, rms_norm_backward, rms_norm_slow};
 pub use rope::{rope, rope_backward, rope_slow};
 pub use seed_grad::backward_with_seed;
 pub use softmax::{softmax_last_dim, softmax_last_dim_slow};

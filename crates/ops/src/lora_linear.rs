@@ -17,8 +17,6 @@
 //! inside the GEMM's epilogue (one rounding instead of the composite's three).
 
 use crate::util::{Stash, Storable};
-#[cfg(feature = "cuda")]
-use candle_core::CustomOp1;
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
 /// Dropout of the adapter input: probability and counter-hash key ([`crate::dropout_key`]).
@@ -139,36 +137,71 @@ impl CustomOp3 for LoraLinearOp {
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let low = self.low.get(self.name())?;
-        let (dx, da, db) = self.parts.backward(x, &low, g, (a.dtype(), b.dtype()))?;
+        let (dx, da, db) =
+            self.parts
+                .backward(x, &low, g, (a.dtype(), b.dtype()), DxTarget::New)?;
         Ok((Some(dx), Some(da), Some(db)))
     }
 }
 
+/// Where the backward writes `dx`.
+pub(crate) enum DxTarget {
+    /// A new buffer.
+    New,
+    /// Added to this gradient of `x` (on CUDA in its memory: `beta = 1` in the `dx` GEMM).
+    Accumulate(Tensor),
+    /// Over `x` itself, which dies here (on CUDA `dx` takes its memory after `dA` has read it).
+    OverInput,
+}
+
 impl LoraParts {
     /// `(dx (m, in), dA, dB)` of the 2-D forward on `x` that kept `low`, the adapter gradients in
-    /// `grad_dtype` (those of `a` and `b`).
+    /// `grad_dtype` (those of `a` and `b`), `dx` written as `target` says (the CPU always
+    /// allocates; an accumulator is added).
     fn backward(
         &self,
         x: &Tensor,
         low: &Tensor,
         g: &Tensor,
         grad_dtype: (candle_core::DType, candle_core::DType),
+        target: DxTarget,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let g = g.contiguous()?;
+        let reused = match &target {
+            DxTarget::New => None,
+            DxTarget::Accumulate(acc) => Some(acc),
+            DxTarget::OverInput => Some(x),
+        };
+        if let Some(t) = reused {
+            if t.dims() != x.dims() || t.dtype() != x.dtype() || !t.is_contiguous() {
+                bail!(
+                    "lora_linear backward: dx target {:?} {:?} must be a contiguous {:?} {:?}",
+                    t.dims(),
+                    t.dtype(),
+                    x.dims(),
+                    x.dtype()
+                );
+            }
+        }
         #[cfg(feature = "cuda")]
         if x.device().is_cuda() {
-            let op = LoraLinearBwd {
-                parts: self.clone(),
-                grad_dtype,
-                g,
-                low: low.clone(),
-                dadb: Stash::default(),
-            };
-            let dx = x.apply_op1_no_bwd(&op)?;
-            let dadb = op.dadb.get("lora-linear-bwd")?;
+            let into = reused.map(|t| (t, matches!(target, DxTarget::Accumulate(_))));
+            let (dx, dadb) = cuda_impl::backward(self, (x, low, &g), grad_dtype, into)?;
             let (r, inf, out) = (self.a_x.dim(0)?, self.a_x.dim(1)?, self.b_x.dim(0)?);
+            let dadb = crate::util::tensor_from_storage(
+                candle_core::Storage::Cuda(dadb),
+                &[r * inf + out * r],
+            );
             let da = dadb.narrow(0, 0, r * inf)?.reshape((r, inf))?;
             let db = dadb.narrow(0, r * inf, out * r)?.reshape((out, r))?;
+            let dx = match (dx, target) {
+                (Some(dx), _) => {
+                    crate::util::tensor_from_storage(candle_core::Storage::Cuda(dx), x.dims())
+                }
+                (None, DxTarget::Accumulate(acc)) => acc,
+                (None, DxTarget::OverInput) => x.clone(),
+                (None, DxTarget::New) => bail!("lora_linear backward: no dx produced"),
+            };
             return Ok((dx, da, db));
         }
         // The composite backward, in autograd's order: d(up) = scale·g, d(low) = d(up)·B,
@@ -181,46 +214,11 @@ impl LoraParts {
             .matmul(&dropped(x, self.dropout)?)?
             .to_dtype(grad_dtype.0)?;
         let dx = (g.matmul(&self.w)? + dropped(&dlow.matmul(&self.a_x)?, self.dropout)?)?;
+        let dx = match target {
+            DxTarget::Accumulate(acc) => (acc + dx)?,
+            DxTarget::New | DxTarget::OverInput => dx,
+        };
         Ok((dx, da, db))
-    }
-}
-
-/// The CUDA backward on `x`: returns `dx (m, in)`, stashes `[dA (r, in), dB (out, r)]`.
-#[cfg(feature = "cuda")]
-struct LoraLinearBwd {
-    parts: LoraParts,
-    /// Dtypes of the adapter gradients (those of `a` and `b`: fp32 for master weights).
-    grad_dtype: (candle_core::DType, candle_core::DType),
-    g: Tensor,
-    low: Tensor,
-    /// Packed `[dA, dB]` in `grad_dtype` (both the same dtype), written by the CUDA backward.
-    dadb: Stash,
-}
-
-#[cfg(feature = "cuda")]
-impl CustomOp1 for LoraLinearBwd {
-    fn name(&self) -> &'static str {
-        "lora-linear-bwd"
-    }
-
-    /// Not used: on the CPU [`LoraLinearOp`]'s backward is the composite of Candle ops.
-    fn cpu_fwd(&self, _s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
-        bail!("lora-linear-bwd runs on CUDA only (the CPU backward is the composite)")
-    }
-
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (m, inf) = l.shape().dims2()?;
-        let (r, out) = (self.parts.a_x.dim(0)?, self.parts.b_x.dim(0)?);
-        let (dx, dadb) = cuda_impl::backward(self, (s, l))?;
-        self.dadb.put(crate::util::tensor_from_storage(
-            candle_core::Storage::Cuda(dadb),
-            &[r * inf + out * r],
-        ));
-        Ok((dx, Shape::from((m, inf))))
     }
 }
 
@@ -243,40 +241,80 @@ pub fn lora_linear(
         .reshape(out_dims)
 }
 
-/// What [`LoraLinearSaved::backward`] reads: the operands, the 2-D input and `low = drop(x)·Aᵀ`.
+/// What [`LoraLinearSaved::backward`] reads besides the input: the operands and
+/// `low = drop(x)·Aᵀ`. The caller keeps (or recomputes) the input and passes it back.
 pub struct LoraLinearSaved {
     parts: LoraParts,
-    x: Tensor,
     low: Tensor,
     grad_dtype: (candle_core::DType, candle_core::DType),
-    x_dims: Vec<usize>,
 }
 
 impl LoraLinearSaved {
-    /// `(dx, dA, dB)` from the output gradient `g` (the GEMMs autograd runs): `dx` in `x`'s
-    /// shape and dtype, `dA`/`dB` in `a`/`b`'s dtype. Records no graph.
-    pub fn backward(&self, g: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let (m, inf) = self.x.dims2()?;
+    /// `(dx, dA, dB)` from the forward's input `x` and the output gradient `g` (the GEMMs autograd
+    /// runs): `dx` in `x`'s shape and dtype, `dA`/`dB` in `a`/`b`'s dtype. Records no graph.
+    pub fn backward(&self, x: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        self.run(x, g, DxTarget::New)
+    }
+
+    /// [`LoraLinearSaved::backward`] with `dx` added to `acc` (another gradient of `x`, same shape,
+    /// contiguous): on CUDA written into `acc`'s memory by the `dx` GEMM (`beta = 1`, no add
+    /// kernel, no new buffer), so `acc` must own its storage alone; the CPU adds.
+    pub fn backward_acc(
+        &self,
+        x: &Tensor,
+        g: &Tensor,
+        acc: Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let acc = acc.reshape(self.rows_of(x)?)?;
+        self.run(x, g, DxTarget::Accumulate(acc))
+    }
+
+    /// [`LoraLinearSaved::backward`] for an input that dies here: on CUDA `dx` is written over
+    /// `x`'s memory once `dA` has read it (no new `(m, in)` buffer), so `x` (contiguous) must own
+    /// its storage alone; the CPU allocates.
+    pub fn backward_over_input(&self, x: Tensor, g: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        self.run(&x, g, DxTarget::OverInput)
+    }
+
+    /// `x`'s `(m, in)` view.
+    fn rows_of(&self, x: &Tensor) -> Result<(usize, usize)> {
+        let inf = self.parts.w.dim(1)?;
+        Ok((x.elem_count() / inf.max(1), inf))
+    }
+
+    fn run(&self, x: &Tensor, g: &Tensor, target: DxTarget) -> Result<(Tensor, Tensor, Tensor)> {
+        let (m, inf) = self.rows_of(x)?;
         let out = self.parts.w.dim(0)?;
-        if g.elem_count() != m * out || g.dtype() != self.x.dtype() {
+        let fits = x.dims().last() == Some(&inf) && m == self.low.dim(0)?;
+        if !fits || x.dtype() != self.low.dtype() {
+            bail!(
+                "lora_linear backward: input {:?} {:?} is not the forward's ({} rows of {inf}, {:?})",
+                x.dims(),
+                x.dtype(),
+                self.low.dim(0)?,
+                self.low.dtype()
+            );
+        }
+        if g.elem_count() != m * out || g.dtype() != x.dtype() {
             bail!(
                 "lora_linear backward: grad {:?} {:?} does not fit the forward's output ({m} rows of {out}, {:?})",
                 g.dims(),
                 g.dtype(),
-                self.x.dtype()
+                x.dtype()
             );
         }
+        let x2 = x.reshape((m, inf))?;
         let g = g.reshape((m, out))?;
         let (dx, da, db) = self
             .parts
-            .backward(&self.x, &self.low, &g, self.grad_dtype)?;
-        debug_assert_eq!(dx.dims(), [m, inf]);
-        Ok((dx.reshape(self.x_dims.as_slice())?, da, db))
+            .backward(&x2, &self.low, &g, self.grad_dtype, target)?;
+        Ok((dx.reshape(x.dims())?, da, db))
     }
 }
 
 /// [`lora_linear`] without a graph, for explicit backward passes: the output and what
-/// [`LoraLinearSaved::backward`] needs (same arguments and numerics as [`lora_linear`]).
+/// [`LoraLinearSaved::backward`] needs with the same input (same arguments and numerics as
+/// [`lora_linear`]).
 pub fn lora_linear_saved(
     x: &Tensor,
     w: &Tensor,
@@ -292,9 +330,7 @@ pub fn lora_linear_saved(
     let saved = LoraLinearSaved {
         low: op.low.get("lora-linear")?,
         parts: op.parts,
-        x: x2,
         grad_dtype: (a.dtype(), b.dtype()),
-        x_dims: x.dims().to_vec(),
     };
     Ok((y, saved))
 }
@@ -373,7 +409,7 @@ pub fn lora_linear_slow(
 
 #[cfg(feature = "cuda")]
 mod cuda_impl {
-    use super::{LoraLinearBwd, LoraParts};
+    use super::LoraParts;
     use crate::cublas::{Gemm, Mat};
     use crate::cuda::{self, cuda_of, with_cuda_float_type};
     use candle_core::backend::BackendStorage;
@@ -425,6 +461,18 @@ mod cuda_impl {
         Ok(ptr)
     }
 
+    /// Rows per chunk of the dropout temporaries: at most `CHUNK_ELEMS` elements of `x`'s shape,
+    /// an even element count (dropout pairs), so `drop(x)` never takes a full `(m, in)` buffer.
+    fn chunk_rows(m: usize, inf: usize) -> usize {
+        const CHUNK_ELEMS: usize = 8 << 20;
+        let rows = (CHUNK_ELEMS / inf.max(1)).clamp(1, m.max(1));
+        if inf % 2 == 1 && rows % 2 == 1 && rows < m {
+            rows + 1
+        } else {
+            rows
+        }
+    }
+
     /// `(y (m, out), low (m, r))`.
     pub(super) fn forward(
         op: &LoraParts,
@@ -437,6 +485,7 @@ mod cuda_impl {
         let (r, out) = (op.a_x.dim(0)?, op.w.dim(0)?);
         with_cuda_float_type!(s1, name, T => {
             let dt = <T as candle_core::WithDType>::DTYPE;
+            let es = dt.size_in_bytes() as u64;
             let x = cuda::view::<T>(s1, l1, name, "x")?.device_ptr(&stream).0;
             let (w, a, b) = (addr::<T>(&op.w, name, "w")?, addr::<T>(&op.a_x, name, "a")?, addr::<T>(&op.b_x, name, "b")?);
             // SAFETY: y and low are fully written by the GEMMs below (beta = 0 first).
@@ -444,49 +493,69 @@ mod cuda_impl {
             let low = unsafe { dev.alloc::<T>(m * r)? };
             let (yp, lowp) = (y.device_ptr(&stream).0, low.device_ptr(&stream).0);
             gemm(&dev, (m, out, inf), (false, true), (1.0, 0.0), (mat(x, inf, dt), mat(w, inf, dt), mat(yp, out, dt)))?;
-            let xd_buf = match op.dropout {
+            match op.dropout {
+                None => gemm(&dev, (m, r, inf), (false, true), (1.0, 0.0), (mat(x, inf, dt), mat(a, inf, dt), mat(lowp, r, dt)))?,
                 Some((pr, key)) => {
-                    // SAFETY: written whole by the dropout kernel.
-                    let buf = unsafe { dev.alloc::<T>(m * inf)? };
-                    crate::dropout::cuda_dropout_into(&dev, x, buf.device_ptr(&stream).0, m * inf, dt, pr, key)?;
-                    Some(buf)
+                    // low = drop(x)·Aᵀ, a chunk of rows at a time through one temporary.
+                    let rows = chunk_rows(m, inf);
+                    // SAFETY: each chunk of it is written whole by the dropout kernel before use.
+                    let buf = unsafe { dev.alloc::<T>(rows * inf)? };
+                    let xd = buf.device_ptr(&stream).0;
+                    for r0 in (0..m).step_by(rows) {
+                        let n = rows.min(m - r0);
+                        let off = (r0 * inf) as u64 * es;
+                        crate::dropout::cuda_dropout_into(&dev, (x + off, xd), (r0 * inf, n * inf), dt, pr, key)?;
+                        gemm(&dev, (n, r, inf), (false, true), (1.0, 0.0), (mat(xd, inf, dt), mat(a, inf, dt), mat(lowp + (r0 * r) as u64 * es, r, dt)))?;
+                    }
                 }
-                None => None,
-            };
-            let xd = xd_buf.as_ref().map_or(x, |b| b.device_ptr(&stream).0);
-            gemm(&dev, (m, r, inf), (false, true), (1.0, 0.0), (mat(xd, inf, dt), mat(a, inf, dt), mat(lowp, r, dt)))?;
+            }
             gemm(&dev, (m, out, r), (false, true), (op.scale as f32, 1.0), (mat(lowp, r, dt), mat(b, r, dt), mat(yp, out, dt)))?;
-            drop(xd_buf);
             Ok((cuda::wrap(y, &dev), cuda::wrap(low, &dev)))
         })
     }
 
-    /// `(dx (m, in) in x's dtype, [dA, dB] packed in the adapter's dtype)`.
+    /// `(dx (m, in) in x's dtype, or None when it was written into `into`'s tensor; [dA, dB]
+    /// packed in the adapter's dtype)`. `into = (t, accumulate)`: `dx` goes into `t`'s memory,
+    /// added to it if `accumulate`, else over it (then `t` may be `x`: `dA` reads `x` first).
     pub(super) fn backward(
-        op: &LoraLinearBwd,
-        (s, l): (&CudaStorage, &Layout),
-    ) -> Result<(CudaStorage, CudaStorage)> {
+        p: &LoraParts,
+        (x_t, low_t, g_t): (&Tensor, &Tensor, &Tensor),
+        (gdt, gdt_b): (DType, DType),
+        into: Option<(&Tensor, bool)>,
+    ) -> Result<(Option<CudaStorage>, CudaStorage)> {
         let name = "lora-linear-bwd";
+        let (m, inf) = x_t.dims2()?;
+        let (r, out) = (p.a_x.dim(0)?, p.b_x.dim(0)?);
+        let (xs, xl) = x_t.storage_and_layout();
+        let s = cuda_of(&xs, name, "x")?;
         let dev = s.device().clone();
         let stream = dev.cuda_stream();
-        let (m, inf) = l.shape().dims2()?;
-        let (p, gdt) = (&op.parts, op.grad_dtype.0);
-        let (r, out) = (p.a_x.dim(0)?, p.b_x.dim(0)?);
-        if op.grad_dtype.1 != gdt || !(gdt == DType::F32 || gdt == s.dtype()) {
+        if gdt_b != gdt || !(gdt == DType::F32 || gdt == s.dtype()) {
             candle_core::bail!(
-                "{name}: adapter gradients in {:?} (x is {:?}); expected f32 or x's dtype",
-                op.grad_dtype,
+                "{name}: adapter gradients in {:?}/{:?} (x is {:?}); expected f32 or x's dtype",
+                gdt,
+                gdt_b,
                 s.dtype()
             );
         }
         with_cuda_float_type!(s, name, T => {
             let dt = <T as candle_core::WithDType>::DTYPE;
-            let x = cuda::view::<T>(s, l, name, "x")?.device_ptr(&stream).0;
-            let [w, a, b, g, low] = [(&p.w, "w"), (&p.a_x, "a"), (&p.b_x, "b"), (&op.g, "grad"), (&op.low, "low")]
+            let es = dt.size_in_bytes() as u64;
+            let x = cuda::view::<T>(s, xl, name, "x")?.device_ptr(&stream).0;
+            let [w, a, b, g, low] = [(&p.w, "w"), (&p.a_x, "a"), (&p.b_x, "b"), (g_t, "grad"), (low_t, "low")]
                 .map(|(t, what)| addr::<T>(t, name, what));
             let (w, a, b, g, low) = (w?, a?, b?, g?, low?);
-            // SAFETY: dx, dA, dB and dlow are fully written by the GEMMs below (beta = 0 first).
-            let dx_buf = unsafe { dev.alloc::<T>(m * inf)? };
+            // SAFETY: dx (unless accumulated), dA, dB and dlow are fully written by the GEMMs
+            // below (beta = 0 first).
+            let dx_buf = match into {
+                Some(_) => None,
+                None => Some(unsafe { dev.alloc::<T>(m * inf)? }),
+            };
+            let (dx, dx_beta) = match (&dx_buf, into) {
+                (Some(buf), _) => (buf.device_ptr(&stream).0, 0.0),
+                (None, Some((t, acc))) => (addr::<T>(t, name, "dx target")?, if acc { 1.0 } else { 0.0 }),
+                (None, None) => unreachable!("a buffer is allocated when there is no target"),
+            };
             let dlow_buf = unsafe { dev.alloc::<T>(m * r)? };
             let n_ab = r * inf + out * r;
             let dadb = if gdt == DType::F32 {
@@ -500,35 +569,42 @@ mod cuda_impl {
                 dadb.as_cuda_slice::<T>()?.device_ptr(&stream).0
             };
             let db = da + (r * inf * gdt.size_in_bytes()) as u64;
-            let dx = dx_buf.device_ptr(&stream).0;
             let dlow = dlow_buf.device_ptr(&stream).0;
             let scale = p.scale as f32;
-            // d(low) = scale·g·B; dB = scale·gᵀ·low (accumulated in fp32, stored in gdt); dx = g·W.
+            // d(low) = scale·g·B; dB = scale·gᵀ·low (accumulated in fp32, stored in gdt).
             gemm(&dev, (m, r, out), (false, false), (scale, 0.0), (mat(g, out, dt), mat(b, r, dt), mat(dlow, r, dt)))?;
             gemm(&dev, (out, r, m), (true, false), (scale, 0.0), (mat(g, out, dt), mat(low, r, dt), mat(db, r, gdt)))?;
-            gemm(&dev, (m, inf, out), (false, false), (1.0, 0.0), (mat(g, out, dt), mat(w, inf, dt), mat(dx, inf, dt)))?;
-            let xd = match p.dropout {
+            // dA = d(low)ᵀ·drop(x), before dx is written (dx may take x's memory); then
+            // dx (+)= g·W and dx += drop'(d(low)·A).
+            match p.dropout {
                 None => {
-                    // dx += d(low)·A; dA = d(low)ᵀ·x.
+                    gemm(&dev, (r, inf, m), (true, false), (1.0, 0.0), (mat(dlow, r, dt), mat(x, inf, dt), mat(da, inf, gdt)))?;
+                    gemm(&dev, (m, inf, out), (false, false), (1.0, dx_beta), (mat(g, out, dt), mat(w, inf, dt), mat(dx, inf, dt)))?;
                     gemm(&dev, (m, inf, r), (false, false), (1.0, 1.0), (mat(dlow, r, dt), mat(a, inf, dt), mat(dx, inf, dt)))?;
-                    None
                 }
                 Some((pr, key)) => {
-                    // t = d(low)·A, dx += drop'(t); then the same buffer holds drop(x) for dA.
-                    // SAFETY: written whole by the GEMM, then by the dropout kernel.
-                    let t = unsafe { dev.alloc::<T>(m * inf)? };
+                    // Chunks of rows through one temporary t (fp32 accumulation of dA across them).
+                    let rows = chunk_rows(m, inf);
+                    // SAFETY: each chunk of it is written whole (dropout kernel, GEMM) before use.
+                    let t = unsafe { dev.alloc::<T>(rows * inf)? };
                     let tp = t.device_ptr(&stream).0;
-                    gemm(&dev, (m, inf, r), (false, false), (1.0, 0.0), (mat(dlow, r, dt), mat(a, inf, dt), mat(tp, inf, dt)))?;
-                    crate::dropout::cuda_dropout_acc(&dev, tp, dx, m * inf, dt, pr, key)?;
-                    crate::dropout::cuda_dropout_into(&dev, x, tp, m * inf, dt, pr, key)?;
-                    Some(t)
+                    let chunks = || (0..m).step_by(rows).map(move |r0| (r0, rows.min(m - r0)));
+                    for (r0, n) in chunks() {
+                        let dlow_c = dlow + (r0 * r) as u64 * es;
+                        crate::dropout::cuda_dropout_into(&dev, (x + (r0 * inf) as u64 * es, tp), (r0 * inf, n * inf), dt, pr, key)?;
+                        let beta = if r0 == 0 { 0.0 } else { 1.0 };
+                        gemm(&dev, (r, inf, n), (true, false), (1.0, beta), (mat(dlow_c, r, dt), mat(tp, inf, dt), mat(da, inf, gdt)))?;
+                    }
+                    gemm(&dev, (m, inf, out), (false, false), (1.0, dx_beta), (mat(g, out, dt), mat(w, inf, dt), mat(dx, inf, dt)))?;
+                    for (r0, n) in chunks() {
+                        let dlow_c = dlow + (r0 * r) as u64 * es;
+                        gemm(&dev, (n, inf, r), (false, false), (1.0, 0.0), (mat(dlow_c, r, dt), mat(a, inf, dt), mat(tp, inf, dt)))?;
+                        crate::dropout::cuda_dropout_acc(&dev, (tp, dx + (r0 * inf) as u64 * es), (r0 * inf, n * inf), dt, pr, key)?;
+                    }
                 }
-            };
-            let xdp = xd.as_ref().map_or(x, |t| t.device_ptr(&stream).0);
-            gemm(&dev, (r, inf, m), (true, false), (1.0, 0.0), (mat(dlow, r, dt), mat(xdp, inf, dt), mat(da, inf, gdt)))?;
-            drop(xd);
+            }
             drop(dlow_buf);
-            Ok((cuda::wrap(dx_buf, &dev), dadb))
+            Ok((dx_buf.map(|b| cuda::wrap(b, &dev)), dadb))
         })
     }
 }

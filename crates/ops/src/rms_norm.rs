@@ -9,16 +9,33 @@ use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor, D,
 };
 
-/// Forward op on `x`; `weight` (d,) in `x`'s dtype or `None` (scale-free).
+/// Forward op on `x`; `weight` (d,) in `x`'s dtype or `None` (scale-free); `residual` (x's shape)
+/// is added to the rounded output (graph-free callers only).
 struct RmsNorm {
     weight: Option<Tensor>,
     eps: f32,
+    residual: Option<Tensor>,
 }
 
-/// Backward op on `(x, g)` → `dx`.
+/// Backward op on `(x, g)` → `dx` (plus `residual`, if any).
 struct RmsNormBwd {
     weight: Option<Tensor>,
     eps: f32,
+    residual: Option<Tensor>,
+}
+
+/// `y[i] = r(residual[i] + y[i])` on the CPU (the kernels' `plus_res`).
+fn add_residual<T: Elem>(mut y: Vec<T>, residual: Option<&Tensor>, op: &str) -> Result<Vec<T>> {
+    if let Some(res) = residual {
+        with_cpu_storage(res, op, "residual", |rs, rl| {
+            let r = cpu_slice::<T>(rs, rl, op, "residual")?;
+            for (y, r) in y.iter_mut().zip(r) {
+                *y = T::from_f32(r.to_f32() + y.to_f32());
+            }
+            Ok(())
+        })?;
+    }
+    Ok(y)
 }
 
 fn fwd_cpu<T: Elem>(x: &[T], w: Option<&[T]>, d: usize, eps: f32) -> Vec<T> {
@@ -79,6 +96,7 @@ impl CustomOp1 for RmsNorm {
                     Ok(fwd_cpu(x, Some(cpu_slice::<T>(ws, wl, self.name(), "weight")?), d, self.eps))
                 })?,
             };
+            let y = add_residual(y, self.residual.as_ref(), self.name())?;
             Ok((T::storage(y), l.shape().clone()))
         })
     }
@@ -89,7 +107,13 @@ impl CustomOp1 for RmsNorm {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let y = cuda_impl::launch(self.name(), s, l, None, self.weight.as_ref(), self.eps)?;
+        let y = cuda_impl::launch(
+            self.name(),
+            (s, l),
+            None,
+            (self.weight.as_ref(), self.residual.as_ref()),
+            self.eps,
+        )?;
         Ok((y, l.shape().clone()))
     }
 
@@ -97,36 +121,68 @@ impl CustomOp1 for RmsNorm {
         let op = RmsNormBwd {
             weight: self.weight.clone(),
             eps: self.eps,
+            residual: None,
         };
         Ok(Some(x.apply_op2_no_bwd(&g.contiguous()?, &op)?))
     }
 }
 
 /// The backward of [`rms_norm`] on its own, for explicit (graph-free) backward passes: `dx` from
-/// the forward input `x` and the output gradient `g` (the kernel autograd runs). Records no graph.
+/// the forward input `x` and the output gradient `g` (the kernel autograd runs), plus `residual`
+/// (another gradient of `x`, rounded like a separate add) in the same pass. Records no graph.
 pub fn rms_norm_backward(
     x: &Tensor,
     weight: Option<&Tensor>,
     g: &Tensor,
     eps: f64,
+    residual: Option<&Tensor>,
 ) -> Result<Tensor> {
     let weight = weight.map(|w| w.detach().contiguous()).transpose()?;
     check_weight(&weight, x)?;
-    if g.dims() != x.dims() || g.dtype() != x.dtype() {
+    for (t, what) in std::iter::once((g, "grad")).chain(residual.map(|r| (r, "residual"))) {
+        if t.dims() != x.dims() || t.dtype() != x.dtype() {
+            bail!(
+                "rms_norm_backward: {what} {:?} {:?} must match x {:?} {:?}",
+                t.dims(),
+                t.dtype(),
+                x.dims(),
+                x.dtype()
+            );
+        }
+    }
+    let op = RmsNormBwd {
+        weight,
+        eps: eps as f32,
+        residual: residual.map(|r| r.contiguous()).transpose()?,
+    };
+    x.contiguous()?.apply_op2_no_bwd(&g.contiguous()?, &op)
+}
+
+/// `residual + rms_norm(x, weight)` in one pass without a graph (explicit forward passes), rounded
+/// like the separate ops: `r(residual + r(norm))`. `residual` must match `x`.
+pub fn rms_norm_add(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    eps: f64,
+    residual: &Tensor,
+) -> Result<Tensor> {
+    let weight = weight.map(|w| w.detach().contiguous()).transpose()?;
+    check_weight(&weight, x)?;
+    if residual.dims() != x.dims() || residual.dtype() != x.dtype() {
         bail!(
-            "rms_norm_backward: grad {:?} {:?} must match x {:?} {:?}",
-            g.dims(),
-            g.dtype(),
+            "rms_norm_add: residual {:?} {:?} must match x {:?} {:?}",
+            residual.dims(),
+            residual.dtype(),
             x.dims(),
             x.dtype()
         );
     }
-    RmsNorm {
+    let op = RmsNorm {
         weight,
         eps: eps as f32,
-    }
-    .bwd(&x.contiguous()?, x, g)
-    .map(|dx| dx.expect("rms_norm's backward always returns dx"))
+        residual: Some(residual.contiguous()?),
+    };
+    x.contiguous()?.apply_op1_no_bwd(&op)
 }
 
 impl CustomOp2 for RmsNormBwd {
@@ -151,6 +207,7 @@ impl CustomOp2 for RmsNormBwd {
                     Ok(bwd_cpu(x, Some(cpu_slice::<T>(ws, wl, self.name(), "weight")?), g, d, self.eps))
                 })?,
             };
+            let dx = add_residual(dx, self.residual.as_ref(), self.name())?;
             Ok((T::storage(dx), l.shape().clone()))
         })
     }
@@ -165,10 +222,9 @@ impl CustomOp2 for RmsNormBwd {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let dx = cuda_impl::launch(
             self.name(),
-            s,
-            l,
+            (s, l),
             Some((gs, gl)),
-            self.weight.as_ref(),
+            (self.weight.as_ref(), self.residual.as_ref()),
             self.eps,
         )?;
         Ok((dx, l.shape().clone()))
@@ -185,19 +241,20 @@ mod cuda_impl {
 
     const MODULE: Module = cuda_module!("rms_norm");
 
-    /// Forward (`grad = None`) or backward (`grad = Some`) kernel, one block per row.
+    /// Forward (`grad = None`) or backward (`grad = Some`) kernel, one block per row, with the
+    /// optional residual added to the output.
     pub(super) fn launch(
         op: &str,
-        s: &CudaStorage,
-        l: &Layout,
+        (s, l): (&CudaStorage, &Layout),
         grad: Option<(&CudaStorage, &Layout)>,
-        weight: Option<&Tensor>,
+        (weight, residual): (Option<&Tensor>, Option<&Tensor>),
         eps: f32,
     ) -> Result<CudaStorage> {
         let dev = s.device().clone();
         let d = l.dims().last().copied().unwrap_or(1);
         let rows = l.shape().elem_count() / d.max(1);
         let wguard = weight.map(|w| w.storage_and_layout());
+        let rguard = residual.map(|r| r.storage_and_layout());
         with_cuda_float_type!(s, op, T => {
             let x = cuda::view::<T>(s, l, op, "x")?;
             let w = match &wguard {
@@ -206,6 +263,10 @@ mod cuda_impl {
             };
             let g = match grad {
                 Some((gs, gl)) => Some(cuda::view::<T>(gs, gl, op, "grad")?),
+                None => None,
+            };
+            let res = match &rguard {
+                Some((rs, rl)) => Some(cuda::view::<T>(cuda::cuda_of(rs, op, "residual")?, rl, op, "residual")?),
                 None => None,
             };
             // SAFETY: every element is written by the kernel before use.
@@ -223,11 +284,15 @@ mod cuda_impl {
             if let Some(g) = &g {
                 b.arg(g);
             }
+            match &res {
+                Some(r) => b.arg(r),
+                None => b.arg(&null),
+            };
             b.arg(&y);
             b.arg(&d_i);
             b.arg(&eps);
-            // SAFETY: x, g, y hold rows·d elements of T and w holds d (or is null), as the kernel
-            // reads and writes them.
+            // SAFETY: x, g, res (or null), y hold rows·d elements of T and w holds d (or is null),
+            // as the kernel reads and writes them.
             unsafe { b.launch(cuda::per_row(rows, cuda::row_threads(d).min(256))) }.w()?;
             Ok(cuda::wrap(y, &dev))
         })
@@ -244,6 +309,7 @@ pub fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f64) -> Result<Tensor>
     x.contiguous()?.apply_op1(RmsNorm {
         weight,
         eps: eps as f32,
+        residual: None,
     })
 }
 

@@ -11,6 +11,8 @@ pub(crate) trait Storable: Copy + Send + Sync + 'static {
     fn slice<'a>(s: &'a CpuStorage, op: &str, what: &str) -> Result<&'a [Self]>;
     /// Wrap a vector as a storage.
     fn storage(v: Vec<Self>) -> CpuStorage;
+    /// The typed mutable slice of a storage of this dtype (in-place ops), or a dtype error.
+    fn slice_mut<'a>(s: &'a mut CpuStorage, op: &str, what: &str) -> Result<&'a mut [Self]>;
 }
 
 /// A float element the CPU references read as f32 and store with one round-to-nearest-even.
@@ -36,6 +38,20 @@ macro_rules! impl_storable {
             }
             fn storage(v: Vec<Self>) -> CpuStorage {
                 CpuStorage::$variant(v)
+            }
+            fn slice_mut<'a>(
+                s: &'a mut CpuStorage,
+                op: &str,
+                what: &str,
+            ) -> Result<&'a mut [Self]> {
+                match s {
+                    CpuStorage::$variant(v) => Ok(v),
+                    other => bail!(
+                        "{op}: {what} has dtype {:?}, expected {:?}",
+                        candle_core::backend::BackendStorage::dtype(other),
+                        candle_core::DType::$variant
+                    ),
+                }
             }
         }
     };

@@ -1,6 +1,10 @@
 //! Explicit forward/backward of the attention block (own K/V, causal attention through the fused
 //! op), for [`crate::decoder_layer::DecoderLayer`]'s explicit layer backward. Same ops, in the same
 //! order, as [`Attention::own_kv`] + [`Attention::attend`], which stay the autograd reference.
+//!
+//! Memory: the tape keeps the raw q/k/v projections, the post-norm K/V, the attention output and
+//! its log-sum-exp; the roped queries and the `o_proj` input (a transpose of the output) are
+//! recomputed in the backward, and the normed block input is passed back in by the layer.
 
 use candle_core::Tensor;
 use g4ft_lora::{AdapterGrads, LoraContext, ProjectionSaved};
@@ -18,12 +22,12 @@ pub(crate) struct AttentionTape {
     k_proj: ProjectionSaved,
     /// `None` with `attention_k_eq_v` (V comes from the raw `k_proj` output).
     v_proj: Option<ProjectionSaved>,
-    /// Projection outputs as `(b, t, heads, d)`, the inputs of q/k/v norms.
+    /// Projection outputs as `(b, t, heads, d)`, the inputs of q/k/v norms (`v_raw` is `k_raw`
+    /// with `attention_k_eq_v`).
     q_raw: Tensor,
     k_raw: Tensor,
     v_raw: Tensor,
-    /// The fused attention's inputs `(b, heads, t, d)` and output.
-    q: Tensor,
+    /// The fused attention's K/V `(b, kv, t, d)` and output `(b, heads, t, d)`.
     k: Tensor,
     v: Tensor,
     o: Tensor,
@@ -35,6 +39,12 @@ impl Attention {
     /// Whether the block computes its own K/V (the explicit path's requirement).
     pub(crate) fn has_own_kv(&self) -> bool {
         self.k_proj.is_some() && self.k_norm.is_some()
+    }
+
+    /// `rope(swap(q_norm(raw)))`: a raw `(b, t, heads, d)` projection to attention's layout.
+    fn roped(&self, raw: &Tensor, norm: &Tensor, rope_t: &RopeTable) -> Result<Tensor> {
+        let n = swap_dims12(&rms_norm(raw, Some(norm), self.eps)?)?;
+        Ok(rope(&n, &rope_t.cos, &rope_t.sin)?)
     }
 
     /// The attention output `(b, t, h)` of the normed input `x` with causal attention
@@ -56,10 +66,6 @@ impl Attention {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let heads = |y: Tensor, n: usize| y.reshape((b, t, n, d));
-        let roped = |raw: &Tensor, norm: &Tensor| -> Result<Tensor> {
-            let n = swap_dims12(&rms_norm(raw, Some(norm), self.eps)?)?;
-            Ok(rope(&n, &rope_t.cos, &rope_t.sin)?)
-        };
         let (q_raw, q_proj) = self.q_proj.forward_saved(x, ctx)?;
         let q_raw = heads(q_raw, nh)?;
         let (k_raw, k_proj) = k_proj.forward_saved(x, ctx)?;
@@ -71,10 +77,11 @@ impl Attention {
             }
             None => (k_raw.clone(), None),
         };
-        let q = roped(&q_raw, &self.q_norm)?;
-        let k = roped(&k_raw, k_norm)?;
+        let q = self.roped(&q_raw, &self.q_norm, rope_t)?;
+        let k = self.roped(&k_raw, k_norm, rope_t)?;
         let v = swap_dims12(&rms_norm(&v_raw, None, self.eps)?)?;
         let (o, attn) = attention_saved(&q, &k, &v, key_mask, window, 1.0)?;
+        drop(q);
         let flat = swap_dims12(&o)?.reshape((b, t, nh * d))?;
         let (out, o_proj) = self.o_proj.forward_saved(&flat, ctx)?;
         let tape = AttentionTape {
@@ -84,7 +91,6 @@ impl Attention {
             q_raw,
             k_raw,
             v_raw,
-            q,
             k,
             v,
             o,
@@ -94,12 +100,14 @@ impl Attention {
         Ok((out, tape))
     }
 
-    /// d(normed input) from d(attention output) `g (b, t, h)`; adapter gradients go to `grads`.
-    /// Consumes the tape so each saved tensor is freed right after its last use.
+    /// d(normed input) from d(attention output) `g (b, t, h)`, with the normed input `x` the
+    /// forward saw; adapter gradients go to `grads`. Consumes the tape so each saved tensor is
+    /// freed right after its last use.
     pub(crate) fn backward_saved(
         &self,
         tape: AttentionTape,
         g: &Tensor,
+        x: &Tensor,
         rope_t: &RopeTable,
         grads: &mut AdapterGrads,
     ) -> Result<Tensor> {
@@ -110,7 +118,6 @@ impl Attention {
             q_raw,
             k_raw,
             v_raw,
-            q,
             k,
             v,
             o,
@@ -119,39 +126,43 @@ impl Attention {
         } = tape;
         let (b, t, _) = g.dims3()?;
         let (nh, d) = (self.num_heads, self.head_dim);
-        let d_flat = o_proj.backward(g, grads)?;
-        drop(o_proj);
-        let d_o = swap_dims12(&d_flat.reshape((b, t, nh, d))?)?;
-        drop(d_flat);
-        let (dq, dk, dv) = attn.backward(&q, &k, &v, &o, &d_o)?;
-        drop((q, k, v, o, d_o, attn));
-        // d(raw) of a roped, normed projection: rope⁻ᵀ, back to (b, t, heads, d), norm backward.
-        let unroped = |dy: &Tensor, raw: &Tensor, norm: &Tensor| -> Result<Tensor> {
-            let dn = swap_dims12(&rope_backward(dy, &rope_t.cos, &rope_t.sin)?)?;
-            Ok(rms_norm_backward(raw, Some(norm), &dn, self.eps)?)
-        };
         let k_norm = self
             .k_norm
             .as_ref()
             .expect("forward_saved checked the own K/V");
-        let dq_raw = unroped(&dq, &q_raw, &self.q_norm)?;
-        let dk_raw = unroped(&dk, &k_raw, k_norm)?;
-        let dv_raw = rms_norm_backward(&v_raw, None, &swap_dims12(&dv)?, self.eps)?;
-        drop((dq, dk, dv, q_raw, k_raw, v_raw));
+        // o_proj's input is a transpose of the output: recomputed, and its memory takes d(input).
+        let flat = swap_dims12(&o)?.reshape((b, t, nh * d))?;
+        let d_flat = o_proj.backward_over_input(flat, g, grads)?;
+        drop(o_proj);
+        let d_o = swap_dims12(&d_flat.reshape((b, t, nh, d))?)?;
+        drop(d_flat);
+        let q = self.roped(&q_raw, &self.q_norm, rope_t)?;
+        let (dq, dk, dv) = attn.backward(&q, &k, &v, &o, &d_o)?;
+        drop((q, k, v, o, d_o, attn));
+        // d(raw) of a roped, normed projection: rope⁻ᵀ, back to (b, t, heads, d), norm backward
+        // (plus `extra`, another gradient of the same raw output, added in the same kernel).
+        let unroped = |dy: &Tensor, raw: &Tensor, norm: &Tensor, extra: Option<&Tensor>| {
+            let dn = swap_dims12(&rope_backward(dy, &rope_t.cos, &rope_t.sin)?)?;
+            Ok::<_, Error>(rms_norm_backward(raw, Some(norm), &dn, self.eps, extra)?)
+        };
+        let dv_raw = rms_norm_backward(&v_raw, None, &swap_dims12(&dv)?, self.eps, None)?;
+        drop((dv, v_raw));
         let flat = |t4: Tensor| -> Result<Tensor> {
             let (b, t, n, d) = t4.dims4()?;
             Ok(t4.reshape((b, t, n * d))?)
         };
-        let mut dx = q_proj.backward(&flat(dq_raw)?, grads)?;
-        match &v_proj {
-            Some(v_proj) => {
-                dx = (dx + k_proj.backward(&flat(dk_raw)?, grads)?)?;
-                dx = (dx + v_proj.backward(&flat(dv_raw)?, grads)?)?;
-            }
-            None => {
-                let dk = (dk_raw + dv_raw)?;
-                dx = (dx + k_proj.backward(&flat(dk)?, grads)?)?;
-            }
+        let dq_raw = unroped(&dq, &q_raw, &self.q_norm, None)?;
+        drop((dq, q_raw));
+        let dx = q_proj.backward(x, &flat(dq_raw)?, grads)?;
+        // attention_k_eq_v: V is the raw k_proj output too, so its gradient joins dK's.
+        let (dk_raw, dv_raw) = match v_proj {
+            Some(_) => (unroped(&dk, &k_raw, k_norm, None)?, Some(dv_raw)),
+            None => (unroped(&dk, &k_raw, k_norm, Some(&dv_raw))?, None),
+        };
+        drop((dk, k_raw));
+        let mut dx = k_proj.backward_acc(x, &flat(dk_raw)?, dx, grads)?;
+        if let (Some(v_proj), Some(dv_raw)) = (&v_proj, dv_raw) {
+            dx = v_proj.backward_acc(x, &flat(dv_raw)?, dx, grads)?;
         }
         Ok(dx)
     }

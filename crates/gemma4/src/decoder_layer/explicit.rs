@@ -10,7 +10,9 @@
 
 use candle_core::Tensor;
 use g4ft_lora::{AdapterGrads, LoraContext, ProjectionSaved};
-use g4ft_ops::{gelu_tanh_mul, gelu_tanh_mul_backward, rms_norm, rms_norm_backward};
+use g4ft_ops::{
+    gelu_tanh_mul, gelu_tanh_mul_backward_in_place, rms_norm, rms_norm_add, rms_norm_backward,
+};
 
 use super::{DecoderLayer, LayerInputs};
 use crate::attention::explicit::AttentionTape;
@@ -19,7 +21,8 @@ use crate::error::Result;
 use crate::mask::AttentionBias;
 use crate::rope::RopeTable;
 
-/// What [`DecoderLayer::backward_saved`] reads, kept by [`DecoderLayer::forward_saved`].
+/// What [`DecoderLayer::backward_saved`] reads, kept by [`DecoderLayer::forward_saved`]. The two
+/// normed inputs (of the attention and of the MLP) are recomputed from `x` and `h1` instead.
 pub(crate) struct LayerTape {
     /// The layer input (input norm backward).
     x: Tensor,
@@ -33,6 +36,8 @@ pub(crate) struct LayerTape {
     down_proj: ProjectionSaved,
     gate: Tensor,
     up: Tensor,
+    /// `gelu(gate)·up`, the input of `down_proj` (its memory takes d(act) in the backward).
+    act: Tensor,
     /// MLP output before `post_feedforward_layernorm`.
     m: Tensor,
 }
@@ -65,6 +70,29 @@ impl DecoderLayer {
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<LayerTape> {
+        Ok(self.run(x, inputs, ctx, false)?.0)
+    }
+
+    /// The layer output without a graph, through the same fused ops as [`DecoderLayer::forward_saved`]
+    /// (residual adds fused into the norms): the first, checkpointing forward of the explicit path.
+    pub(crate) fn forward_graph_free(
+        &self,
+        x: &Tensor,
+        inputs: &LayerInputs,
+        ctx: &LoraContext,
+    ) -> Result<Tensor> {
+        let (_, out) = self.run(x, inputs, ctx, true)?;
+        Ok(out.expect("run computes the output when asked"))
+    }
+
+    /// The graph-free forward: the tape, and the output if `with_output`.
+    fn run(
+        &self,
+        x: &Tensor,
+        inputs: &LayerInputs,
+        ctx: &LoraContext,
+        with_output: bool,
+    ) -> Result<(LayerTape, Option<Tensor>)> {
         let AttentionBias::Causal { key_mask } = &inputs.bias else {
             return Err(crate::error::Error::batch(
                 "attention_mask",
@@ -80,15 +108,26 @@ impl DecoderLayer {
             window,
             ctx,
         )?;
-        let h1 = (x + rms_norm(&a, Some(&self.post_attention_layernorm), self.eps)?)?;
+        drop(xn);
+        let h1 = rms_norm_add(&a, Some(&self.post_attention_layernorm), self.eps, x)?;
         let hn = rms_norm(&h1, Some(&self.pre_feedforward_layernorm), self.eps)?;
         let mlp = &self.mlp;
         let (gate, gate_proj) = mlp.gate_proj.forward_saved(&hn, ctx)?;
         let (up, up_proj) = mlp.up_proj.forward_saved(&hn, ctx)?;
-        let (m, down_proj) = mlp
-            .down_proj
-            .forward_saved(&gelu_tanh_mul(&gate, &up)?, ctx)?;
-        Ok(LayerTape {
+        drop(hn);
+        let act = gelu_tanh_mul(&gate, &up)?;
+        let (m, down_proj) = mlp.down_proj.forward_saved(&act, ctx)?;
+        let out = if with_output {
+            let out = rms_norm_add(&m, Some(&self.post_feedforward_layernorm), self.eps, &h1)?;
+            Some(if self.layer_scalar != 1.0 {
+                out.affine(self.layer_scalar, 0.0)?
+            } else {
+                out
+            })
+        } else {
+            None
+        };
+        let tape = LayerTape {
             x: x.clone(),
             attn,
             a,
@@ -98,8 +137,10 @@ impl DecoderLayer {
             down_proj,
             gate,
             up,
+            act,
             m,
-        })
+        };
+        Ok((tape, out))
     }
 
     /// d(layer input) from d(layer output) `g`, the ops' backward in reverse order; the adapter
@@ -121,6 +162,7 @@ impl DecoderLayer {
             down_proj,
             gate,
             up,
+            act,
             m,
         } = tape;
         let eps = self.eps;
@@ -130,23 +172,35 @@ impl DecoderLayer {
             g.clone()
         };
         // --- feed-forward: h2 = h1 + post_ff(down(geglu(gate(hn), up(hn)))) ---
-        let dm = rms_norm_backward(&m, Some(&self.post_feedforward_layernorm), &g, eps)?;
+        let dm = rms_norm_backward(&m, Some(&self.post_feedforward_layernorm), &g, eps, None)?;
         drop(m);
-        let dact = down_proj.backward(&dm, grads)?;
+        let dact = down_proj.backward_over_input(act, &dm, grads)?;
         drop((dm, down_proj));
-        let (dgate, dup) = gelu_tanh_mul_backward(&gate, &up, &dact)?;
-        drop((gate, up, dact));
-        let dhn = (gate_proj.backward(&dgate, grads)? + up_proj.backward(&dup, grads)?)?;
-        drop((dgate, dup, gate_proj, up_proj));
-        let dh1 = (rms_norm_backward(&h1, Some(&self.pre_feedforward_layernorm), &dhn, eps)? + g)?;
-        drop((h1, dhn));
+        // d(gate), d(up) overwrite gate and up (the tape owned them alone).
+        let (dgate, dup) = gelu_tanh_mul_backward_in_place(gate, up, &dact)?;
+        drop(dact);
+        let pre_ff = Some(&self.pre_feedforward_layernorm);
+        let hn = rms_norm(&h1, pre_ff, eps)?;
+        let dhn = gate_proj.backward(&hn, &dgate, grads)?;
+        let dhn = up_proj.backward_acc(&hn, &dup, dhn, grads)?;
+        drop((hn, dgate, dup, gate_proj, up_proj));
+        // The residual stream's gradient joins inside the norm backward.
+        let dh1 = rms_norm_backward(&h1, pre_ff, &dhn, eps, Some(&g))?;
+        drop((h1, dhn, g));
         // --- attention: h1 = x + post_attn(attn(input_norm(x))) ---
-        let da = rms_norm_backward(&a, Some(&self.post_attention_layernorm), &dh1, eps)?;
+        let da = rms_norm_backward(&a, Some(&self.post_attention_layernorm), &dh1, eps, None)?;
         drop(a);
+        let xn = rms_norm(&x, Some(&self.input_layernorm), eps)?;
         let dxn = self
             .self_attn
-            .backward_saved(attn, &da, self.rope_table(inputs), grads)?;
-        drop(da);
-        Ok((rms_norm_backward(&x, Some(&self.input_layernorm), &dxn, eps)? + dh1)?)
+            .backward_saved(attn, &da, &xn, self.rope_table(inputs), grads)?;
+        drop((da, xn));
+        Ok(rms_norm_backward(
+            &x,
+            Some(&self.input_layernorm),
+            &dxn,
+            eps,
+            Some(&dh1),
+        )?)
     }
 }
