@@ -35,26 +35,24 @@
 //!     --config crates/gemma4/tests/configs/gemma-4-12B-it.json --peak-tflops 714.6 --profile
 //! ```
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{Device, Tensor, Var};
 use clap::Parser;
 use g4ft_data::Batch;
 use g4ft_ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
 use g4ft_gemma4::{BackwardMode, Config, Gemma4Model, LayerType};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, LoraContext, TargetModules};
+use g4ft_trainer::cli::ShapeArgs;
 use g4ft_trainer::clip::{clip_coef, grad_norm};
+use g4ft_trainer::config::POST_LORA_TARGETS;
 use g4ft_trainer::memory::MemProbe;
 use g4ft_trainer::mfu::mfu;
 use g4ft_trainer::optim::{AdamW, AdamWParams};
 use g4ft_trainer::schedule::CosineWithWarmup;
 use g4ft_trainer::step::{self, LossWeighting, StepEvent, StepObserver};
 
-/// The post's LoRA target regex: the 7 projections of the text decoder.
-const POST_TARGETS: &str =
-    r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)";
 /// The post's learning rate, warmup steps and clip norm.
 const LR: f64 = 1e-4;
 const WARMUP_STEPS: u64 = 20;
@@ -64,15 +62,9 @@ const MAX_GRAD_NORM: f64 = 1.0;
 #[derive(Debug, Parser)]
 #[command(about = "Benchmark the LoRA training step on a random-weight Gemma 4")]
 struct Args {
-    /// Gemma 4 config.json (text or multimodal).
-    #[arg(long)]
-    config: PathBuf,
-    /// Tokens per sample (every sample is exactly this long).
-    #[arg(long, default_value_t = 2048)]
-    seq: usize,
-    /// Samples per micro-batch.
-    #[arg(long, default_value_t = 1)]
-    micro_batch: usize,
+    /// Config, sequence length (every sample is exactly this long), micro-batch, LoRA rank, dtype.
+    #[command(flatten)]
+    shape: ShapeArgs,
     /// Micro-batches per optimizer step.
     #[arg(long, default_value_t = 8)]
     accum: usize,
@@ -82,18 +74,12 @@ struct Args {
     /// Steps left out of the steady-state window.
     #[arg(long, default_value_t = 2)]
     warmup_discard: usize,
-    /// LoRA rank.
-    #[arg(long, default_value_t = 16)]
-    lora_r: usize,
     /// LoRA alpha.
     #[arg(long, default_value_t = 32.0)]
     lora_alpha: f64,
     /// LoRA dropout.
     #[arg(long, default_value_t = 0.05)]
     lora_dropout: f64,
-    /// Frozen weight / activation dtype: bf16 or f32.
-    #[arg(long, default_value = "bf16")]
-    dtype: String,
     /// cuda or cpu.
     #[arg(long, default_value = "cuda")]
     device: String,
@@ -188,14 +174,11 @@ fn random_batch(seed: u64, micro: u64, b: usize, t: usize, vocab: usize) -> Batc
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    if args.steps == 0 || args.accum == 0 || args.micro_batch == 0 || args.seq < 2 {
+    let shape = &args.shape;
+    if args.steps == 0 || args.accum == 0 || shape.micro_batch == 0 || shape.seq < 2 {
         bail!("--steps, --accum, --micro-batch must be >= 1 and --seq >= 2");
     }
-    let dtype = match args.dtype.as_str() {
-        "bf16" => DType::BF16,
-        "f32" => DType::F32,
-        other => bail!("--dtype: expected bf16 or f32, got {other:?}"),
-    };
+    let dtype = shape.dtype()?;
     let local_rank: usize = std::env::var("LOCAL_RANK")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -216,8 +199,8 @@ fn main() -> Result<()> {
         },
     )?;
     let (rank, world) = (group.rank(), group.world_size());
-    let cfg = Config::from_file(&args.config)
-        .with_context(|| format!("reading {}", args.config.display()))?;
+    let cfg = Config::from_file(&shape.config)
+        .with_context(|| format!("reading {}", shape.config.display()))?;
 
     let t0 = Instant::now();
     let mut model = Gemma4Model::random_init(&cfg, dtype, &device, args.seed)?;
@@ -226,9 +209,9 @@ fn main() -> Result<()> {
         _ => BackwardMode::Explicit,
     });
     let mut lcfg = LoraConfig::new(
-        args.lora_r,
+        shape.lora_r,
         args.lora_alpha,
-        TargetModules::Regex(POST_TARGETS.to_string()),
+        TargetModules::Regex(POST_LORA_TARGETS.to_string()),
     );
     lcfg.lora_dropout = args.lora_dropout;
     let adapted = attach(&lcfg, model.projections_mut(), args.seed)?;
@@ -262,7 +245,7 @@ fn main() -> Result<()> {
         );
         println!(
             "lora r={} alpha={} dropout={} adapted={} trainable={trainable} buckets={} backward={} (explicit on {}/{} layers)",
-            args.lora_r,
+            shape.lora_r,
             args.lora_alpha,
             args.lora_dropout,
             adapted.len(),
@@ -280,7 +263,7 @@ fn main() -> Result<()> {
     )?;
     let total_steps = (args.steps + usize::from(args.profile)) as u64;
     let mut sched = CosineWithWarmup::new(LR, WARMUP_STEPS, total_steps);
-    let (b, t) = (args.micro_batch, args.seq);
+    let (b, t) = (shape.micro_batch, shape.seq);
     let weighting = LossWeighting::MeanPerMicroBatch { accum: args.accum };
     let step_tokens = b * t * args.accum * world;
     let token_seed = args.seed.wrapping_add(rank as u64);
@@ -365,7 +348,7 @@ fn main() -> Result<()> {
             "flops_per_token_exact": fl.exact, "attn_flops_per_token": fl.attention,
             "achieved_TFLOPs_brief": achieved, "peak_matmul_TFLOPs": peak_tflops,
             "MFU_brief": peak_tflops.map(|p| mfu(tps_device, fl.brief, p)),
-            "dtype": format!("{dtype:?}"), "lora_r": args.lora_r,
+            "dtype": format!("{dtype:?}"), "lora_r": shape.lora_r,
             "bucket_cap_mb": args.bucket_cap_mb,
         });
         println!("RESULT_JSON {res}");

@@ -22,39 +22,23 @@
 //! cargo run --release --example memory_plan -- --config crates/gemma4/tests/configs/gemma-4-12B-it.json
 //! ```
 
-use std::path::PathBuf;
-
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use g4ft_gemma4::{Config, Gemma4Model, KvSharing, LayerConfig};
 use g4ft_lora::{count_trainable, LoraConfig, ProjectionShape, TargetModules};
-
-/// The post's LoRA targets: the 7 projections of the text decoder.
-const POST_TARGETS: &str =
-    r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)";
+use g4ft_trainer::cli::ShapeArgs;
+use g4ft_trainer::config::POST_LORA_TARGETS;
 
 /// Command line.
 #[derive(Debug, Parser)]
 #[command(about = "Print the LoRA training memory budget of a Gemma 4 config")]
 struct Args {
-    /// Gemma 4 config.json (text or multimodal).
-    #[arg(long)]
-    config: PathBuf,
-    /// Tokens per sample.
-    #[arg(long, default_value_t = 2048)]
-    seq: usize,
-    /// Samples per micro-batch.
-    #[arg(long, default_value_t = 1)]
-    micro_batch: usize,
-    /// LoRA rank.
-    #[arg(long, default_value_t = 16)]
-    lora_r: usize,
+    /// Config, sequence length, micro-batch, LoRA rank, dtype.
+    #[command(flatten)]
+    shape: ShapeArgs,
     /// Ranks (GPUs) in the DDP job.
     #[arg(long, default_value_t = 1)]
     world: usize,
-    /// Weight / activation dtype: bf16 or f32.
-    #[arg(long, default_value = "bf16")]
-    dtype: String,
 }
 
 const GB: f64 = 1e9;
@@ -115,15 +99,12 @@ fn autograd_layer_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
 }
 
 fn main() -> Result<()> {
-    let a = Args::parse();
-    if a.world == 0 || a.micro_batch == 0 || a.seq == 0 || a.lora_r == 0 {
+    let args = Args::parse();
+    let (a, world) = (&args.shape, args.world);
+    if world == 0 || a.micro_batch == 0 || a.seq == 0 || a.lora_r == 0 {
         bail!("--seq, --micro-batch, --lora-r and --world must be >= 1");
     }
-    let wbytes: u64 = match a.dtype.as_str() {
-        "bf16" => 2,
-        "f32" => 4,
-        other => bail!("--dtype: expected bf16 or f32, got {other:?}"),
-    };
+    let wbytes = a.dtype()?.size_in_bytes() as u64;
     let cfg =
         Config::from_file(&a.config).with_context(|| format!("reading {}", a.config.display()))?;
     let (b, t, h, l, v) = (
@@ -142,7 +123,7 @@ fn main() -> Result<()> {
     let lcfg = LoraConfig::new(
         a.lora_r,
         2.0 * a.lora_r as f64,
-        TargetModules::Regex(POST_TARGETS.into()),
+        TargetModules::Regex(POST_LORA_TARGETS.into()),
     );
     let shapes: Vec<ProjectionShape> = cfg
         .projection_shapes("model.language_model")
@@ -171,7 +152,7 @@ fn main() -> Result<()> {
     let chunk_rows = Gemma4Model::default_loss_chunk_rows(cfg.vocab_size) as u64;
     let ce_chunk = chunk_rows.min(bt) * v * wbytes;
     let ce = ce_chunk + bt * h * (wbytes + 4) + bt * h * wbytes;
-    let n = a.world as f64;
+    let n = world as f64;
     let ring = 2.0 * (n - 1.0) / n;
     let comm = ring * 4.0 * trainable as f64;
     let fixed = weights + lora_state + flat_bucket + saved;
@@ -182,7 +163,7 @@ fn main() -> Result<()> {
         a.config.display(),
         l,
         a.lora_r,
-        a.world,
+        world,
         a.dtype
     );
     let row = |what: &str, bytes: f64, how: String| {

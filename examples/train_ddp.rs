@@ -248,7 +248,14 @@ fn train(cli: &Cli) -> Result<()> {
         None
     };
 
-    // 9. Train.
+    // 9. Train. Checkpoints bind what stays fixed for the run once; each save passes the rest.
+    let ckpt = Checkpointer {
+        group: &group,
+        cfg,
+        model: &model,
+        lora_cfg: &lora_cfg,
+        world_size,
+    };
     let (mut last_saved, mut last_eval) = (None, None);
     'epochs: for epoch in pos.epoch..cfg.epochs {
         pos.epoch = epoch;
@@ -363,18 +370,7 @@ fn train(cli: &Cli) -> Result<()> {
                 .save_every
                 .is_some_and(|n| pos.step.is_multiple_of(n as u64))
             {
-                save(
-                    &group,
-                    cfg,
-                    &model,
-                    &lora_cfg,
-                    &opt,
-                    &sched,
-                    &pos,
-                    epoch,
-                    world_size,
-                    &format!("step-{}", pos.step),
-                )?;
+                ckpt.save(&format!("step-{}", pos.step), epoch, &opt, &sched, &pos)?;
                 last_saved = Some(pos.step);
             }
             if cfg
@@ -393,34 +389,12 @@ fn train(cli: &Cli) -> Result<()> {
         }
         // Epoch end: rank 0 writes, the others wait at the barrier.
         pos.step_in_epoch = 0;
-        save(
-            &group,
-            cfg,
-            &model,
-            &lora_cfg,
-            &opt,
-            &sched,
-            &pos,
-            epoch + 1,
-            world_size,
-            &format!("epoch-{epoch}"),
-        )?;
+        ckpt.save(&format!("epoch-{epoch}"), epoch + 1, &opt, &sched, &pos)?;
         last_saved = Some(pos.step);
     }
     if last_saved != Some(pos.step) {
         // Stopped by --max-steps mid-epoch: keep the final adapter too.
-        save(
-            &group,
-            cfg,
-            &model,
-            &lora_cfg,
-            &opt,
-            &sched,
-            &pos,
-            pos.epoch,
-            world_size,
-            &format!("step-{}", pos.step),
-        )?;
+        ckpt.save(&format!("step-{}", pos.step), pos.epoch, &opt, &sched, &pos)?;
     }
     if last_eval != Some(pos.step) {
         run_eval(
@@ -511,48 +485,63 @@ fn open_loader(
     Ok(loader)
 }
 
-/// Rank 0 writes `OUTPUT/name/` atomically (PEFT adapter + trainer state), then every rank
-/// passes a barrier so nobody races ahead or exits while it writes.
-#[allow(clippy::too_many_arguments)]
-fn save(
-    group: &ProcessGroup,
-    cfg: &TrainConfig,
-    model: &Gemma4Model,
-    lora_cfg: &LoraConfig,
-    opt: &AdamW,
-    sched: &CosineWithWarmup,
-    pos: &Position,
-    epoch: usize,
+/// What every checkpoint of the run shares: the group, the settings, the model whose adapters
+/// are saved and their LoRA config, the world size.
+struct Checkpointer<'a> {
+    group: &'a ProcessGroup,
+    cfg: &'a TrainConfig,
+    model: &'a Gemma4Model,
+    lora_cfg: &'a LoraConfig,
     world_size: usize,
-    name: &str,
-) -> Result<()> {
-    let state = TrainerState {
-        format: STATE_FORMAT,
-        step: pos.step,
-        epoch,
-        sampler: SamplerPosition {
+}
+
+impl Checkpointer<'_> {
+    /// Rank 0 writes `OUTPUT/name/` atomically (PEFT adapter + trainer state with the optimizer,
+    /// the schedule and `pos`, the sampler at `epoch`), then every rank passes a barrier so
+    /// nobody races ahead or exits while it writes.
+    fn save(
+        &self,
+        name: &str,
+        epoch: usize,
+        opt: &AdamW,
+        sched: &CosineWithWarmup,
+        pos: &Position,
+    ) -> Result<()> {
+        let Checkpointer {
+            group,
+            cfg,
+            model,
+            lora_cfg,
+            world_size,
+        } = *self;
+        let state = TrainerState {
+            format: STATE_FORMAT,
+            step: pos.step,
             epoch,
-            micro_batches: (pos.step_in_epoch * cfg.accum) as u64,
-        },
-        scheduler: *sched,
-        optimizer_step: opt.step_count(),
-        skipped_in_a_row: pos.skipped_in_a_row,
-        rng: RngState {
-            seed: cfg.seed,
-            micro_step: pos.micro_step,
-        },
-        world_size,
-        config_fingerprint: config_fingerprint(cfg),
-        config: config_rows(cfg),
-    };
-    group.rank0_then_barrier(|| {
-        write_checkpoint_atomic(&cfg.output, name, pos.step, |dir| {
-            lora::save_adapter(dir, lora_cfg, model.projections())?;
-            state.save(dir, &opt.state_tensors())?;
-            Ok(())
-        })
-    })?;
-    Ok(())
+            sampler: SamplerPosition {
+                epoch,
+                micro_batches: (pos.step_in_epoch * cfg.accum) as u64,
+            },
+            scheduler: *sched,
+            optimizer_step: opt.step_count(),
+            skipped_in_a_row: pos.skipped_in_a_row,
+            rng: RngState {
+                seed: cfg.seed,
+                micro_step: pos.micro_step,
+            },
+            world_size,
+            config_fingerprint: config_fingerprint(cfg),
+            config: config_rows(cfg),
+        };
+        group.rank0_then_barrier(|| {
+            write_checkpoint_atomic(&cfg.output, name, pos.step, |dir| {
+                lora::save_adapter(dir, lora_cfg, model.projections())?;
+                state.save(dir, &opt.state_tensors())?;
+                Ok(())
+            })
+        })?;
+        Ok(())
+    }
 }
 
 /// Evaluation on every rank over its DistributedSampler shard; rank 0 logs the all-reduced

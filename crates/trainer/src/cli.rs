@@ -1,9 +1,11 @@
 //! Command-line flags of `train_ddp` (clap derive) and the resolution of all layers:
-//! defaults < `--config` TOML < `MODEL_ID`/`DATA_PATH`/`OUTPUT_DIR` < flags.
+//! defaults < `--config` TOML < `MODEL_ID`/`DATA_PATH`/`OUTPUT_DIR` < flags; and [`ShapeArgs`],
+//! the shape flags that the `bench_train` and `memory_plan` examples share.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use candle_core::DType;
 use clap::Parser;
 
 use crate::config::{
@@ -192,6 +194,39 @@ impl Cli {
     }
 }
 
+/// The flags `bench_train` and `memory_plan` share (`#[command(flatten)]` in both): the model
+/// config and the shape of one training micro-batch. Names and defaults are the ones
+/// `tools/gpu/*.sh` pass.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ShapeArgs {
+    /// Gemma 4 config.json (text or multimodal).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Tokens per sample.
+    #[arg(long, default_value_t = 2048)]
+    pub seq: usize,
+    /// Samples per micro-batch.
+    #[arg(long, default_value_t = 1)]
+    pub micro_batch: usize,
+    /// LoRA rank.
+    #[arg(long, default_value_t = 16)]
+    pub lora_r: usize,
+    /// Frozen weight / activation dtype: bf16 or f32.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+}
+
+impl ShapeArgs {
+    /// `--dtype` as a Candle dtype; anything but `bf16` or `f32` is an error naming the value.
+    pub fn dtype(&self) -> anyhow::Result<DType> {
+        match self.dtype.as_str() {
+            "bf16" => Ok(DType::BF16),
+            "f32" => Ok(DType::F32),
+            other => anyhow::bail!("--dtype: expected bf16 or f32, got {other:?}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,6 +333,53 @@ mod tests {
         let cli = Cli::try_parse_from(["t", "--accum", "0"]).unwrap();
         let msg = cli.resolve(no_env).unwrap_err().to_string();
         assert!(msg.contains("`accum` = 0 (set by flag)"), "{msg}");
+    }
+
+    /// A command line with only the shared shape flags, as the examples flatten them.
+    #[derive(Debug, Parser)]
+    struct ShapeOnly {
+        #[command(flatten)]
+        shape: ShapeArgs,
+    }
+
+    #[test]
+    fn shape_flags_keep_the_scripts_names_and_defaults() {
+        let d = ShapeOnly::try_parse_from(["t", "--config", "c.json"])
+            .unwrap()
+            .shape;
+        assert_eq!(d.config, PathBuf::from("c.json"));
+        assert_eq!((d.seq, d.micro_batch, d.lora_r), (2048, 1, 16));
+        assert_eq!(d.dtype().unwrap(), DType::BF16);
+        let s = ShapeOnly::try_parse_from([
+            "t",
+            "--config",
+            "c.json",
+            "--seq",
+            "64",
+            "--micro-batch",
+            "2",
+            "--lora-r",
+            "8",
+            "--dtype",
+            "f32",
+        ])
+        .unwrap()
+        .shape;
+        assert_eq!((s.seq, s.micro_batch, s.lora_r), (64, 2, 8));
+        assert_eq!(s.dtype().unwrap(), DType::F32);
+        assert!(
+            ShapeOnly::try_parse_from(["t"]).is_err(),
+            "--config is required"
+        );
+    }
+
+    #[test]
+    fn shape_dtype_names_the_rejected_value() {
+        let s = ShapeOnly::try_parse_from(["t", "--config", "c.json", "--dtype", "f16"])
+            .unwrap()
+            .shape;
+        let msg = s.dtype().unwrap_err().to_string();
+        assert_eq!(msg, "--dtype: expected bf16 or f32, got \"f16\"");
     }
 
     #[test]

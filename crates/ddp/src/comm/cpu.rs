@@ -12,12 +12,12 @@
 //! copied), so replicas never drift through the communicator.
 
 use super::elem::Elem;
-use super::{Backend, Communicator, ReduceOp, Work, WorkInner};
+use super::{check_tensor, Backend, Communicator, ReduceOp, TensorOp, Work, WorkInner};
 use crate::error::{DdpError, RankTag, Result};
 use crate::fingerprint::{Fingerprint, Ledger};
 use crate::store::{is_timeout, StoreClient};
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
+use candle_core::{CpuStorage, InplaceOp1, Layout, Tensor};
 use std::cell::RefCell;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -44,14 +44,8 @@ struct Job {
 }
 
 enum JobKind {
-    Tensor(Tensor, RingKind, Sender<Result<()>>),
+    Tensor(Tensor, TensorOp, Sender<Result<()>>),
     Gather(Vec<u8>, Sender<Result<Vec<Vec<u8>>>>),
-}
-
-#[derive(Clone, Copy)]
-enum RingKind {
-    Reduce(ReduceOp),
-    Bcast(usize),
 }
 
 impl CpuComm {
@@ -171,11 +165,17 @@ impl CpuComm {
     fn tensor_job(
         &self,
         t: &Tensor,
-        kind: RingKind,
+        kind: TensorOp,
         fp: &Fingerprint,
         timeout: Duration,
     ) -> Result<Work> {
-        check_tensor(self.tag, t, kind, fp)?;
+        let off_device = (!t.device().is_cpu()).then(|| {
+            format!(
+                "tensor on {:?}, the CPU backend needs CPU tensors",
+                t.device().location()
+            )
+        });
+        check_tensor(self.tag, t, kind, fp, off_device)?;
         if self.jobs.is_none() || t.elem_count() == 0 {
             return Ok(Work::done());
         }
@@ -209,7 +209,7 @@ impl Communicator for CpuComm {
         fp: &Fingerprint,
         timeout: Duration,
     ) -> Result<Work> {
-        self.tensor_job(t, RingKind::Reduce(op), fp, timeout)
+        self.tensor_job(t, TensorOp::Reduce(op), fp, timeout)
     }
 
     fn broadcast(
@@ -219,7 +219,7 @@ impl Communicator for CpuComm {
         fp: &Fingerprint,
         timeout: Duration,
     ) -> Result<Work> {
-        self.tensor_job(t, RingKind::Bcast(root), fp, timeout)
+        self.tensor_job(t, TensorOp::Bcast(root), fp, timeout)
     }
 
     fn all_gather_bytes(
@@ -252,34 +252,6 @@ impl Drop for CpuComm {
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
-    }
-}
-
-fn check_tensor(tag: RankTag, t: &Tensor, kind: RingKind, fp: &Fingerprint) -> Result<()> {
-    let bad = |why: String| Err(tag.comm(fp.to_string(), why));
-    if !t.device().is_cpu() {
-        return bad(format!(
-            "tensor on {:?}, the CPU backend needs CPU tensors",
-            t.device().location()
-        ));
-    }
-    if !t.is_contiguous() {
-        return bad("tensor is not contiguous (call .contiguous() first)".into());
-    }
-    let float = matches!(
-        t.dtype(),
-        DType::F32 | DType::F64 | DType::BF16 | DType::F16
-    );
-    let int = matches!(t.dtype(), DType::U8 | DType::U32 | DType::I64);
-    match kind {
-        RingKind::Reduce(ReduceOp::Avg) if !float => {
-            bad(format!("avg needs a float dtype, got {:?}", t.dtype()))
-        }
-        _ if !(float || int) => bad(format!(
-            "dtype {:?} not supported (f32 f64 bf16 f16 u8 u32 i64)",
-            t.dtype()
-        )),
-        _ => Ok(()),
     }
 }
 
@@ -531,7 +503,7 @@ impl Ring {
     fn tensor(
         &mut self,
         t: &Tensor,
-        kind: RingKind,
+        kind: TensorOp,
         fp: &Fingerprint,
         deadline: Instant,
     ) -> Result<()> {
@@ -637,7 +609,7 @@ impl Ring {
 /// Candle in-place op that runs a ring collective on the tensor's storage under its write lock.
 struct RingOp<'a> {
     ring: RefCell<&'a mut Ring>,
-    kind: RingKind,
+    kind: TensorOp,
     fp: &'a Fingerprint,
     deadline: Instant,
     err: RefCell<Option<DdpError>>,
@@ -647,8 +619,8 @@ impl RingOp<'_> {
     fn run<T: Elem>(&self, data: &mut [T]) -> Result<()> {
         let mut ring = self.ring.borrow_mut();
         match self.kind {
-            RingKind::Reduce(op) => ring.all_reduce(data, op, self.fp, self.deadline),
-            RingKind::Bcast(root) => {
+            TensorOp::Reduce(op) => ring.all_reduce(data, op, self.fp, self.deadline),
+            TensorOp::Bcast(root) => {
                 ring.broadcast(bytemuck::cast_slice_mut(data), root, self.fp, self.deadline)
             }
         }

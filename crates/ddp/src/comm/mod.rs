@@ -12,7 +12,7 @@ mod nccl;
 
 use crate::error::{RankTag, Result};
 use crate::fingerprint::Fingerprint;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use std::time::Duration;
 
 pub use cpu::CpuComm;
@@ -35,6 +35,49 @@ impl ReduceOp {
             ReduceOp::Sum => "sum",
             ReduceOp::Avg => "avg",
         }
+    }
+}
+
+/// A tensor collective as a backend executes it: an all-reduce with its reduction, or a
+/// broadcast from a root rank.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum TensorOp {
+    Reduce(ReduceOp),
+    Bcast(usize),
+}
+
+/// What every backend requires of a tensor collective's buffer, checked in this order: on the
+/// backend's device (`off_device` is the backend's own check: `Some(why)` when the tensor is
+/// elsewhere), contiguous, and an element type the collective supports (f32 f64 bf16 f16 u8 u32
+/// i64; avg only floats). Errors name the collective `fp`.
+pub(crate) fn check_tensor(
+    tag: RankTag,
+    t: &Tensor,
+    op: TensorOp,
+    fp: &Fingerprint,
+    off_device: Option<String>,
+) -> Result<()> {
+    let bad = |why: String| Err(tag.comm(fp.to_string(), why));
+    if let Some(why) = off_device {
+        return bad(why);
+    }
+    if !t.is_contiguous() {
+        return bad("tensor is not contiguous (call .contiguous() first)".into());
+    }
+    let float = matches!(
+        t.dtype(),
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16
+    );
+    let int = matches!(t.dtype(), DType::U8 | DType::U32 | DType::I64);
+    match op {
+        TensorOp::Reduce(ReduceOp::Avg) if !float => {
+            bad(format!("avg needs a float dtype, got {:?}", t.dtype()))
+        }
+        _ if !(float || int) => bad(format!(
+            "dtype {:?} not supported (f32 f64 bf16 f16 u8 u32 i64)",
+            t.dtype()
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -127,5 +170,75 @@ impl Work {
             #[cfg(feature = "cuda")]
             WorkInner::Cuda(w) => w.wait(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    const TAG: RankTag = RankTag { rank: 0, world: 2 };
+
+    fn fp() -> Fingerprint {
+        Fingerprint {
+            seq: 7,
+            op: "all_reduce(avg)".into(),
+            dtype: "f32".into(),
+            numel: 6,
+            site: "here".into(),
+        }
+    }
+
+    /// The error message of [`check_tensor`], or `None` when the tensor passes.
+    fn why(t: &Tensor, op: TensorOp, off_device: Option<&str>) -> Option<String> {
+        check_tensor(TAG, t, op, &fp(), off_device.map(String::from))
+            .err()
+            .map(|e| e.to_string())
+    }
+
+    #[test]
+    fn tensor_checks_run_in_order_and_name_the_collective() {
+        let f32s = Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap();
+        let strided = f32s.t().unwrap();
+        assert!(!strided.is_contiguous());
+        let avg = TensorOp::Reduce(ReduceOp::Avg);
+        assert_eq!(why(&f32s, avg, None), None);
+        // The backend's device check comes first, then contiguity.
+        let msg = why(&strided, avg, Some("tensor on elsewhere")).unwrap();
+        assert_eq!(
+            msg,
+            "rank 0/2: all_reduce(avg) #7 (f32 x 6) at here: tensor on elsewhere"
+        );
+        let msg = why(&strided, avg, None).unwrap();
+        assert!(
+            msg.ends_with("tensor is not contiguous (call .contiguous() first)"),
+            "{msg}"
+        );
+        // Integers: sum and broadcast, never avg; other dtypes not at all.
+        let u32s = f32s.to_dtype(DType::U32).unwrap();
+        assert_eq!(why(&u32s, TensorOp::Reduce(ReduceOp::Sum), None), None);
+        assert_eq!(why(&u32s, TensorOp::Bcast(1), None), None);
+        let msg = why(&u32s, avg, None).unwrap();
+        assert!(msg.ends_with("avg needs a float dtype, got U32"), "{msg}");
+        let i32s = f32s.to_dtype(DType::I32).unwrap();
+        let msg = why(&i32s, TensorOp::Bcast(0), None).unwrap();
+        assert!(
+            msg.ends_with("dtype I32 not supported (f32 f64 bf16 f16 u8 u32 i64)"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn cpu_backend_checks_before_the_world_size_1_shortcut() {
+        let comm = CpuComm::single(RankTag { rank: 0, world: 1 });
+        let t = Tensor::zeros((2, 3), DType::U8, &Device::Cpu).unwrap();
+        let avg = comm.all_reduce(&t, ReduceOp::Avg, &fp(), Duration::from_secs(1));
+        let msg = avg.err().expect("avg of u8 is refused").to_string();
+        assert!(msg.contains("avg needs a float dtype, got U8"), "{msg}");
+        comm.broadcast(&t, 0, &fp(), Duration::from_secs(1))
+            .unwrap()
+            .wait()
+            .unwrap();
     }
 }

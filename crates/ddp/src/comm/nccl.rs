@@ -14,7 +14,7 @@
 //! [`crate::GroupOptions::force_nccl`]) needs no store. After a timed-out collective the
 //! communicator is aborted on drop without waiting for its streams (a dead peer never finishes).
 
-use super::{Backend, Communicator, ReduceOp, Work, WorkInner};
+use super::{check_tensor, Backend, Communicator, ReduceOp, TensorOp, Work, WorkInner};
 use crate::error::{RankTag, Result};
 use crate::fingerprint::Fingerprint;
 use crate::store::StoreClient;
@@ -119,9 +119,22 @@ impl NcclComm {
         Ok(())
     }
 
-    fn enqueue(&self, t: &Tensor, kind: Kind, fp: &Fingerprint, timeout: Duration) -> Result<Work> {
+    fn enqueue(
+        &self,
+        t: &Tensor,
+        kind: TensorOp,
+        fp: &Fingerprint,
+        timeout: Duration,
+    ) -> Result<Work> {
         self.usable(fp)?;
-        check_tensor(self.tag, &self.device, t, kind, fp)?;
+        let off_device = (!t.device().same_device(&self.device)).then(|| {
+            format!(
+                "tensor on {:?}, the NCCL communicator is on {:?}",
+                t.device().location(),
+                self.device.location()
+            )
+        });
+        check_tensor(self.tag, t, kind, fp, off_device)?;
         if t.elem_count() == 0 {
             return Ok(Work::done());
         }
@@ -200,7 +213,7 @@ impl Communicator for NcclComm {
         fp: &Fingerprint,
         timeout: Duration,
     ) -> Result<Work> {
-        self.enqueue(t, Kind::Reduce(op), fp, timeout)
+        self.enqueue(t, TensorOp::Reduce(op), fp, timeout)
     }
 
     fn broadcast(
@@ -210,7 +223,7 @@ impl Communicator for NcclComm {
         fp: &Fingerprint,
         timeout: Duration,
     ) -> Result<Work> {
-        self.enqueue(t, Kind::Bcast(root), fp, timeout)
+        self.enqueue(t, TensorOp::Bcast(root), fp, timeout)
     }
 
     fn all_gather_bytes(
@@ -249,41 +262,6 @@ impl Drop for NcclComm {
     }
 }
 
-fn check_tensor(
-    tag: RankTag,
-    device: &Device,
-    t: &Tensor,
-    kind: Kind,
-    fp: &Fingerprint,
-) -> Result<()> {
-    let bad = |why: String| Err(tag.comm(fp.to_string(), why));
-    if !t.device().same_device(device) {
-        return bad(format!(
-            "tensor on {:?}, the NCCL communicator is on {:?}",
-            t.device().location(),
-            device.location()
-        ));
-    }
-    if !t.is_contiguous() {
-        return bad("tensor is not contiguous (call .contiguous() first)".into());
-    }
-    let float = matches!(
-        t.dtype(),
-        DType::F32 | DType::F64 | DType::BF16 | DType::F16
-    );
-    let int = matches!(t.dtype(), DType::U8 | DType::U32 | DType::I64);
-    match kind {
-        Kind::Reduce(ReduceOp::Avg) if !float => {
-            bad(format!("avg needs a float dtype, got {:?}", t.dtype()))
-        }
-        _ if !(float || int) => bad(format!(
-            "dtype {:?} not supported (f32 f64 bf16 f16 u8 u32 i64)",
-            t.dtype()
-        )),
-        _ => Ok(()),
-    }
-}
-
 /// Polls `ev` until it completes; a CUDA error or passing `deadline` marks the communicator failed.
 fn poll(
     ev: &CudaEvent,
@@ -313,16 +291,10 @@ fn poll(
     }
 }
 
-#[derive(Clone, Copy)]
-enum Kind {
-    Reduce(ReduceOp),
-    Bcast(usize),
-}
-
 /// Candle in-place op that enqueues the NCCL call on the tensor's CUDA buffer.
 struct NcclInPlace<'a> {
     nc: &'a NcclComm,
-    kind: Kind,
+    kind: TensorOp,
     done: RefCell<Option<CudaEvent>>,
     err: RefCell<Option<String>>,
 }
@@ -337,15 +309,15 @@ impl NcclInPlace<'_> {
         let slice = s.as_cuda_slice_mut::<T>()?;
         let mut view = slice.slice_mut(a..b);
         let r = match self.kind {
-            Kind::Reduce(ReduceOp::Sum) => self
+            TensorOp::Reduce(ReduceOp::Sum) => self
                 .nc
                 .comm
                 .all_reduce_in_place(&mut view, &NcclReduce::Sum),
-            Kind::Reduce(ReduceOp::Avg) => self
+            TensorOp::Reduce(ReduceOp::Avg) => self
                 .nc
                 .comm
                 .all_reduce_in_place(&mut view, &NcclReduce::Avg),
-            Kind::Bcast(root) => self.nc.comm.broadcast_in_place(&mut view, root as i32),
+            TensorOp::Bcast(root) => self.nc.comm.broadcast_in_place(&mut view, root as i32),
         };
         if let Err(e) = r {
             *self.err.borrow_mut() = Some(format!("NCCL: {e:?}"));
