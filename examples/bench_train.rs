@@ -185,9 +185,7 @@ fn main() -> Result<()> {
         .unwrap_or(0);
     let device = match args.device.as_str() {
         "cpu" => Device::Cpu,
-        "cuda" => {
-            Device::new_cuda(local_rank).context("--device cuda (built with --features cuda?)")?
-        }
+        "cuda" => g4ft_trainer::device::cuda_training_device(local_rank)?,
         other => bail!("--device: expected cuda or cpu, got {other:?}"),
     };
     let probe = MemProbe::new(&device)?;
@@ -374,6 +372,11 @@ fn main() -> Result<()> {
         if main_rank {
             let table = prof.finish(&probes, out.norm_s, out.optim_s, wall);
             print!("{}", table.render());
+            println!(
+                "host enqueue of loss() (forward + head): {:.1} ms, synchronised {:.1} ms",
+                probes.loss_host_s * 1e3,
+                probes.loss_s * 1e3
+            );
             println!("PROFILE_JSON {}", table.json());
         }
     }
@@ -583,6 +586,11 @@ impl Marks for Profiler<'_> {
 struct Probes {
     /// Embedding + every layer's forward without graph (`loss()` minus the forward-only head).
     forward_s: f64,
+    /// Host time until `loss()` returns, before the device finishes: when close to the synchronised
+    /// time of `loss()`, the GPU waits for the host (launch-bound), otherwise the host runs ahead.
+    loss_host_s: f64,
+    /// Synchronised time of `loss()` (forward + forward-only head).
+    loss_s: f64,
     /// The fused linear cross-entropy with d(hidden) (tracked hidden) + its backward, on a random
     /// hidden and a random `(vocab, hidden)` weight in the model dtype.
     head_s: f64,
@@ -608,8 +616,11 @@ impl Probes {
             seed,
             micro_step: 0,
         };
+        let mut loss_host_s = f64::INFINITY;
         let loss_s = best(&mut || {
+            let t = Instant::now();
             let out = model.loss(&step::token_batch(batch), &batch.labels, &ctx)?;
+            loss_host_s = loss_host_s.min(t.elapsed().as_secs_f64());
             out.sum.to_scalar::<f32>()?;
             Ok(())
         })?;
@@ -635,6 +646,8 @@ impl Probes {
         })?;
         Ok(Probes {
             forward_s: loss_s - head_fwd_s,
+            loss_host_s,
+            loss_s,
             head_s,
         })
     }

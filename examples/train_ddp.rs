@@ -77,9 +77,7 @@ fn train(cli: &Cli) -> Result<()> {
         .unwrap_or(0);
     let device = match cfg.device {
         DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Cuda => {
-            Device::new_cuda(local_rank).context("--device cuda (build with --features cuda)")?
-        }
+        DeviceKind::Cuda => g4ft::trainer::device::cuda_training_device(local_rank)?,
     };
     // Peak memory for the log line: the CUDA pool's high-water mark, or peak RSS on CPU.
     let mem = MemProbe::new(&device)?;

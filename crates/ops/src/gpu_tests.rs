@@ -277,13 +277,14 @@ fn gpu_kernels_table() -> Result<()> {
         }
         let w = (r(&[512], dtype, 2)? + 1.0)?;
         ok &= check_outputs(
-            &format!("rms_norm_add + rms_norm_backward(residual) {dn}"),
+            &format!("rms_norm_add + rms_norm_backward(residual, over_input) {dn}"),
             "(64, 512)",
             &move |x| {
                 let w = w.to_device(x[0].device())?;
                 let y = rms_norm_add(&x[0], Some(&w), 1e-6, &x[1])?;
                 let dx = rms_norm_backward(&x[0], Some(&w), &x[2], 1e-6, Some(&x[1]))?;
-                Ok(vec![y, dx])
+                let over = rms_norm_backward_over_input(x[0].copy()?, Some(&w), &x[2], 1e-6)?;
+                Ok(vec![y, dx, over])
             },
             &[
                 r(&[64, 512], dtype, 1)?,

@@ -62,7 +62,9 @@ pub use lora_linear::{
     lora_linear, lora_linear_saved, lora_linear_slow, LoraDropout, LoraLinearSaved,
 };
 pub use optim::{adamw_step, adamw_step_slow, clip_coefficient, AdamW};
-pub use rms_norm::{rms_norm, rms_norm_add, rms_norm_backward, rms_norm_slow};
+pub use rms_norm::{
+    rms_norm, rms_norm_add, rms_norm_backward, rms_norm_backward_over_input, rms_norm_slow,
+};
 pub use rope::{rope, rope_backward, rope_slow};
 pub use seed_grad::backward_with_seed;
 pub use softmax::{softmax_last_dim, softmax_last_dim_slow};

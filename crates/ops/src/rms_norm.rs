@@ -158,6 +158,70 @@ pub fn rms_norm_backward(
     x.contiguous()?.apply_op2_no_bwd(&g.contiguous()?, &op)
 }
 
+/// [`rms_norm_backward`] for a forward input that dies here: `dx` is written over `x`'s memory
+/// (each kernel row reads its `x` before writing `dx`), so `x` (consumed; contiguous, owning its
+/// storage alone) comes back holding `dx`. No new buffer. Records no graph.
+pub fn rms_norm_backward_over_input(
+    x: Tensor,
+    weight: Option<&Tensor>,
+    g: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    let weight = weight.map(|w| w.detach().contiguous()).transpose()?;
+    check_weight(&weight, &x)?;
+    if g.dims() != x.dims() || g.dtype() != x.dtype() || !x.is_contiguous() {
+        bail!(
+            "rms_norm_backward_over_input: grad {:?} {:?} must match x {:?} {:?}, x contiguous",
+            g.dims(),
+            g.dtype(),
+            x.dims(),
+            x.dtype()
+        );
+    }
+    let op = RmsNormBwd {
+        weight,
+        eps: eps as f32,
+        residual: None,
+    };
+    x.inplace_op2(&g.contiguous()?, &op)?;
+    Ok(x)
+}
+
+impl candle_core::InplaceOp2 for RmsNormBwd {
+    fn name(&self) -> &'static str {
+        "rms-norm-bwd-over-input"
+    }
+
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout, gs: &CpuStorage, gl: &Layout) -> Result<()> {
+        let op = candle_core::InplaceOp2::name(self);
+        let Some((a, b)) = l.contiguous_offsets() else {
+            bail!("{op}: x must be contiguous");
+        };
+        let (dx, _) = CustomOp2::cpu_fwd(self, s, l, gs, gl)?;
+        with_float_type!(gs, op, T => {
+            T::slice_mut(s, op, "x")?[a..b].copy_from_slice(T::slice(&dx, op, "dx")?);
+            Ok(())
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &mut candle_core::CudaStorage,
+        l: &Layout,
+        gs: &candle_core::CudaStorage,
+        gl: &Layout,
+    ) -> Result<()> {
+        cuda_impl::launch_over_input(
+            candle_core::InplaceOp2::name(self),
+            (s, l),
+            (gs, gl),
+            self.weight.as_ref(),
+            self.eps,
+        )
+    }
+}
+
 /// `residual + rms_norm(x, weight)` in one pass without a graph (explicit forward passes), rounded
 /// like the separate ops: `r(residual + r(norm))`. `residual` must match `x`.
 pub fn rms_norm_add(
@@ -235,11 +299,42 @@ impl CustomOp2 for RmsNormBwd {
 mod cuda_impl {
     use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, Layout, Result, Tensor};
 
     const MODULE: Module = cuda_module!("rms_norm");
+
+    /// The backward kernel with `dx` written over `x`.
+    pub(super) fn launch_over_input(
+        op: &str,
+        (s, l): (&mut CudaStorage, &Layout),
+        (gs, gl): (&CudaStorage, &Layout),
+        weight: Option<&Tensor>,
+        eps: f32,
+    ) -> Result<()> {
+        let dev = s.device().clone();
+        let d = l.dims().last().copied().unwrap_or(1);
+        let rows = l.shape().elem_count() / d.max(1);
+        let wguard = weight.map(|w| w.storage_and_layout());
+        let stream = dev.cuda_stream();
+        with_cuda_float_type!(gs, op, T => {
+            let x = cuda::view::<T>(s, l, op, "x")?.device_ptr(&stream).0;
+            let g = cuda::view::<T>(gs, gl, op, "grad")?;
+            let w = match &wguard {
+                Some((ws, wl)) => cuda::view::<T>(cuda::cuda_of(ws, op, "weight")?, wl, op, "weight")?.device_ptr(&stream).0,
+                None => 0u64,
+            };
+            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>("rms_norm_bwd"))?;
+            let (d_i, null) = (d as i32, 0u64);
+            let mut b = stream.launch_builder(&f);
+            b.arg(&x).arg(&w).arg(&g).arg(&null).arg(&x).arg(&d_i).arg(&eps);
+            // SAFETY: x and g hold rows·d elements of T, w holds d (or is null); each thread
+            // reads x[i] before it writes dx[i] there, after the row's reductions.
+            unsafe { b.launch(cuda::per_row(rows, cuda::row_threads(d).min(256))) }.w()?;
+            Ok(())
+        })
+    }
 
     /// Forward (`grad = None`) or backward (`grad = Some`) kernel, one block per row, with the
     /// optional residual added to the output.

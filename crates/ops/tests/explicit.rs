@@ -57,6 +57,8 @@ fn rms_norm_explicit_matches_autograd_and_fuses_the_residual() -> Result<()> {
         let want = autograd(|t| rms_norm(&t[0], Some(&w), 1e-6), &[x.clone()], &g)?;
         let dx = rms_norm_backward(&x, Some(&w), &g, 1e-6, None)?;
         assert_same("rms_norm_backward", &dx, &want[0])?;
+        let over = rms_norm_backward_over_input(x.copy()?, Some(&w), &g, 1e-6)?;
+        assert_same("rms_norm_backward_over_input", &over, &want[0])?;
         let fused = rms_norm_backward(&x, Some(&w), &g, 1e-6, Some(&res))?;
         assert_same("rms_norm_backward + residual", &fused, &(&res + &dx)?)?;
         let y = rms_norm_add(&x, Some(&w), 1e-6, &res)?;

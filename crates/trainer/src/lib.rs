@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod clip;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod layer;
 pub mod memory;

@@ -100,14 +100,15 @@ impl Attention {
         Ok((out, tape))
     }
 
-    /// d(normed input) from d(attention output) `g (b, t, h)`, with the normed input `x` the
-    /// forward saw; adapter gradients go to `grads`. Consumes the tape so each saved tensor is
-    /// freed right after its last use.
+    /// d(normed input) from d(attention output) `g (b, t, h)` (consumed: freed after `o_proj`);
+    /// `normed_input` recomputes the normed input the forward saw, called only for the q/k/v
+    /// projections at the end. Adapter gradients go to `grads`. Consumes the tape so each saved
+    /// tensor is freed right after its last use.
     pub(crate) fn backward_saved(
         &self,
         tape: AttentionTape,
-        g: &Tensor,
-        x: &Tensor,
+        g: Tensor,
+        normed_input: impl FnOnce() -> Result<Tensor>,
         rope_t: &RopeTable,
         grads: &mut AdapterGrads,
     ) -> Result<Tensor> {
@@ -132,8 +133,8 @@ impl Attention {
             .expect("forward_saved checked the own K/V");
         // o_proj's input is a transpose of the output: recomputed, and its memory takes d(input).
         let flat = swap_dims12(&o)?.reshape((b, t, nh * d))?;
-        let d_flat = o_proj.backward_over_input(flat, g, grads)?;
-        drop(o_proj);
+        let d_flat = o_proj.backward_over_input(flat, &g, grads)?;
+        drop((o_proj, g));
         let d_o = swap_dims12(&d_flat.reshape((b, t, nh, d))?)?;
         drop(d_flat);
         let q = self.roped(&q_raw, &self.q_norm, rope_t)?;
@@ -153,6 +154,7 @@ impl Attention {
         };
         let dq_raw = unroped(&dq, &q_raw, &self.q_norm, None)?;
         drop((dq, q_raw));
+        let x = &normed_input()?;
         let dx = q_proj.backward(x, &flat(dq_raw)?, grads)?;
         // attention_k_eq_v: V is the raw k_proj output too, so its gradient joins dK's.
         let (dk_raw, dv_raw) = match v_proj {

@@ -12,6 +12,7 @@ use candle_core::Tensor;
 use g4ft_lora::{AdapterGrads, LoraContext, ProjectionSaved};
 use g4ft_ops::{
     gelu_tanh_mul, gelu_tanh_mul_backward_in_place, rms_norm, rms_norm_add, rms_norm_backward,
+    rms_norm_backward_over_input,
 };
 
 use super::{DecoderLayer, LayerInputs};
@@ -172,8 +173,7 @@ impl DecoderLayer {
             g.clone()
         };
         // --- feed-forward: h2 = h1 + post_ff(down(geglu(gate(hn), up(hn)))) ---
-        let dm = rms_norm_backward(&m, Some(&self.post_feedforward_layernorm), &g, eps, None)?;
-        drop(m);
+        let dm = rms_norm_backward_over_input(m, Some(&self.post_feedforward_layernorm), &g, eps)?;
         let dact = down_proj.backward_over_input(act, &dm, grads)?;
         drop((dm, down_proj));
         // d(gate), d(up) overwrite gate and up (the tape owned them alone).
@@ -188,13 +188,11 @@ impl DecoderLayer {
         let dh1 = rms_norm_backward(&h1, pre_ff, &dhn, eps, Some(&g))?;
         drop((h1, dhn, g));
         // --- attention: h1 = x + post_attn(attn(input_norm(x))) ---
-        let da = rms_norm_backward(&a, Some(&self.post_attention_layernorm), &dh1, eps, None)?;
-        drop(a);
-        let xn = rms_norm(&x, Some(&self.input_layernorm), eps)?;
-        let dxn = self
-            .self_attn
-            .backward_saved(attn, &da, &xn, self.rope_table(inputs), grads)?;
-        drop((da, xn));
+        let da = rms_norm_backward_over_input(a, Some(&self.post_attention_layernorm), &dh1, eps)?;
+        let input_norm = || Ok(rms_norm(&x, Some(&self.input_layernorm), eps)?);
+        let dxn =
+            self.self_attn
+                .backward_saved(attn, da, input_norm, self.rope_table(inputs), grads)?;
         Ok(rms_norm_backward(
             &x,
             Some(&self.input_layernorm),
