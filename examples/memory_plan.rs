@@ -59,8 +59,9 @@ fn layer_working_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
 
 /// The explicit backward (`decoder_layer/explicit.rs`): its tape (layer input, raw q/k/v, post-norm
 /// K/V, attention output, the two residual-stream tensors, gate, up, their product, the MLP output,
-/// the LoRA `low`s) plus, during the `down_proj` backward, the upstream gradient, d(MLP output)
-/// and one dropout chunk (8M elements); d(product) takes the product's memory.
+/// the LoRA `low`s) plus, during the `down_proj` backward (its largest moment), the upstream
+/// gradient and one dropout chunk (8M elements); d(MLP output) and d(product) take the memory of
+/// the MLP output and of the product.
 fn explicit_layer_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
     let (h, nh) = (cfg.hidden_size as u64, cfg.num_attention_heads as u64);
     let (d, kv, im) = (
@@ -71,8 +72,7 @@ fn explicit_layer_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
     let (q, kvd) = (nh * d, kv * d);
     let v_raw = if l.has_v_proj { kvd } else { 0 };
     let tape = bt * (h + q + kvd + v_raw + 2 * kvd + q + 2 * h + 3 * im + h + 7 * r);
-    let live = bt * 2 * h + (8u64 << 20).min(bt * im);
-    tape + live - bt * h // the MLP output is freed before the down_proj backward
+    tape + bt * h + (8u64 << 20).min(bt * im)
 }
 
 /// Saved activations (elements) of one recomputed layer's autograd graph and its live MLP

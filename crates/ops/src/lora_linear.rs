@@ -463,9 +463,11 @@ mod cuda_impl {
 
     /// Rows per chunk of the dropout temporaries: at most `CHUNK_ELEMS` elements of `x`'s shape,
     /// an even element count (dropout pairs), so `drop(x)` never takes a full `(m, in)` buffer
-    /// (8 MiB in bf16; the 12B `down_proj` input is 7.5 chunks).
+    /// (16 MiB in bf16: one chunk for the 12B q/k/v/gate/up inputs, two for a full layer's o_proj,
+    /// four for down_proj;
+    /// smaller chunks cost more dropout and split-K launches than the memory they save).
     fn chunk_rows(m: usize, inf: usize) -> usize {
-        const CHUNK_ELEMS: usize = 4 << 20;
+        const CHUNK_ELEMS: usize = 8 << 20;
         let rows = (CHUNK_ELEMS / inf.max(1)).clamp(1, m.max(1));
         if inf % 2 == 1 && rows % 2 == 1 && rows < m {
             rows + 1
