@@ -57,19 +57,33 @@ fn layer_working_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
     }
 }
 
+/// Per-token widths of one layer: hidden, all query heads, all K (or V) heads, MLP.
+struct Widths {
+    h: u64,
+    q: u64,
+    kvd: u64,
+    im: u64,
+}
+
+impl Widths {
+    fn of(cfg: &Config, l: &LayerConfig) -> Self {
+        let d = l.head_dim as u64;
+        Widths {
+            h: cfg.hidden_size as u64,
+            q: cfg.num_attention_heads as u64 * d,
+            kvd: l.num_key_value_heads as u64 * d,
+            im: l.intermediate_size as u64,
+        }
+    }
+}
+
 /// The explicit backward (`decoder_layer/explicit.rs`): its tape (layer input, raw q/k/v, post-norm
 /// K/V, attention output, the two residual-stream tensors, gate, up, their product, the MLP output,
 /// the LoRA `low`s) plus, during the `down_proj` backward (its largest moment), the upstream
 /// gradient and one dropout chunk (8M elements); d(MLP output) and d(product) take the memory of
 /// the MLP output and of the product.
 fn explicit_layer_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
-    let (h, nh) = (cfg.hidden_size as u64, cfg.num_attention_heads as u64);
-    let (d, kv, im) = (
-        l.head_dim as u64,
-        l.num_key_value_heads as u64,
-        l.intermediate_size as u64,
-    );
-    let (q, kvd) = (nh * d, kv * d);
+    let Widths { h, q, kvd, im } = Widths::of(cfg, l);
     let v_raw = if l.has_v_proj { kvd } else { 0 };
     let tape = bt * (h + q + kvd + v_raw + 2 * kvd + q + 2 * h + 3 * im + h + 7 * r);
     tape + bt * h + (8u64 << 20).min(bt * im)
@@ -78,14 +92,8 @@ fn explicit_layer_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
 /// Saved activations (elements) of one recomputed layer's autograd graph and its live MLP
 /// gradients.
 fn autograd_layer_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
-    let (h, nh) = (cfg.hidden_size as u64, cfg.num_attention_heads as u64);
-    let (d, kv, im) = (
-        l.head_dim as u64,
-        l.num_key_value_heads as u64,
-        l.intermediate_size as u64,
-    );
-    let q = nh * d;
-    let kvd = if l.has_kv_proj() { kv * d } else { 0 };
+    let Widths { h, q, kvd, im } = Widths::of(cfg, l);
+    let kvd = if l.has_kv_proj() { kvd } else { 0 };
     let n_kv_tensors = if l.has_v_proj { 2 } else { 1 };
     // Attention block: input norm out, LoRA dropout inputs of q/k/v, q raw/normed/roped,
     // k (and v) raw/normed/roped, attention output, o dropout input, o out, post norm, residual.

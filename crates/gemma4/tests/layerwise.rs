@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 
 use candle_core::{DType, Tensor, Var};
-use common::{as_i64, as_u32, golden, golden_dir, test_device, Checks};
+use common::{golden, golden_dir, test_device, Checks, GoldenBatch};
 use g4ft_gemma4::{BackwardMode, Gemma4Model, TokenBatch};
 use g4ft_lora::{Adapter, LoraContext};
 
@@ -88,18 +88,6 @@ fn layerwise_grads(
     (layerwise, stats)
 }
 
-/// The golden case's batch: (input ids, attention mask, labels, (b, t)).
-fn golden_batch(case: &str) -> (Vec<u32>, Vec<u32>, Vec<i64>, (usize, usize)) {
-    let g = golden(case);
-    let dims = g["input_ids"].dims2().unwrap();
-    (
-        as_u32(&g["input_ids"]),
-        as_u32(&g["attention_mask"]),
-        as_i64(&g["labels"]),
-        dims,
-    )
-}
-
 fn load(case: &str, dtype: DType) -> Gemma4Model {
     Gemma4Model::load(golden_dir(case).to_str().unwrap(), dtype, &test_device()).unwrap()
 }
@@ -114,21 +102,15 @@ fn check_case(
     explicit_layers: usize,
 ) {
     println!("== {case} {dtype:?} {mode:?} dropout {dropout}");
-    let (ids, mask, labels, (b, t)) = golden_batch(case);
-    let batch = TokenBatch {
-        input_ids: &ids,
-        attention_mask: Some(&mask),
-        position_ids: None,
-        batch: b,
-        seq_len: t,
-    };
+    let golden_batch = GoldenBatch::new(&golden(case));
+    let (labels, batch) = (&golden_batch.labels, golden_batch.tokens());
     let mut model = load(case, dtype);
     let adapters = attach_all(&mut model, dropout);
     model.set_backward_mode(mode);
     assert_eq!(model.explicit_backward_layers(), explicit_layers, "{case}");
     let scale = 0.25;
-    let (layerwise, stats) = layerwise_grads(&model, &batch, &labels, &adapters, scale);
-    let full = model.loss(&batch, &labels, &TRAIN).unwrap();
+    let (layerwise, stats) = layerwise_grads(&model, &batch, labels, &adapters, scale);
+    let full = model.loss(&batch, labels, &TRAIN).unwrap();
     assert_eq!(full.n_tokens, stats.n_tokens);
     let full_loss = full.sum.to_scalar::<f32>().unwrap() as f64;
     let fg = (full.sum * (scale / full.n_tokens as f64))
@@ -205,16 +187,12 @@ fn explicit_layer_backward_equals_full_graph_bf16() {
 #[test]
 fn batch_without_targets_gives_zero_gradients_for_every_layer() {
     let case = "gemma4-a-unified-keqv";
-    let g = golden(case);
-    let ids = as_u32(&g["input_ids"]);
-    let (b, t) = g["input_ids"].dims2().unwrap();
+    let golden_batch = GoldenBatch::new(&golden(case));
+    let (b, t) = golden_batch.dims;
     let labels = vec![-100i64; b * t];
     let batch = TokenBatch {
-        input_ids: &ids,
         attention_mask: None,
-        position_ids: None,
-        batch: b,
-        seq_len: t,
+        ..golden_batch.tokens()
     };
     let mut model = Gemma4Model::load(
         golden_dir(case).to_str().unwrap(),

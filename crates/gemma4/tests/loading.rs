@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use common::{as_u32, golden, golden_dir, Checks};
-use g4ft_gemma4::{Gemma4Model, TokenBatch};
+use common::{golden, golden_dir, Checks, GoldenBatch};
+use g4ft_gemma4::Gemma4Model;
 use g4ft_lora::LoraContext;
 
 const CASE: &str = "gemma4-a-unified-keqv";
@@ -27,19 +27,9 @@ fn tensors() -> HashMap<String, Tensor> {
 }
 
 fn logits(dir: &Path) -> Tensor {
-    let g = golden(CASE);
-    let ids = as_u32(&g["input_ids"]);
-    let mask = as_u32(&g["attention_mask"]);
-    let (b, t) = g["input_ids"].dims2().unwrap();
+    let batch = GoldenBatch::new(&golden(CASE));
     let model = Gemma4Model::load(dir.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
-    let batch = TokenBatch {
-        input_ids: &ids,
-        attention_mask: Some(&mask),
-        position_ids: None,
-        batch: b,
-        seq_len: t,
-    };
-    model.forward(&batch, &LoraContext::EVAL).unwrap()
+    model.forward(&batch.tokens(), &LoraContext::EVAL).unwrap()
 }
 
 #[test]

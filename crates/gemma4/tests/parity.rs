@@ -6,7 +6,9 @@
 mod common;
 
 use candle_core::DType;
-use common::{as_i64, as_u32, attach_identity_adapter, golden, golden_dir, test_device, Checks};
+use common::{
+    as_u32, attach_identity_adapter, golden, golden_dir, test_device, Checks, GoldenBatch,
+};
 use g4ft_gemma4::{Gemma4Model, TokenBatch};
 use g4ft_lora::LoraContext;
 
@@ -22,17 +24,8 @@ fn run_case(case: &str) {
     let dir = golden_dir(case);
     let g = golden(case);
     let mut checks = Checks::default();
-    let ids = as_u32(&g["input_ids"]);
-    let mask = as_u32(&g["attention_mask"]);
-    let labels = as_i64(&g["labels"]);
-    let (b, t) = g["input_ids"].dims2().unwrap();
-    let batch = TokenBatch {
-        input_ids: &ids,
-        attention_mask: Some(&mask),
-        position_ids: None,
-        batch: b,
-        seq_len: t,
-    };
+    let golden_batch = GoldenBatch::new(&g);
+    let (labels, batch) = (&golden_batch.labels, golden_batch.tokens());
     let dir_s = dir.to_str().unwrap();
 
     // fp32 logits and loss.
@@ -41,7 +34,7 @@ fn run_case(case: &str) {
     let logits = model.forward(&batch, &LoraContext::EVAL).unwrap();
     checks.close("logits", &logits, &g["logits"], 0.0, 1e-4);
     let want_loss = g["loss"].to_vec1::<f32>().unwrap()[0] as f64;
-    let out = model.loss(&batch, &labels, &LoraContext::EVAL).unwrap();
+    let out = model.loss(&batch, labels, &LoraContext::EVAL).unwrap();
     let loss = out.sum.to_scalar::<f32>().unwrap() as f64 / out.n_tokens as f64;
     checks.scalar("loss", loss, want_loss, 0.0, 1e-5);
 
@@ -71,7 +64,7 @@ fn run_case(case: &str) {
     let stats = model
         .forward_backward(
             &batch,
-            &labels,
+            labels,
             &TRAIN,
             1.0,
             |layer, gs| -> Result<(), g4ft_gemma4::Error> {
@@ -91,7 +84,7 @@ fn run_case(case: &str) {
     let n = model.config().num_hidden_layers;
     assert_eq!(seen_layers, (0..n).rev().collect::<Vec<_>>());
     checks.scalar("layerwise loss", stats.mean(), want_loss, 0.0, 1e-5);
-    let full = model.loss(&batch, &labels, &TRAIN).unwrap();
+    let full = model.loss(&batch, labels, &TRAIN).unwrap();
     let full_grads = (full.sum / full.n_tokens as f64)
         .unwrap()
         .backward()
@@ -118,7 +111,7 @@ fn run_case(case: &str) {
 
     // bf16 loss.
     let bf = Gemma4Model::load(dir_s, DType::BF16, &test_device()).unwrap();
-    let out = bf.loss(&batch, &labels, &LoraContext::EVAL).unwrap();
+    let out = bf.loss(&batch, labels, &LoraContext::EVAL).unwrap();
     let bf_loss = out.sum.to_scalar::<f32>().unwrap() as f64 / out.n_tokens as f64;
     let want_bf = g["loss_bf16"].to_vec1::<f32>().unwrap()[0] as f64;
     checks.scalar("bf16 loss vs HF sdpa", bf_loss, want_bf, 2e-2, 0.0);

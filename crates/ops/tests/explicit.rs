@@ -54,7 +54,11 @@ fn rms_norm_explicit_matches_autograd_and_fuses_the_residual() -> Result<()> {
             (randn(&[64], dtype, 2)? + 1.0)?,
         );
         let (g, res) = (randn(&[3, 5, 64], dtype, 3)?, randn(&[3, 5, 64], dtype, 4)?);
-        let want = autograd(|t| rms_norm(&t[0], Some(&w), 1e-6), &[x.clone()], &g)?;
+        let want = autograd(
+            |t| rms_norm(&t[0], Some(&w), 1e-6),
+            std::slice::from_ref(&x),
+            &g,
+        )?;
         let dx = rms_norm_backward(&x, Some(&w), &g, 1e-6, None)?;
         assert_same("rms_norm_backward", &dx, &want[0])?;
         let over = rms_norm_backward_over_input(x.copy()?, Some(&w), &g, 1e-6)?;

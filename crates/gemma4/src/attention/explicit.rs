@@ -112,19 +112,6 @@ impl Attention {
         rope_t: &RopeTable,
         grads: &mut AdapterGrads,
     ) -> Result<Tensor> {
-        let AttentionTape {
-            q_proj,
-            k_proj,
-            v_proj,
-            q_raw,
-            k_raw,
-            v_raw,
-            k,
-            v,
-            o,
-            attn,
-            o_proj,
-        } = tape;
         let (b, t, _) = g.dims3()?;
         let (nh, d) = (self.num_heads, self.head_dim);
         let k_norm = self
@@ -132,38 +119,38 @@ impl Attention {
             .as_ref()
             .expect("forward_saved checked the own K/V");
         // o_proj's input is a transpose of the output: recomputed, and its memory takes d(input).
-        let flat = swap_dims12(&o)?.reshape((b, t, nh * d))?;
-        let d_flat = o_proj.backward_over_input(flat, &g, grads)?;
-        drop((o_proj, g));
+        let flat = swap_dims12(&tape.o)?.reshape((b, t, nh * d))?;
+        let d_flat = tape.o_proj.backward_over_input(flat, &g, grads)?;
+        drop((tape.o_proj, g));
         let d_o = swap_dims12(&d_flat.reshape((b, t, nh, d))?)?;
         drop(d_flat);
-        let q = self.roped(&q_raw, &self.q_norm, rope_t)?;
-        let (dq, dk, dv) = attn.backward(&q, &k, &v, &o, &d_o)?;
-        drop((q, k, v, o, d_o, attn));
+        let q = self.roped(&tape.q_raw, &self.q_norm, rope_t)?;
+        let (dq, dk, dv) = tape.attn.backward(&q, &tape.k, &tape.v, &tape.o, &d_o)?;
+        drop((q, tape.k, tape.v, tape.o, d_o, tape.attn));
         // d(raw) of a roped, normed projection: rope⁻ᵀ, back to (b, t, heads, d), norm backward
         // (plus `extra`, another gradient of the same raw output, added in the same kernel).
         let unroped = |dy: &Tensor, raw: &Tensor, norm: &Tensor, extra: Option<&Tensor>| {
             let dn = swap_dims12(&rope_backward(dy, &rope_t.cos, &rope_t.sin)?)?;
             Ok::<_, Error>(rms_norm_backward(raw, Some(norm), &dn, self.eps, extra)?)
         };
-        let dv_raw = rms_norm_backward(&v_raw, None, &swap_dims12(&dv)?, self.eps, None)?;
-        drop((dv, v_raw));
+        let dv_raw = rms_norm_backward(&tape.v_raw, None, &swap_dims12(&dv)?, self.eps, None)?;
+        drop((dv, tape.v_raw));
         let flat = |t4: Tensor| -> Result<Tensor> {
             let (b, t, n, d) = t4.dims4()?;
             Ok(t4.reshape((b, t, n * d))?)
         };
-        let dq_raw = unroped(&dq, &q_raw, &self.q_norm, None)?;
-        drop((dq, q_raw));
+        let dq_raw = unroped(&dq, &tape.q_raw, &self.q_norm, None)?;
+        drop((dq, tape.q_raw));
         let x = &normed_input()?;
-        let dx = q_proj.backward(x, &flat(dq_raw)?, grads)?;
+        let dx = tape.q_proj.backward(x, &flat(dq_raw)?, grads)?;
         // attention_k_eq_v: V is the raw k_proj output too, so its gradient joins dK's.
-        let (dk_raw, dv_raw) = match v_proj {
-            Some(_) => (unroped(&dk, &k_raw, k_norm, None)?, Some(dv_raw)),
-            None => (unroped(&dk, &k_raw, k_norm, Some(&dv_raw))?, None),
+        let (dk_raw, dv_raw) = match &tape.v_proj {
+            Some(_) => (unroped(&dk, &tape.k_raw, k_norm, None)?, Some(dv_raw)),
+            None => (unroped(&dk, &tape.k_raw, k_norm, Some(&dv_raw))?, None),
         };
-        drop((dk, k_raw));
-        let mut dx = k_proj.backward_acc(x, &flat(dk_raw)?, dx, grads)?;
-        if let (Some(v_proj), Some(dv_raw)) = (&v_proj, dv_raw) {
+        drop((dk, tape.k_raw));
+        let mut dx = tape.k_proj.backward_acc(x, &flat(dk_raw)?, dx, grads)?;
+        if let (Some(v_proj), Some(dv_raw)) = (&tape.v_proj, dv_raw) {
             dx = v_proj.backward_acc(x, &flat(dv_raw)?, dx, grads)?;
         }
         Ok(dx)

@@ -153,19 +153,6 @@ impl DecoderLayer {
         inputs: &LayerInputs,
         grads: &mut AdapterGrads,
     ) -> Result<Tensor> {
-        let LayerTape {
-            x,
-            attn,
-            a,
-            h1,
-            gate_proj,
-            up_proj,
-            down_proj,
-            gate,
-            up,
-            act,
-            m,
-        } = tape;
         let eps = self.eps;
         let g = if self.layer_scalar != 1.0 {
             g.affine(self.layer_scalar, 0.0)?
@@ -173,28 +160,34 @@ impl DecoderLayer {
             g.clone()
         };
         // --- feed-forward: h2 = h1 + post_ff(down(geglu(gate(hn), up(hn)))) ---
-        let dm = rms_norm_backward_over_input(m, Some(&self.post_feedforward_layernorm), &g, eps)?;
-        let dact = down_proj.backward_over_input(act, &dm, grads)?;
-        drop((dm, down_proj));
+        let dm =
+            rms_norm_backward_over_input(tape.m, Some(&self.post_feedforward_layernorm), &g, eps)?;
+        let dact = tape.down_proj.backward_over_input(tape.act, &dm, grads)?;
+        drop((dm, tape.down_proj));
         // d(gate), d(up) overwrite gate and up (the tape owned them alone).
-        let (dgate, dup) = gelu_tanh_mul_backward_in_place(gate, up, &dact)?;
+        let (dgate, dup) = gelu_tanh_mul_backward_in_place(tape.gate, tape.up, &dact)?;
         drop(dact);
         let pre_ff = Some(&self.pre_feedforward_layernorm);
-        let hn = rms_norm(&h1, pre_ff, eps)?;
-        let dhn = gate_proj.backward(&hn, &dgate, grads)?;
-        let dhn = up_proj.backward_acc(&hn, &dup, dhn, grads)?;
-        drop((hn, dgate, dup, gate_proj, up_proj));
+        let hn = rms_norm(&tape.h1, pre_ff, eps)?;
+        let dhn = tape.gate_proj.backward(&hn, &dgate, grads)?;
+        let dhn = tape.up_proj.backward_acc(&hn, &dup, dhn, grads)?;
+        drop((hn, dgate, dup, tape.gate_proj, tape.up_proj));
         // The residual stream's gradient joins inside the norm backward.
-        let dh1 = rms_norm_backward(&h1, pre_ff, &dhn, eps, Some(&g))?;
-        drop((h1, dhn, g));
+        let dh1 = rms_norm_backward(&tape.h1, pre_ff, &dhn, eps, Some(&g))?;
+        drop((tape.h1, dhn, g));
         // --- attention: h1 = x + post_attn(attn(input_norm(x))) ---
-        let da = rms_norm_backward_over_input(a, Some(&self.post_attention_layernorm), &dh1, eps)?;
-        let input_norm = || Ok(rms_norm(&x, Some(&self.input_layernorm), eps)?);
-        let dxn =
-            self.self_attn
-                .backward_saved(attn, da, input_norm, self.rope_table(inputs), grads)?;
+        let da =
+            rms_norm_backward_over_input(tape.a, Some(&self.post_attention_layernorm), &dh1, eps)?;
+        let input_norm = || Ok(rms_norm(&tape.x, Some(&self.input_layernorm), eps)?);
+        let dxn = self.self_attn.backward_saved(
+            tape.attn,
+            da,
+            input_norm,
+            self.rope_table(inputs),
+            grads,
+        )?;
         Ok(rms_norm_backward(
-            &x,
+            &tape.x,
             Some(&self.input_layernorm),
             &dxn,
             eps,

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor, Var};
-use g4ft_gemma4::Gemma4Model;
+use g4ft_gemma4::{Gemma4Model, TokenBatch};
 use g4ft_lora::Adapter;
 
 /// Max abs / rel difference of two tensors and where the worst element is.
@@ -187,4 +187,35 @@ pub fn attach_identity_adapter(model: &mut Gemma4Model, path: &str) -> Var {
         dropout: 0.0,
     }));
     b
+}
+
+/// A golden case's right-padded batch, owned: ids, attention mask, labels and `(b, t)`.
+pub struct GoldenBatch {
+    pub ids: Vec<u32>,
+    pub mask: Vec<u32>,
+    pub labels: Vec<i64>,
+    pub dims: (usize, usize),
+}
+
+impl GoldenBatch {
+    /// The batch of the fixture tensors `g`.
+    pub fn new(g: &HashMap<String, Tensor>) -> Self {
+        GoldenBatch {
+            ids: as_u32(&g["input_ids"]),
+            mask: as_u32(&g["attention_mask"]),
+            labels: as_i64(&g["labels"]),
+            dims: g["input_ids"].dims2().unwrap(),
+        }
+    }
+
+    /// The model's view of it (with the attention mask, default positions).
+    pub fn tokens(&self) -> TokenBatch<'_> {
+        TokenBatch {
+            input_ids: &self.ids,
+            attention_mask: Some(&self.mask),
+            position_ids: None,
+            batch: self.dims.0,
+            seq_len: self.dims.1,
+        }
+    }
 }
