@@ -300,12 +300,16 @@ mod nccl {
         Rank::new(pg, dev, LAYERS, &shapes, BUCKET_MB, backward)
     }
 
+    /// Rank 0's command (`Some((mode index, iterations))`, or `None` = stop) to every rank. One
+    /// call site for leader and followers: the process group's desync check compares where each
+    /// rank issued a collective, and a leader/follower split across two lines reads as divergence.
+    fn command(pg: &ProcessGroup, cmd: Option<(usize, u64)>) -> Option<(usize, u64)> {
+        pg.broadcast_object(&cmd, 0).expect("command from rank 0")
+    }
+
     /// Runs rank 0's commands until it sends `None`.
     fn follow(pg: &ProcessGroup, r: &mut Rank) {
-        while let Some((code, iters)) = pg
-            .broadcast_object::<Option<(usize, u64)>>(&None, 0)
-            .expect("command from rank 0")
-        {
+        while let Some((code, iters)) = command(pg, None) {
             for _ in 0..iters {
                 step(r, MODES[code]);
             }
@@ -334,8 +338,7 @@ mod nccl {
         }
         let mut drive = |r: &mut Rank, mode: Mode, iters: u64| {
             let code = MODES.iter().position(|m| *m == mode).expect("mode");
-            pg.broadcast_object(&Some((code, iters)), 0)
-                .expect("command to the other ranks");
+            command(&pg, Some((code, iters)));
             let t0 = Instant::now();
             for _ in 0..iters {
                 step(r, mode);
@@ -348,8 +351,7 @@ mod nccl {
             if pg.world_size() == 1 { ", forced one-rank communicator" } else { "" }
         );
         measure(c, &mut r, &mut drive, &title);
-        pg.broadcast_object::<Option<(usize, u64)>>(&None, 0)
-            .expect("stop the other ranks");
+        command(&pg, None);
     }
 }
 
