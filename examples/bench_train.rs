@@ -23,6 +23,11 @@
 //! timed by separate probes on the same shapes and the last layer's backward is the remainder
 //! (see `Profile`). The normal steps never synchronise inside a step.
 //!
+//! `--overlap` adds one more step that synchronises the device only at micro-batch boundaries:
+//! the time `ddp.finish()` still waits after the synchronised micro-batch's compute has finished
+//! is the communication the backward did not hide; beside it, the same buckets all-reduced with
+//! nothing else running (time, algorithm and bus bandwidth, the post's 100 GB/s estimate).
+//!
 //! Peak memory: on CUDA the default memory pool's high-water mark (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`,
 //! reset after the model and adapters are built, as the anchor resets torch's peak stats), with
 //! the pool's release threshold raised to `u64::MAX` at startup; on CPU the process's peak RSS.
@@ -41,7 +46,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor, Var};
 use clap::Parser;
 use g4ft_data::Batch;
-use g4ft_ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
+use g4ft_ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup, ReduceOp};
 use g4ft_gemma4::{BackwardMode, Config, Gemma4Model, LayerType};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, LoraContext, TargetModules};
 use g4ft_trainer::cli::ShapeArgs;
@@ -104,6 +109,11 @@ struct Args {
     /// it covers) or `autograd` (Candle's backward everywhere, for before/after numbers).
     #[arg(long, default_value = "explicit", value_parser = ["explicit", "autograd"])]
     backward: String,
+    /// After the summary, run one more step synchronised only at micro-batch boundaries and
+    /// print how much of the gradient all-reduce the backward hides, beside the all-reduce of
+    /// the same buckets alone (time, algorithm and bus bandwidth).
+    #[arg(long)]
+    overlap: bool,
 }
 
 /// `cudaProfilerStart` (`start`) or `cudaProfilerStop` (CUDA runtime, linked by the `cuda` build;
@@ -259,7 +269,7 @@ fn main() -> Result<()> {
         &step::bucket_lens(&ddp)?,
         &device,
     )?;
-    let total_steps = (args.steps + usize::from(args.profile)) as u64;
+    let total_steps = (args.steps + usize::from(args.profile) + usize::from(args.overlap)) as u64;
     let mut sched = CosineWithWarmup::new(LR, WARMUP_STEPS, total_steps);
     let (b, t) = (shape.micro_batch, shape.seq);
     let weighting = LossWeighting::MeanPerMicroBatch { accum: args.accum };
@@ -380,9 +390,228 @@ fn main() -> Result<()> {
             println!("PROFILE_JSON {}", table.json());
         }
     }
+    if args.overlap {
+        let batches = window(n + usize::from(args.profile));
+        let mut probe = OverlapProbe::new(&device, args.accum);
+        train_step(
+            &model,
+            &mut ddp,
+            &mut optim,
+            &mut sched,
+            &batches,
+            weighting,
+            (args.seed, &mut micro_step),
+            &mut probe,
+        )?;
+        let alone = CommAlone::measure(&ddp, &device)?;
+        let exposed = group.all_gather_object(&probe.exposed_s)?;
+        if main_rank {
+            print!("{}", probe.report(&alone, &exposed));
+        }
+    }
     drop(ddp);
     drop(group);
     Ok(())
+}
+
+/// `--overlap`: synchronises the device only at micro-batch boundaries, so that the
+/// synchronised micro-batch overlaps its all-reduces with its backward exactly as a normal step.
+struct OverlapProbe<'a> {
+    device: &'a Device,
+    accum: usize,
+    start: Instant,
+    /// End of the last micro-batch's compute (device synchronised, before `ddp.finish()`).
+    compute_end: Instant,
+    /// Seconds of each `no_sync` micro-batch.
+    no_sync_s: Vec<f64>,
+    /// Seconds of the synchronised micro-batch, including `ddp.finish()`.
+    sync_s: f64,
+    /// Seconds `ddp.finish()` waited after the backward's compute had finished: the exposed
+    /// communication.
+    exposed_s: f64,
+}
+
+impl<'a> OverlapProbe<'a> {
+    fn new(device: &'a Device, accum: usize) -> Self {
+        let now = Instant::now();
+        OverlapProbe {
+            device,
+            accum,
+            start: now,
+            compute_end: now,
+            no_sync_s: Vec::new(),
+            sync_s: 0.0,
+            exposed_s: 0.0,
+        }
+    }
+
+    /// The overlap table: exposed vs alone, and this rank's micro-batch times with and without
+    /// sync. `exposed` is every rank's exposed time: a rank whose compute ends early also waits
+    /// for the slower ranks, so the communication tail is what the last rank to finish waits
+    /// (the smallest).
+    fn report(&self, alone: &CommAlone, exposed: &[f64]) -> String {
+        let world = exposed.len();
+        let mut no_sync = self.no_sync_s.clone();
+        no_sync.sort_by(f64::total_cmp);
+        let median = no_sync.get(no_sync.len() / 2).copied().unwrap_or(f64::NAN);
+        let tail = exposed.iter().copied().fold(f64::INFINITY, f64::min);
+        // Exposed time above the communication alone (host overhead, one bucket) counts as 0%.
+        let hidden = (1.0 - tail / alone.all_buckets_s).max(0.0);
+        let mut out = format!(
+            "OVERLAP world {world}: gradient all-reduce of {} buckets, {:.1} MB fp32\n",
+            alone.buckets,
+            alone.bytes as f64 / 1e6
+        );
+        out += &alone.render(world);
+        let per_rank: Vec<String> = exposed.iter().map(|e| format!("{:.2}", e * 1e3)).collect();
+        out += &format!(
+            "exposed after the backward's compute: {:.2} ms (per rank: {} ms; the last rank to finish \
+             waits the least) of {:.2} ms alone -> {:.1}% hidden behind backward\n\
+             rank 0 micro-batch: synchronised {:.1} ms (incl. finish), no_sync median {:.1} ms (difference {:.2} ms)\n",
+            tail * 1e3,
+            per_rank.join(" / "),
+            alone.all_buckets_s * 1e3,
+            100.0 * hidden,
+            self.sync_s * 1e3,
+            median * 1e3,
+            (self.sync_s - median) * 1e3
+        );
+        out += &format!(
+            "OVERLAP_JSON {}\n",
+            serde_json::json!({
+                "world": world, "buckets": alone.buckets, "bytes": alone.bytes,
+                "alone_all_buckets_s": alone.all_buckets_s, "alone_one_bucket_s": alone.one_bucket_s,
+                "alone_flat_s": alone.flat_s, "exposed_s_by_rank": exposed, "hidden_fraction": hidden,
+                "sync_micro_batch_s": self.sync_s, "no_sync_micro_batch_s": no_sync,
+            })
+        );
+        out
+    }
+}
+
+impl StepObserver for OverlapProbe<'_> {
+    fn event(&mut self, event: StepEvent) -> Result<()> {
+        match event {
+            StepEvent::MicroBatchStart(_) => {
+                self.device.synchronize()?;
+                self.start = Instant::now();
+            }
+            StepEvent::MicroBatchEnd(k) => {
+                self.device.synchronize()?;
+                self.compute_end = Instant::now();
+                if k + 1 < self.accum {
+                    self.no_sync_s
+                        .push((self.compute_end - self.start).as_secs_f64());
+                }
+            }
+            StepEvent::Finished => {
+                // finish() waits on the host for every bucket's all-reduce.
+                let now = Instant::now();
+                self.exposed_s = (now - self.compute_end).as_secs_f64();
+                self.sync_s = (now - self.start).as_secs_f64();
+            }
+            StepEvent::LayerBackward(_) | StepEvent::LayerReported(_) => {}
+        }
+        Ok(())
+    }
+}
+
+impl Marks for OverlapProbe<'_> {
+    fn mark(&mut self) -> Result<Option<Instant>> {
+        Ok(None)
+    }
+}
+
+/// All-reduce (average) times with nothing else running, median of 5 after one warm-up:
+/// one bucket, every bucket back to back as DDP launches them, and one flat buffer of the same
+/// total size.
+struct CommAlone {
+    backend: String,
+    buckets: usize,
+    first_bucket_bytes: usize,
+    bytes: usize,
+    one_bucket_s: f64,
+    all_buckets_s: f64,
+    flat_s: f64,
+}
+
+impl CommAlone {
+    fn measure(ddp: &DistributedDataParallel<'_>, device: &Device) -> Result<Self> {
+        let lens = step::bucket_lens(ddp)?;
+        let total: usize = lens.iter().sum();
+        let group = ddp.group();
+        let zeros = |n: usize| Tensor::zeros(n, candle_core::DType::F32, device);
+        let bufs = lens
+            .iter()
+            .map(|&n| zeros(n))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let time = |bufs: &[Tensor]| -> Result<f64> {
+            let mut times = Vec::new();
+            for _ in 0..6 {
+                device.synchronize()?;
+                let t = Instant::now();
+                let works = bufs
+                    .iter()
+                    .map(|b| group.all_reduce_async(b, ReduceOp::Avg))
+                    .collect::<Result<Vec<_>, _>>()?;
+                for w in works {
+                    w.wait()?;
+                }
+                device.synchronize()?;
+                times.push(t.elapsed().as_secs_f64());
+            }
+            times.remove(0);
+            times.sort_by(f64::total_cmp);
+            Ok(times[times.len() / 2])
+        };
+        Ok(CommAlone {
+            backend: format!("{:?}", group.backend()),
+            buckets: lens.len(),
+            first_bucket_bytes: lens.first().copied().unwrap_or(0) * 4,
+            bytes: total * 4,
+            one_bucket_s: time(&bufs[..1])?,
+            all_buckets_s: time(&bufs)?,
+            flat_s: time(&[zeros(total)?])?,
+        })
+    }
+
+    /// One row per measurement: bytes, ms, algorithm bandwidth and bus bandwidth (the ring's
+    /// 2(N-1)/N factor), beside the post's estimate (0.26 GB at 100 GB/s ≈ 5 ms).
+    fn render(&self, world: usize) -> String {
+        let factor = 2.0 * (world as f64 - 1.0) / world as f64;
+        let mut out = format!(
+            "{:<40} {:>10} {:>9} {:>12} {:>12}\n",
+            format!("all-reduce alone ({} backend)", self.backend),
+            "MB",
+            "ms",
+            "algbw GB/s",
+            "busbw GB/s"
+        );
+        for (what, bytes, s) in [
+            ("first bucket", self.first_bucket_bytes, self.one_bucket_s),
+            (
+                "all buckets, back to back (DDP)",
+                self.bytes,
+                self.all_buckets_s,
+            ),
+            ("one flat buffer, same bytes", self.bytes, self.flat_s),
+        ] {
+            let alg = bytes as f64 / s / 1e9;
+            out += &format!(
+                "{what:<40} {:>10.1} {:>9.3} {:>12.1} {:>12.1}\n",
+                bytes as f64 / 1e6,
+                s * 1e3,
+                alg,
+                alg * factor
+            );
+        }
+        out += &format!(
+            "post's estimate: {:.1} MB at 100 GB/s = {:.2} ms\n",
+            self.bytes as f64 / 1e6,
+            self.bytes as f64 / 100e9 * 1e3
+        );
+        out
+    }
 }
 
 /// What one [`train_step`] reports.

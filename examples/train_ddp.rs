@@ -404,7 +404,13 @@ fn train(cli: &Cli) -> Result<()> {
         )?;
     }
 
-    // 10. Metrics summary and the loss curve.
+    // 10. Every rank must end with the same adapter (DDP's invariant): compare checksums.
+    let checksum = ddp.check_parameters()?;
+    if is_main {
+        println!("adapter identical on all {world_size} ranks: checksum {checksum:#018x}");
+    }
+
+    // 11. Metrics summary and the loss curve.
     if let Some(logger) = logger.as_mut() {
         if let Some(s) = logger.finish()? {
             println!(
@@ -422,7 +428,7 @@ fn train(cli: &Cli) -> Result<()> {
         println!("wrote {}", svg.display());
     }
 
-    // 11. Teardown (the post's destroy_process_group): the DDP reducer first, then the group.
+    // 12. Teardown (the post's destroy_process_group): the DDP reducer first, then the group.
     drop(ddp);
     drop(group);
     Ok(())

@@ -221,7 +221,11 @@ fn two_ranks_token_weighted_equal_one_rank_on_the_same_global_batches() {
     a2.extend(["--accum", "2"].map(String::from));
     let mut a1 = args_with(&o1, &common);
     a1.extend(["--accum", "4"].map(String::from));
-    run_ok(2, &a2, &[]);
+    let out2 = run_ok(2, &a2, &[]);
+    assert!(
+        out2.contains("adapter identical on all 2 ranks: checksum 0x"),
+        "no cross-rank checksum line:\n{out2}"
+    );
     run_ok(1, &a1, &[]);
     let (l2, l1) = (losses(&o2), losses(&o1));
     assert_eq!(l2.len(), 3);

@@ -7,6 +7,7 @@
 #  2. benches/allreduce_overlap (NCCL mode): after backward vs overlap, fraction of communication
 #     hidden; world size 1 (forced one-rank communicator), then one process per GPU.
 # Logs go to $OUT (the device tool's output folder) or ./out/gpu. Exits non-zero if a check failed.
+# SKIP_W1=1 leaves out the world-1 runs (done on one-GPU machines) when the machine has several GPUs.
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 (cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
@@ -24,14 +25,17 @@ run() {
   [ $rc -eq 0 ] || { echo "!!! $name failed (exit $rc), see $OUT/$name.log"; fail=1; }
 }
 step gpu; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-step "nccl collectives, world 1, forced one-rank NCCL (NCCL_DEBUG=INFO: proves NCCL ran)"
-NCCL_DEBUG=INFO run nccl_w1_debug .gpu/ddp_test_worker nccl
-grep -E "NCCL INFO (cudaDriverVersion|NCCL version|comm 0x|Init COMPLETE)" "$OUT/nccl_w1_debug.log" | head -5
-grep -E "^(counts|ddp buckets)" "$OUT/nccl_w1_debug.log"
-step "nccl collectives, world 1, under ddprun"
-run nccl_w1_ddprun .gpu/ddprun --standalone --nproc-per-node 1 -- .gpu/ddp_test_worker nccl
-step "nccl collectives, world 1, under torchrun (agent store)"
-run nccl_w1_torchrun torchrun --standalone --nproc_per_node=1 --no-python .gpu/ddp_test_worker nccl
+W1=1; [ "${SKIP_W1:-0}" = 1 ] && [ "$NGPU" -gt 1 ] && W1=0
+if [ $W1 = 1 ]; then
+  step "nccl collectives, world 1, forced one-rank NCCL (NCCL_DEBUG=INFO: proves NCCL ran)"
+  NCCL_DEBUG=INFO run nccl_w1_debug .gpu/ddp_test_worker nccl
+  grep -E "NCCL INFO (cudaDriverVersion|NCCL version|comm 0x|Init COMPLETE)" "$OUT/nccl_w1_debug.log" | head -5
+  grep -E "^(counts|ddp buckets)" "$OUT/nccl_w1_debug.log"
+  step "nccl collectives, world 1, under ddprun"
+  run nccl_w1_ddprun .gpu/ddprun --standalone --nproc-per-node 1 -- .gpu/ddp_test_worker nccl
+  step "nccl collectives, world 1, under torchrun (agent store)"
+  run nccl_w1_torchrun torchrun --standalone --nproc_per_node=1 --no-python .gpu/ddp_test_worker nccl
+fi
 if [ "$NGPU" -gt 1 ]; then
   step "nccl collectives, world $NGPU, one process per GPU (ddprun)"
   TAIL=$((2 * NGPU + 2)) run "nccl_w${NGPU}_ddprun" .gpu/ddprun --standalone --nproc-per-node "$NGPU" -- .gpu/ddp_test_worker nccl
@@ -40,8 +44,10 @@ if [ "$NGPU" -gt 1 ]; then
 else
   echo; echo "(one GPU: the N-process runs are skipped; NCCL refuses two ranks on one GPU)"
 fi
-step "allreduce overlap bench, NCCL, world 1 (forced one-rank communicator)"
-TAIL=30 run bench_nccl_w1 .gpu/allreduce_overlap --bench
+if [ $W1 = 1 ]; then
+  step "allreduce overlap bench, NCCL, world 1 (forced one-rank communicator)"
+  TAIL=30 run bench_nccl_w1 .gpu/allreduce_overlap --bench
+fi
 if [ "$NGPU" -gt 1 ]; then
   step "allreduce overlap bench, NCCL, world $NGPU (one process per GPU)"
   TAIL=30 run "bench_nccl_w${NGPU}" .gpu/ddprun --standalone --nproc-per-node "$NGPU" -- .gpu/allreduce_overlap --bench

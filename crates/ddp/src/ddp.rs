@@ -466,7 +466,7 @@ impl<'g> DistributedDataParallel<'g> {
             return Err(e);
         }
         match self.opts.check_parameters_every {
-            Some(n) if n > 0 && self.syncs.is_multiple_of(n) => self.check_parameters(),
+            Some(n) if n > 0 && self.syncs.is_multiple_of(n) => self.check_parameters().map(drop),
             _ => Ok(()),
         }
     }
@@ -496,8 +496,9 @@ impl<'g> DistributedDataParallel<'g> {
     }
 
     /// Compares a checksum of every parameter across ranks; [`DdpError::ParameterDrift`] names
-    /// the first differing parameters and ranks. Collective.
-    pub fn check_parameters(&self) -> Result<()> {
+    /// the first differing parameters and ranks. Returns the checksum of all parameters
+    /// (bitwise, the same on every rank when it returns `Ok`). Collective.
+    pub fn check_parameters(&self) -> Result<u64> {
         let tag = self.tag();
         let mut mine = Vec::with_capacity(self.params.len());
         for (n, v) in &self.params {
@@ -522,7 +523,9 @@ impl<'g> DistributedDataParallel<'g> {
             }
         }
         if diffs.is_empty() {
-            Ok(())
+            Ok(mine.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
+                (h ^ x).wrapping_mul(0x0100_0000_01b3)
+            }))
         } else {
             Err(DdpError::ParameterDrift {
                 tag,

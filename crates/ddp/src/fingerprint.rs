@@ -3,7 +3,8 @@
 //! Every collective gets a [`Fingerprint`]: sequence number, op, dtype, size and call site (from
 //! `#[track_caller]`). The CPU backend carries it in every frame and compares it with the
 //! neighbour's; the NCCL backend (whose kernels cannot carry it) agrees on it through the store
-//! before enqueueing ([`Ledger::agree`]). Every rank also announces its current collective under
+//! ([`Ledger::agree`]): before enqueueing for blocking collectives, in `Work::wait` for queued
+//! all-reduces ([`Agreement`]), so that DDP's bucket launches never wait for the other ranks' hosts. Every rank also announces its current collective under
 //! `ddp/progress/<rank>` (a SET has no reply, so this costs one small write), so that a timeout can
 //! name the ranks that never arrived and where they were last seen ([`Ledger::diagnose`]).
 
@@ -47,6 +48,30 @@ impl Fingerprint {
     /// Decodes [`Fingerprint::encode`]'s output.
     pub fn decode(b: &[u8]) -> Option<Self> {
         serde_json::from_slice(b).ok()
+    }
+}
+
+/// A fingerprint agreement left for later: a queued collective's [`Ledger::agree`], run when its
+/// work is waited on (before its result may be read).
+pub(crate) struct Agreement {
+    ledger: Arc<Ledger>,
+    fp: Fingerprint,
+    timeout: Duration,
+}
+
+impl Agreement {
+    /// The agreement on `fp` through `ledger`, bounded by `timeout`.
+    pub(crate) fn new(ledger: Arc<Ledger>, fp: Fingerprint, timeout: Duration) -> Self {
+        Agreement {
+            ledger,
+            fp,
+            timeout,
+        }
+    }
+
+    /// [`Ledger::agree`] on the fingerprint.
+    pub(crate) fn check(&self) -> Result<()> {
+        self.ledger.agree(&self.fp, self.timeout)
     }
 }
 

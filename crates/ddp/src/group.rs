@@ -13,7 +13,7 @@
 use crate::comm::{Backend, Communicator, CpuComm, ReduceOp, Work};
 use crate::env::DistEnv;
 use crate::error::{RankTag, Result};
-use crate::fingerprint::{Fingerprint, Ledger};
+use crate::fingerprint::{Agreement, Fingerprint, Ledger};
 use crate::store::{StoreClient, StoreServer};
 use candle_core::{Device, Tensor};
 use serde::{de::DeserializeOwned, Serialize};
@@ -38,7 +38,9 @@ static GROUPS: AtomicUsize = AtomicUsize::new(0);
 pub struct GroupOptions {
     /// Bound on every collective and store request (default 10 minutes; tests use seconds).
     pub timeout: Duration,
-    /// Agree on every collective's fingerprint through the store before running it. The CPU
+    /// Agree on every collective's fingerprint through the store (blocking collectives before
+    /// running, queued all-reduces in `Work::wait`, so a DDP bucket launch never waits for the
+    /// other ranks' hosts). The CPU
     /// backend checks fingerprints in-band anyway; NCCL needs this to turn a desync into an
     /// error instead of a hang. Default: on for NCCL, off for CPU.
     pub store_checks: Option<bool>,
@@ -216,6 +218,22 @@ impl ProcessGroup {
 
     /// Numbers, counts and announces a collective; with store checks, agrees on it first.
     fn begin(&self, op: String, dtype: String, numel: usize, site: String) -> Result<Fingerprint> {
+        let (fp, agreement) = self.enter(op, dtype, numel, site)?;
+        if let Some(a) = agreement {
+            a.check()?;
+        }
+        Ok(fp)
+    }
+
+    /// Numbers, counts and announces a collective; with store checks, returns the agreement
+    /// still to run.
+    fn enter(
+        &self,
+        op: String,
+        dtype: String,
+        numel: usize,
+        site: String,
+    ) -> Result<(Fingerprint, Option<Agreement>)> {
         *self.counts.borrow_mut().entry(op.clone()).or_default() += 1;
         self.seq.set(self.seq.get() + 1);
         let fp = Fingerprint {
@@ -225,13 +243,14 @@ impl ProcessGroup {
             numel: numel as u64,
             site,
         };
+        let mut agreement = None;
         if let Some(l) = &self.ledger {
             l.announce(&fp)?;
             if self.store_checks {
-                l.agree(&fp, self.timeout)?;
+                agreement = Some(Agreement::new(l.clone(), fp.clone(), self.timeout));
             }
         }
-        Ok(fp)
+        Ok((fp, agreement))
     }
 
     /// In-place all-reduce of `t` (any supported dtype; `Avg` needs floats); blocks until done.
@@ -241,7 +260,9 @@ impl ProcessGroup {
     }
 
     /// Queues an in-place all-reduce of `t` and returns at once; read `t` only after
-    /// [`Work::wait`]. The fingerprint's call site is the caller's.
+    /// [`Work::wait`]. The fingerprint's call site is the caller's. Queuing never waits for the
+    /// other ranks: with store checks (NCCL), the fingerprint agreement runs in [`Work::wait`],
+    /// which reports a desync before the result can be read.
     #[track_caller]
     pub fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
         self.all_reduce_labeled(t, op, site(Location::caller()))
@@ -250,7 +271,7 @@ impl ProcessGroup {
     /// [`ProcessGroup::all_reduce_async`] with an explicit fingerprint label instead of the call
     /// site (DDP labels buckets so the launching call site may differ between ranks).
     pub fn all_reduce_labeled(&self, t: &Tensor, op: ReduceOp, label: String) -> Result<Work> {
-        let fp = self.begin(
+        let (fp, agreement) = self.enter(
             format!("all_reduce({})", op.name()),
             dtype(t),
             t.elem_count(),
@@ -259,7 +280,10 @@ impl ProcessGroup {
         if self.trivial {
             return Ok(Work::done());
         }
-        self.comm.all_reduce(t, op, &fp, self.timeout)
+        Ok(self
+            .comm
+            .all_reduce(t, op, &fp, self.timeout)?
+            .with_agreement(agreement))
     }
 
     /// In-place broadcast of `t` from `root`; blocks until done.

@@ -46,6 +46,22 @@ fn skipped_collective_is_a_desync_error() {
 }
 
 #[test]
+fn queued_all_reduce_reports_a_desync_at_wait() {
+    // The store agreement as NCCL runs it: deferred from queuing to `Work::wait`.
+    let runs = spawn_world(2, &["async-skip"], 5.0, 20);
+    for r in &runs {
+        assert_eq!(r.code, Some(1), "rank {}:\n{}", r.rank, r.text);
+        assert!(r.elapsed < Duration::from_secs(10), "{:?}", r.elapsed);
+    }
+    let all: String = runs.iter().map(|r| r.text.clone()).collect();
+    assert!(all.contains("collective desync at #2"), "{all}");
+    assert!(
+        all.contains("all_reduce(sum) #2") && all.contains("barrier #2"),
+        "{all}"
+    );
+}
+
+#[test]
 fn missing_rank_times_out_naming_it() {
     let runs = spawn_world(3, &["late", "2"], 1.0, 6);
     let r0 = &runs[0];

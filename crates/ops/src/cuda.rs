@@ -3,8 +3,10 @@
 //! (`CudaFunc::builder`), so ordering against candle's kernels needs no events.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig};
-use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage, DeviceId};
 use candle_core::{bail, Layout, Result};
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 /// One PTX module (one `kernels/<op>.cu`), loaded once per device under `name`.
 pub(crate) struct Module {
@@ -23,12 +25,29 @@ macro_rules! cuda_module {
 }
 pub(crate) use cuda_module;
 
-/// Kernel `name` of module `m` (loaded and cached by candle on first use). Launch it on candle's
-/// stream: `let stream = dev.cuda_stream(); stream.launch_builder(&f)`.
+thread_local! {
+    /// Kernels already looked up, per (device, module) and name: candle caches the module, but
+    /// its lookup takes a lock and calls `cuModuleGetFunction` on every launch, and the training
+    /// step is close to launch-bound. (A dropped device's entries stay; they are a few handles.)
+    static FUNCS: RefCell<HashMap<(DeviceId, &'static str), HashMap<String, CudaFunction>>> =
+        RefCell::new(HashMap::new());
+}
+
+/// Kernel `name` of module `m` (the module loaded by candle on first use, the handle cached per
+/// thread). Launch it on candle's stream: `let stream = dev.cuda_stream(); stream.launch_builder(&f)`.
 pub(crate) fn func(dev: &CudaDevice, m: &Module, name: &str) -> Result<CudaFunction> {
-    Ok(dev
-        .get_or_load_custom_func(name, m.name, m.ptx)?
-        .into_cuda_function())
+    FUNCS.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        let funcs = cache.entry((dev.id(), m.name)).or_default();
+        if let Some(f) = funcs.get(name) {
+            return Ok(f.clone());
+        }
+        let f = dev
+            .get_or_load_custom_func(name, m.name, m.ptx)?
+            .into_cuda_function();
+        funcs.insert(name.to_string(), f.clone());
+        Ok(f)
+    })
 }
 
 /// `root_f32` / `root_bf16` / `root_f16` for element type `T`.

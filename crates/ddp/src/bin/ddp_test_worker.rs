@@ -29,7 +29,11 @@ fn main() {
     }
 }
 
-fn group(device: &Device, force_nccl: Option<bool>) -> Res<ProcessGroup> {
+fn group(
+    device: &Device,
+    force_nccl: Option<bool>,
+    store_checks: Option<bool>,
+) -> Res<ProcessGroup> {
     let secs: f64 = std::env::var("G4FT_DDP_TIMEOUT_S")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -37,6 +41,7 @@ fn group(device: &Device, force_nccl: Option<bool>) -> Res<ProcessGroup> {
     let opts = GroupOptions {
         timeout: Duration::from_secs_f64(secs),
         force_nccl,
+        store_checks,
         ..Default::default()
     };
     Ok(ProcessGroup::from_env(device, opts)?)
@@ -50,13 +55,15 @@ fn run(scenario: &str, a: &[String]) -> Res<()> {
     if scenario == "nccl" {
         return nccl();
     }
-    let pg = group(&Device::Cpu, None)?;
+    let store_checks = scenario == "async-skip";
+    let pg = group(&Device::Cpu, None, store_checks.then_some(true))?;
     match scenario {
         "collectives" => collectives(&pg, &Device::Cpu),
         "nosync" => nosync(&pg, arg(a, 0, 4), arg(a, 1, 3)),
         "train" => train(&pg, arg(a, 0, 2), arg(a, 1, 1), arg(a, 2, String::new())),
         "kill" => kill(&pg, arg(a, 0, 1)),
         "skip" => skip(&pg),
+        "async-skip" => async_skip(&pg),
         "late" => late(&pg, arg(a, 0, 1)),
         "unused" => unused(&pg, arg(a, 0, 0) == 1),
         "drift" => drift(&pg),
@@ -75,7 +82,7 @@ fn nccl() -> Res<()> {
     let env = DistEnv::from_env()?;
     let dev = Device::new_cuda(env.local_rank)
         .map_err(|e| format!("cuda:{} (build with --features cuda): {e}", env.local_rank))?;
-    let pg = group(&dev, Some(true))?;
+    let pg = group(&dev, Some(true), None)?;
     if pg.backend() != Backend::Nccl {
         return Err(format!("backend {:?}, expected Nccl", pg.backend()).into());
     }
@@ -490,6 +497,18 @@ fn skip(pg: &ProcessGroup) -> Res<()> {
     pg.all_reduce(&t, ReduceOp::Sum)?;
     if pg.rank() != 1 {
         pg.all_reduce(&t, ReduceOp::Sum)?; // rank 1 skips this one
+    }
+    pg.barrier()?;
+    Ok(())
+}
+
+/// `skip` with queued all-reduces and the store agreement on (as NCCL runs it): the agreement
+/// deferred to `wait` reports the desync.
+fn async_skip(pg: &ProcessGroup) -> Res<()> {
+    let t = Tensor::ones(16, DType::F32, &Device::Cpu)?;
+    pg.all_reduce_async(&t, ReduceOp::Sum)?.wait()?;
+    if pg.rank() != 1 {
+        pg.all_reduce_async(&t, ReduceOp::Sum)?.wait()?; // rank 1 skips this one
     }
     pg.barrier()?;
     Ok(())

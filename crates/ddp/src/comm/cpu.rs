@@ -186,14 +186,12 @@ impl CpuComm {
             kind: JobKind::Tensor(t.clone(), kind, tx),
         };
         self.submit(job)?;
-        Ok(Work {
-            inner: WorkInner::Cpu {
-                rx,
-                tag: self.tag,
-                what: fp.to_string(),
-                timeout,
-            },
-        })
+        Ok(Work::new(WorkInner::Cpu {
+            rx,
+            tag: self.tag,
+            what: fp.to_string(),
+            timeout,
+        }))
     }
 }
 

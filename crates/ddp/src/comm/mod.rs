@@ -11,7 +11,7 @@ mod elem;
 mod nccl;
 
 use crate::error::{RankTag, Result};
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{Agreement, Fingerprint};
 use candle_core::{DType, Tensor};
 use std::time::Duration;
 
@@ -127,6 +127,9 @@ pub trait Communicator {
 #[must_use = "a collective's result is only valid after wait()"]
 pub struct Work {
     inner: WorkInner,
+    /// The fingerprint agreement still to run before the result may be read (queued NCCL
+    /// all-reduces; see [`Agreement`]).
+    agreement: Option<Agreement>,
 }
 
 enum WorkInner {
@@ -144,15 +147,33 @@ enum WorkInner {
 impl Work {
     /// Work that is already complete (world size 1, empty tensors).
     pub fn done() -> Self {
+        Work::new(WorkInner::Done)
+    }
+
+    fn new(inner: WorkInner) -> Self {
         Work {
-            inner: WorkInner::Done,
+            inner,
+            agreement: None,
         }
     }
 
-    /// Waits for the collective. Errors with the collective's failure (timeout naming missing
-    /// ranks, dead peer, desync).
+    /// This work with `agreement` checked first in [`Work::wait`].
+    pub(crate) fn with_agreement(mut self, agreement: Option<Agreement>) -> Self {
+        self.agreement = agreement;
+        self
+    }
+
+    /// Waits for the collective. Errors with the collective's failure (desync, timeout naming
+    /// missing ranks, dead peer); a deferred fingerprint agreement is checked first.
     pub fn wait(self) -> Result<()> {
-        match self.inner {
+        let Work { inner, agreement } = self;
+        if let Some(Err(e)) = agreement.as_ref().map(Agreement::check) {
+            // The ranks diverged: the collective may never complete and (CUDA) may still write
+            // into its buffer, so the buffer stays allocated; the error ends the process group.
+            std::mem::forget(inner);
+            return Err(e);
+        }
+        match inner {
             WorkInner::Done => Ok(()),
             WorkInner::Cpu {
                 rx,

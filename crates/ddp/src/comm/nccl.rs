@@ -153,17 +153,15 @@ impl NcclComm {
             self.tag
                 .comm(fp.to_string(), "no completion event recorded")
         })?;
-        Ok(Work {
-            inner: WorkInner::Cuda(CudaWork {
-                done,
-                compute: self.compute.clone(),
-                tag: self.tag,
-                what: fp.to_string(),
-                timeout,
-                failed: self.failed.clone(),
-                keep: t.clone(),
-            }),
-        })
+        Ok(Work::new(WorkInner::Cuda(CudaWork {
+            done,
+            compute: self.compute.clone(),
+            tag: self.tag,
+            what: fp.to_string(),
+            timeout,
+            failed: self.failed.clone(),
+            keep: t.clone(),
+        })))
     }
 
     /// Waits on the host, up to `deadline`, until everything queued on the comm stream is done.
