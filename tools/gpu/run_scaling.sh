@@ -9,7 +9,8 @@
 #  3. the PyTorch script (.gpu/pyref/train_ddp_anchor.py) under torchrun for the same world sizes;
 #  4. tools/gpu/scaling_table.py: tokens/s, s/step, peak GB, MFU and scaling efficiency
 #     tokens_per_s(N) / (N x tokens_per_s(1)) for both.
-# Settings: WORLDS, STEPS (5, first discarded), ANCHOR_STEPS (5, first two discarded).
+# Settings: WORLDS, STEPS (5, first discarded), ANCHOR_STEPS (5, first two discarded), ANCHOR=0
+# leaves out the PyTorch runs (the table then has ours only).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 (cd .gpu && for f in *.xz; do [ -e "$f" ] && xz -dkf "$f"; done; chmod +x ./* 2>/dev/null)
@@ -32,7 +33,8 @@ for n in $WORLDS; do
     > "$OUT/ours_w$n.log" 2>&1
   echo "exit $?"; grep -E "SUMMARY|OVERLAP|all-reduce alone|first bucket|all buckets|one flat|estimate|exposed|micro-batch:" "$OUT/ours_w$n.log"
 done
-for n in $WORLDS; do
+[ "${ANCHOR:-1}" = 0 ] && WORLDS_ANCHOR="" || WORLDS_ANCHOR=$WORLDS
+for n in $WORLDS_ANCHOR; do
   step "PyTorch + PEFT script (anchor), world $n"
   (cd .gpu/pyref && PEAK_TFLOPS=$P STEPS="${ANCHOR_STEPS:-5}" ACCUM_STEPS=8 WARMUP_DISCARD=2 timeout 300 \
     torchrun --standalone --nproc_per_node="$n" train_ddp_anchor.py) > "$OUT/anchor_w$n.log" 2>&1

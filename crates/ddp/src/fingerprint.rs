@@ -3,15 +3,18 @@
 //! Every collective gets a [`Fingerprint`]: sequence number, op, dtype, size and call site (from
 //! `#[track_caller]`). The CPU backend carries it in every frame and compares it with the
 //! neighbour's; the NCCL backend (whose kernels cannot carry it) agrees on it through the store
-//! ([`Ledger::agree`]): before enqueueing for blocking collectives, in `Work::wait` for queued
-//! all-reduces ([`Agreement`]), so that DDP's bucket launches never wait for the other ranks' hosts. Every rank also announces its current collective under
+//! ([`Ledger::agree`]): before enqueueing for blocking collectives; for queued all-reduces on a
+//! background thread ([`Agreer`]) whose result `Work::wait` checks, so that DDP's bucket launches
+//! never wait for the other ranks' hosts. Every rank also announces its current collective under
 //! `ddp/progress/<rank>` (a SET has no reply, so this costs one small write), so that a timeout can
 //! name the ranks that never arrived and where they were last seen ([`Ledger::diagnose`]).
 
 use crate::error::{DdpError, RankTag, Result};
 use crate::store::StoreClient;
 use serde::{Deserialize, Serialize};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// What a collective is; part of the fingerprint compared across ranks.
@@ -51,27 +54,100 @@ impl Fingerprint {
     }
 }
 
-/// A fingerprint agreement left for later: a queued collective's [`Ledger::agree`], run when its
-/// work is waited on (before its result may be read).
+/// The result of a queued collective's fingerprint agreement, computed by an [`Agreer`]; checked
+/// in `Work::wait` before the collective's result may be read.
 pub(crate) struct Agreement {
-    ledger: Arc<Ledger>,
-    fp: Fingerprint,
-    timeout: Duration,
+    rx: Receiver<Result<()>>,
+    tag: RankTag,
+    what: String,
+    /// How long the agreement may take: the collective timeout plus a margin for queueing.
+    limit: Duration,
 }
 
 impl Agreement {
-    /// The agreement on `fp` through `ledger`, bounded by `timeout`.
-    pub(crate) fn new(ledger: Arc<Ledger>, fp: Fingerprint, timeout: Duration) -> Self {
+    /// Blocks until the agreement is known; its error (desync, ranks that never arrived).
+    pub(crate) fn check(&self) -> Result<()> {
+        match self.rx.recv_timeout(self.limit) {
+            Ok(r) => r,
+            Err(_) => Err(self
+                .tag
+                .comm(&self.what, "fingerprint agreement thread stopped answering")),
+        }
+    }
+}
+
+/// One request to the agreement thread: agree on `fp` and answer on `reply`, or (`fp = None`)
+/// just answer once everything queued before is done.
+type AgreeRequest = (Option<Fingerprint>, Duration, SyncSender<Result<()>>);
+
+/// Agrees on queued collectives' fingerprints on a thread of its own, with its own store
+/// connection, in issue order: queuing an all-reduce (a DDP bucket launch) never waits for the
+/// other ranks' hosts, and by the time the work is waited on its agreement is normally done.
+/// Blocking collectives agree on the caller's thread after [`Agreer::flush`], so every rank's
+/// agreements still run strictly one after another, in the same order on every rank.
+pub(crate) struct Agreer {
+    tx: Option<Sender<AgreeRequest>>,
+    thread: Option<JoinHandle<()>>,
+    tag: RankTag,
+}
+
+impl Agreer {
+    /// Starts the thread; `ledger` must have a store connection of its own.
+    pub(crate) fn start(ledger: Ledger) -> Result<Self> {
+        let tag = ledger.tag;
+        let (tx, rx) = channel::<AgreeRequest>();
+        let thread = std::thread::Builder::new()
+            .name(format!("g4ft-agree-{}", tag.rank))
+            .spawn(move || {
+                for (fp, timeout, reply) in rx {
+                    let r = fp.map_or(Ok(()), |fp| ledger.agree(&fp, timeout));
+                    let _ = reply.send(r);
+                }
+            })
+            .map_err(|e| tag.comm("fingerprint agreement thread", e.to_string()))?;
+        Ok(Agreer {
+            tx: Some(tx),
+            thread: Some(thread),
+            tag,
+        })
+    }
+
+    fn request(&self, fp: Option<Fingerprint>, timeout: Duration, what: String) -> Agreement {
+        let (reply, rx) = sync_channel(1);
+        if let Some(tx) = &self.tx {
+            // A send error means the thread is gone; `check` then reports it.
+            let _ = tx.send((fp, timeout, reply));
+        }
         Agreement {
-            ledger,
-            fp,
-            timeout,
+            rx,
+            tag: self.tag,
+            what,
+            limit: timeout + timeout + Duration::from_secs(5),
         }
     }
 
-    /// [`Ledger::agree`] on the fingerprint.
-    pub(crate) fn check(&self) -> Result<()> {
-        self.ledger.agree(&self.fp, self.timeout)
+    /// Queues the agreement on `fp`.
+    pub(crate) fn submit(&self, fp: &Fingerprint, timeout: Duration) -> Agreement {
+        self.request(Some(fp.clone()), timeout, fp.to_string())
+    }
+
+    /// Waits until every agreement queued so far has run (their results stay with their works).
+    pub(crate) fn flush(&self, timeout: Duration) -> Result<()> {
+        self.request(
+            None,
+            timeout,
+            "flush of queued fingerprint agreements".into(),
+        )
+        .check()
+    }
+}
+
+impl Drop for Agreer {
+    fn drop(&mut self) {
+        drop(self.tx.take()); // ends the thread's loop once the queue is empty
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

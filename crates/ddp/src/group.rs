@@ -13,7 +13,7 @@
 use crate::comm::{Backend, Communicator, CpuComm, ReduceOp, Work};
 use crate::env::DistEnv;
 use crate::error::{RankTag, Result};
-use crate::fingerprint::{Agreement, Fingerprint, Ledger};
+use crate::fingerprint::{Agreer, Fingerprint, Ledger};
 use crate::store::{StoreClient, StoreServer};
 use candle_core::{Device, Tensor};
 use serde::{de::DeserializeOwned, Serialize};
@@ -39,8 +39,8 @@ pub struct GroupOptions {
     /// Bound on every collective and store request (default 10 minutes; tests use seconds).
     pub timeout: Duration,
     /// Agree on every collective's fingerprint through the store (blocking collectives before
-    /// running, queued all-reduces in `Work::wait`, so a DDP bucket launch never waits for the
-    /// other ranks' hosts). The CPU
+    /// running; queued all-reduces on a background thread, checked in `Work::wait`, so a DDP
+    /// bucket launch never waits for the other ranks' hosts). The CPU
     /// backend checks fingerprints in-band anyway; NCCL needs this to turn a desync into an
     /// error instead of a hang. Default: on for NCCL, off for CPU.
     pub store_checks: Option<bool>,
@@ -94,6 +94,8 @@ pub struct ProcessGroup {
     comm: Box<dyn Communicator>,
     ledger: Option<Arc<Ledger>>,
     store_checks: bool,
+    /// Runs queued all-reduces' agreements off this thread (with store checks, world > 1).
+    agreer: Option<Agreer>,
     /// World size 1 without a forced communicator: collectives return at once.
     trivial: bool,
     seq: Cell<u64>,
@@ -133,25 +135,27 @@ impl ProcessGroup {
             "ddp/{}",
             opts.name.clone().unwrap_or_else(|| format!("pg{id}"))
         );
-        let base = |comm: Box<dyn Communicator>, ledger, store_checks, server| ProcessGroup {
-            env: env.clone(),
-            tag,
-            timeout: opts.timeout,
-            comm,
-            ledger,
-            store_checks,
-            trivial: env.world_size == 1 && !force_nccl,
-            seq: Cell::new(0),
-            counts: RefCell::new(BTreeMap::new()),
-            _server: server,
-        };
+        let base =
+            |comm: Box<dyn Communicator>, ledger, store_checks, agreer, server| ProcessGroup {
+                env: env.clone(),
+                tag,
+                timeout: opts.timeout,
+                comm,
+                ledger,
+                store_checks,
+                agreer,
+                trivial: env.world_size == 1 && !force_nccl,
+                seq: Cell::new(0),
+                counts: RefCell::new(BTreeMap::new()),
+                _server: server,
+            };
         if env.world_size == 1 {
             let comm: Box<dyn Communicator> = if force_nccl {
                 new_nccl(tag, device, None, &ns)?
             } else {
                 Box::new(CpuComm::single(tag))
             };
-            return Ok(base(comm, None, false, None));
+            return Ok(base(comm, None, false, None, None));
         }
         let server = if !env.use_agent_store && env.rank == 0 {
             Some(StoreServer::bind("0.0.0.0", env.master_port)?)
@@ -173,7 +177,23 @@ impl ProcessGroup {
             (Box::new(c), Backend::Cpu)
         };
         let checks = opts.store_checks.unwrap_or(backend == Backend::Nccl);
-        Ok(base(comm, Some(ledger), checks, server))
+        let agreer = if checks {
+            // Its own connection: its exchanges wait for peers while this thread announces.
+            let conn = StoreClient::connect(
+                &env.master_addr,
+                env.master_port,
+                &env.store_prefix(),
+                opts.timeout,
+            )?;
+            Some(Agreer::start(Ledger::new(
+                Arc::new(Mutex::new(conn)),
+                tag,
+                &ns,
+            ))?)
+        } else {
+            None
+        };
+        Ok(base(comm, Some(ledger), checks, agreer, server))
     }
 
     /// This process's global rank.
@@ -216,24 +236,21 @@ impl ProcessGroup {
         self.counts.borrow().clone()
     }
 
-    /// Numbers, counts and announces a collective; with store checks, agrees on it first.
+    /// Numbers, counts and announces a blocking collective; with store checks, agrees on it
+    /// first (after the queued agreements, so that every rank agrees in the same order).
     fn begin(&self, op: String, dtype: String, numel: usize, site: String) -> Result<Fingerprint> {
-        let (fp, agreement) = self.enter(op, dtype, numel, site)?;
-        if let Some(a) = agreement {
-            a.check()?;
+        let fp = self.enter(op, dtype, numel, site)?;
+        if let (Some(l), true) = (&self.ledger, self.store_checks) {
+            if let Some(a) = &self.agreer {
+                a.flush(self.timeout)?;
+            }
+            l.agree(&fp, self.timeout)?;
         }
         Ok(fp)
     }
 
-    /// Numbers, counts and announces a collective; with store checks, returns the agreement
-    /// still to run.
-    fn enter(
-        &self,
-        op: String,
-        dtype: String,
-        numel: usize,
-        site: String,
-    ) -> Result<(Fingerprint, Option<Agreement>)> {
+    /// Numbers, counts and announces a collective.
+    fn enter(&self, op: String, dtype: String, numel: usize, site: String) -> Result<Fingerprint> {
         *self.counts.borrow_mut().entry(op.clone()).or_default() += 1;
         self.seq.set(self.seq.get() + 1);
         let fp = Fingerprint {
@@ -243,14 +260,10 @@ impl ProcessGroup {
             numel: numel as u64,
             site,
         };
-        let mut agreement = None;
         if let Some(l) = &self.ledger {
             l.announce(&fp)?;
-            if self.store_checks {
-                agreement = Some(Agreement::new(l.clone(), fp.clone(), self.timeout));
-            }
         }
-        Ok((fp, agreement))
+        Ok(fp)
     }
 
     /// In-place all-reduce of `t` (any supported dtype; `Avg` needs floats); blocks until done.
@@ -261,8 +274,8 @@ impl ProcessGroup {
 
     /// Queues an in-place all-reduce of `t` and returns at once; read `t` only after
     /// [`Work::wait`]. The fingerprint's call site is the caller's. Queuing never waits for the
-    /// other ranks: with store checks (NCCL), the fingerprint agreement runs in [`Work::wait`],
-    /// which reports a desync before the result can be read.
+    /// other ranks: with store checks (NCCL), the fingerprint agreement runs on a background
+    /// thread and [`Work::wait`] reports a desync before the result can be read.
     #[track_caller]
     pub fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
         self.all_reduce_labeled(t, op, site(Location::caller()))
@@ -271,7 +284,7 @@ impl ProcessGroup {
     /// [`ProcessGroup::all_reduce_async`] with an explicit fingerprint label instead of the call
     /// site (DDP labels buckets so the launching call site may differ between ranks).
     pub fn all_reduce_labeled(&self, t: &Tensor, op: ReduceOp, label: String) -> Result<Work> {
-        let (fp, agreement) = self.enter(
+        let fp = self.enter(
             format!("all_reduce({})", op.name()),
             dtype(t),
             t.elem_count(),
@@ -280,6 +293,7 @@ impl ProcessGroup {
         if self.trivial {
             return Ok(Work::done());
         }
+        let agreement = self.agreer.as_ref().map(|a| a.submit(&fp, self.timeout));
         Ok(self
             .comm
             .all_reduce(t, op, &fp, self.timeout)?

@@ -52,5 +52,30 @@ __device__ __forceinline__ float block_max(float v) {
     return warp_max(v);
 }
 
+// N consecutive elements at p (N = 1, or a 16-byte pack) to/from fp32.
+template <typename T, int N> __device__ __forceinline__ void load_n(const T* p, float* out) {
+    if (N == 1) {
+        out[0] = to_f32(p[0]);
+    } else {
+        uint4 raw = *reinterpret_cast<const uint4*>(p);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int k = 0; k < N; ++k) out[k] = to_f32(e[k]);
+    }
+}
+template <typename T, int N> __device__ __forceinline__ void store_n(T* p, const float* in) {
+    if (N == 1) {
+        p[0] = from_f32<T>(in[0]);
+    } else {
+        uint4 raw;
+        T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+        for (int k = 0; k < N; ++k) e[k] = from_f32<T>(in[k]);
+        *reinterpret_cast<uint4*>(p) = raw;
+    }
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+
 // Instantiate `extern "C"` entry points NAME_f32 / NAME_bf16 / NAME_f16 from a template NAME<T>.
 #define G4FT_FLOAT_TYPES(INST) INST(float, f32) INST(__nv_bfloat16, bf16) INST(__half, f16)

@@ -264,6 +264,32 @@ fn gpu_kernels_table() -> Result<()> {
                 &gpu,
             )?;
         }
+        // Both kernel layouts (warp per row up to d = 1024, block per row above), each with
+        // 16-byte packs and per element (rows whose byte length is not a multiple of 16).
+        for (rows, d) in [(37, 100), (5, 1024), (16, 3840), (9, 1030)] {
+            let w = (r(&[d], dtype, 2)? + 1.0)?;
+            ok &= check_outputs(
+                &format!("rms_norm layouts: fwd, no-w, add, backward(residual), over_input {dn}"),
+                &format!("({rows}, {d})"),
+                &move |x| {
+                    let w = w.to_device(x[0].device())?;
+                    Ok(vec![
+                        rms_norm(&x[0], Some(&w), 1e-6)?,
+                        rms_norm(&x[0], None, 1e-6)?,
+                        rms_norm_add(&x[0], Some(&w), 1e-6, &x[1])?,
+                        rms_norm_backward(&x[0], Some(&w), &x[2], 1e-6, Some(&x[1]))?,
+                        rms_norm_backward_over_input(x[0].copy()?, None, &x[2], 1e-6)?,
+                    ])
+                },
+                &[
+                    r(&[rows, d], dtype, 1)?,
+                    r(&[rows, d], dtype, 3)?,
+                    r(&[rows, d], dtype, 4)?,
+                ],
+                tol,
+                &gpu,
+            )?;
+        }
         let w = (r(&[512], dtype, 2)? + 1.0)?;
         ok &= check_outputs(
             &format!("rms_norm_add + rms_norm_backward(residual, over_input) {dn}"),

@@ -299,11 +299,29 @@ impl CustomOp2 for RmsNormBwd {
 mod cuda_impl {
     use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, Layout, Result, Tensor};
 
     const MODULE: Module = cuda_module!("rms_norm");
+
+    /// Launch shape and kernel-name suffix: rows up to 1024 elements get one warp each (8 rows
+    /// per block, `_warp` kernels); longer rows one block each, a thread per 16-byte pack.
+    fn launch_layout(rows: usize, d: usize) -> (LaunchConfig, &'static str) {
+        if d <= 1024 {
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (cfg, "_warp")
+        } else {
+            (
+                cuda::per_row(rows, cuda::row_threads(d.div_ceil(8)).min(512)),
+                "",
+            )
+        }
+    }
 
     /// The backward kernel with `dx` written over `x`.
     pub(super) fn launch_over_input(
@@ -325,19 +343,20 @@ mod cuda_impl {
                 Some((ws, wl)) => cuda::view::<T>(cuda::cuda_of(ws, op, "weight")?, wl, op, "weight")?.device_ptr(&stream).0,
                 None => 0u64,
             };
-            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>("rms_norm_bwd"))?;
-            let (d_i, null) = (d as i32, 0u64);
+            let (cfg, layout) = launch_layout(rows, d);
+            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(&format!("rms_norm_bwd{layout}")))?;
+            let (rows_i, d_i, null) = (rows as i32, d as i32, 0u64);
             let mut b = stream.launch_builder(&f);
-            b.arg(&x).arg(&w).arg(&g).arg(&null).arg(&x).arg(&d_i).arg(&eps);
+            b.arg(&x).arg(&w).arg(&g).arg(&null).arg(&x).arg(&rows_i).arg(&d_i).arg(&eps);
             // SAFETY: x and g hold rows·d elements of T, w holds d (or is null); each thread
-            // reads x[i] before it writes dx[i] there, after the row's reductions.
-            unsafe { b.launch(cuda::per_row(rows, cuda::row_threads(d).min(256))) }.w()?;
+            // reads its elements of x before it writes dx there, after the row's reductions.
+            unsafe { b.launch(cfg) }.w()?;
             Ok(())
         })
     }
 
-    /// Forward (`grad = None`) or backward (`grad = Some`) kernel, one block per row, with the
-    /// optional residual added to the output.
+    /// Forward (`grad = None`) or backward (`grad = Some`) kernel (layout: [`launch_layout`]),
+    /// with the optional residual added to the output.
     pub(super) fn launch(
         op: &str,
         (s, l): (&CudaStorage, &Layout),
@@ -367,8 +386,9 @@ mod cuda_impl {
             // SAFETY: every element is written by the kernel before use.
             let y = unsafe { dev.alloc::<T>(rows * d)? };
             let root = if grad.is_some() { "rms_norm_bwd" } else { "rms_norm_fwd" };
-            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(root))?;
-            let (d_i, null) = (d as i32, 0u64);
+            let (cfg, layout) = launch_layout(rows, d);
+            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(&format!("{root}{layout}")))?;
+            let (rows_i, d_i, null) = (rows as i32, d as i32, 0u64);
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&f);
             b.arg(&x);
@@ -384,11 +404,12 @@ mod cuda_impl {
                 None => b.arg(&null),
             };
             b.arg(&y);
+            b.arg(&rows_i);
             b.arg(&d_i);
             b.arg(&eps);
             // SAFETY: x, g, res (or null), y hold rows·d elements of T and w holds d (or is null),
             // as the kernel reads and writes them.
-            unsafe { b.launch(cuda::per_row(rows, cuda::row_threads(d).min(256))) }.w()?;
+            unsafe { b.launch(cfg) }.w()?;
             Ok(cuda::wrap(y, &dev))
         })
     }
