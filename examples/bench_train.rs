@@ -229,7 +229,7 @@ fn main() -> Result<()> {
         .collect();
     let trainable: usize = params.iter().map(|(_, v)| v.elem_count()).sum();
     // train_ddp's wrap: reverse-order fp32 buckets that hold the gradients.
-    let mut ddp = DistributedDataParallel::new(
+    let ddp = DistributedDataParallel::new(
         &group,
         params,
         DdpOptions {
@@ -264,15 +264,22 @@ fn main() -> Result<()> {
         );
     }
 
-    let mut optim = AdamW::new(
+    let optim = AdamW::new(
         AdamWParams::with_weight_decay(0.0),
         &step::bucket_lens(&ddp)?,
         &device,
     )?;
     let total_steps = (args.steps + usize::from(args.profile) + usize::from(args.overlap)) as u64;
-    let mut sched = CosineWithWarmup::new(LR, WARMUP_STEPS, total_steps);
+    let mut stepper = Stepper {
+        model: &model,
+        ddp,
+        optim,
+        sched: CosineWithWarmup::new(LR, WARMUP_STEPS, total_steps),
+        weighting: LossWeighting::MeanPerMicroBatch { accum: args.accum },
+        seed: args.seed,
+        micro_step: 0,
+    };
     let (b, t) = (shape.micro_batch, shape.seq);
-    let weighting = LossWeighting::MeanPerMicroBatch { accum: args.accum };
     let step_tokens = b * t * args.accum * world;
     let token_seed = args.seed.wrapping_add(rank as u64);
     let window = |step: usize| -> Vec<Batch> {
@@ -288,7 +295,6 @@ fn main() -> Result<()> {
     device.synchronize()?;
     let mut step_ends = vec![Instant::now()];
     let mut durs = Vec::new();
-    let mut micro_step = 0u64;
     for step in 0..args.steps {
         let profiled = args.cuda_profiler_last_step && step + 1 == args.steps;
         if profiled {
@@ -296,16 +302,7 @@ fn main() -> Result<()> {
         }
         let ts = Instant::now();
         let batches = window(step);
-        let out = train_step(
-            &model,
-            &mut ddp,
-            &mut optim,
-            &mut sched,
-            &batches,
-            weighting,
-            (args.seed, &mut micro_step),
-            &mut step::NoObserver,
-        )?;
+        let out = stepper.step(&batches, &mut step::NoObserver)?;
         device.synchronize()?;
         let end = Instant::now();
         if profiled {
@@ -367,16 +364,7 @@ fn main() -> Result<()> {
         let mut prof = Profiler::new(&device, &cfg);
         let ts = Instant::now();
         prof.restart()?;
-        let out = train_step(
-            &model,
-            &mut ddp,
-            &mut optim,
-            &mut sched,
-            &batches,
-            weighting,
-            (args.seed, &mut micro_step),
-            &mut prof,
-        )?;
+        let out = stepper.step(&batches, &mut prof)?;
         let wall = ts.elapsed().as_secs_f64();
         let probes = Probes::measure(&model, &batches[0], args.seed)?;
         if main_rank {
@@ -393,23 +381,14 @@ fn main() -> Result<()> {
     if args.overlap {
         let batches = window(n + usize::from(args.profile));
         let mut probe = OverlapProbe::new(&device, args.accum);
-        train_step(
-            &model,
-            &mut ddp,
-            &mut optim,
-            &mut sched,
-            &batches,
-            weighting,
-            (args.seed, &mut micro_step),
-            &mut probe,
-        )?;
-        let alone = CommAlone::measure(&ddp, &device)?;
+        stepper.step(&batches, &mut probe)?;
+        let alone = CommAlone::measure(&stepper.ddp, &device)?;
         let exposed = group.all_gather_object(&probe.exposed_s)?;
         if main_rank {
             print!("{}", probe.report(&alone, &exposed));
         }
     }
-    drop(ddp);
+    drop(stepper);
     drop(group);
     Ok(())
 }
@@ -614,7 +593,7 @@ impl CommAlone {
     }
 }
 
-/// What one [`train_step`] reports.
+/// What one [`Stepper::step`] reports.
 struct StepOut {
     loss: f64,
     norm: f32,
@@ -625,39 +604,52 @@ struct StepOut {
     optim_s: f64,
 }
 
-/// One optimizer step exactly as `train_ddp` runs it (without the non-finite decision, the
-/// logging and the checkpoints): the window through DDP, norm after the reduce, clip folded
-/// into AdamW over the buckets, schedule. `rng` = (seed, dropout micro-step counter).
-#[allow(clippy::too_many_arguments)]
-fn train_step<O: StepObserver + Marks>(
-    model: &Gemma4Model,
-    ddp: &mut DistributedDataParallel<'_>,
-    optim: &mut AdamW,
-    sched: &mut CosineWithWarmup,
-    batches: &[Batch],
+/// What one optimizer step needs besides its batches: the model, the DDP wrap, AdamW, the
+/// schedule, the loss weighting and the dropout seed and micro-step counter.
+struct Stepper<'m, 'g> {
+    model: &'m Gemma4Model,
+    ddp: DistributedDataParallel<'g>,
+    optim: AdamW,
+    sched: CosineWithWarmup,
     weighting: LossWeighting,
-    rng: (u64, &mut u64),
-    obs: &mut O,
-) -> Result<StepOut> {
-    let share = step::accumulate_window(model, ddp, batches, weighting, rng.0, rng.1, obs)?;
-    let loss = step::all_reduce_sum(ddp.group(), &[share], model.device())?[0];
-    let t = obs.mark()?;
-    let norm = grad_norm(&step::bucket_grads(ddp)?)?;
-    let t_norm = obs.mark()?;
-    let lr = sched.lr();
-    step::adamw_step(optim, ddp, lr, clip_coef(norm, MAX_GRAD_NORM))?;
-    sched.advance();
-    let t_optim = obs.mark()?;
-    Ok(StepOut {
-        loss,
-        norm,
-        lr,
-        norm_s: secs(t, t_norm),
-        optim_s: secs(t_norm, t_optim),
-    })
+    seed: u64,
+    micro_step: u64,
 }
 
-/// Optional clock marks around the host-side phases of [`train_step`]: `None` on the normal
+impl Stepper<'_, '_> {
+    /// One optimizer step exactly as `train_ddp` runs it (without the non-finite decision, the
+    /// logging and the checkpoints): the window through DDP, norm after the reduce, clip folded
+    /// into AdamW over the buckets, schedule.
+    fn step<O: StepObserver + Marks>(&mut self, batches: &[Batch], obs: &mut O) -> Result<StepOut> {
+        let (model, ddp) = (self.model, &mut self.ddp);
+        let share = step::accumulate_window(
+            model,
+            ddp,
+            batches,
+            self.weighting,
+            self.seed,
+            &mut self.micro_step,
+            obs,
+        )?;
+        let loss = step::all_reduce_sum(ddp.group(), &[share], model.device())?[0];
+        let t = obs.mark()?;
+        let norm = grad_norm(&step::bucket_grads(ddp)?)?;
+        let t_norm = obs.mark()?;
+        let lr = self.sched.lr();
+        step::adamw_step(&mut self.optim, ddp, lr, clip_coef(norm, MAX_GRAD_NORM))?;
+        self.sched.advance();
+        let t_optim = obs.mark()?;
+        Ok(StepOut {
+            loss,
+            norm,
+            lr,
+            norm_s: secs(t, t_norm),
+            optim_s: secs(t_norm, t_optim),
+        })
+    }
+}
+
+/// Optional clock marks around the host-side phases of [`Stepper::step`]: `None` on the normal
 /// path, after a device synchronize when profiling.
 trait Marks {
     /// The time now, or `None` when not measuring.

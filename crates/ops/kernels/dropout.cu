@@ -46,27 +46,89 @@ extern "C" __global__ void dropout_mask(uint8_t* out, size_t n, uint64_t kk, uin
     });
 }
 
+// Grid-stride walk over 16-byte packs of P = 16/sizeof(T) elements (P/2 pairs, the same draws as
+// for_pairs): pack(i, keep) for elements i..i+P with keep[e] for element i+e; then the elements
+// after the last whole pack (fewer than P) as pairs, pair(i, keep_i, keep_i1), one per thread of
+// the first threads. For 16-byte aligned operands.
+template <typename T, typename F, typename G>
+__device__ __forceinline__ void for_packs(size_t n, uint64_t kk, uint32_t thresh, F pack, G pair) {
+    constexpr int P = 16 / sizeof(T);
+    const size_t packs = n / P;
+    const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t q = tid; q < packs; q += stride) {
+        bool keep[P];
+        uint64_t s = kk + (uint64_t)(q * (P / 2)) * GAMMA;
+#pragma unroll
+        for (int p = 0; p < P / 2; ++p, s += GAMMA) {
+            const uint64_t h = mix64(s);
+            keep[2 * p] = ((uint32_t)(h >> 32) >> 8) >= thresh;
+            keep[2 * p + 1] = ((uint32_t)h >> 8) >= thresh;
+        }
+        pack(q * P, keep);
+    }
+    const size_t first = packs * (P / 2), pairs = (n + 1) / 2;
+    if (tid < pairs - first) {
+        const size_t j = first + tid;
+        const uint64_t h = mix64(kk + (uint64_t)j * GAMMA);
+        pair(2 * j, ((uint32_t)(h >> 32) >> 8) >= thresh, ((uint32_t)h >> 8) >= thresh);
+    }
+}
+
 // y = keep ? r(x * scale) : 0.
 template <typename T>
 __device__ void dropout_apply(const T* x, T* y, size_t n, uint64_t kk, uint32_t thresh, float scale) {
-    const bool vec = pair_aligned<T>(x, y);
     auto f = [&](T v, bool k) { return from_f32<T>(k ? to_f32(v) * scale : 0.f); };
+    auto scalar = [&](size_t i, bool k0, bool k1) {
+        y[i] = f(x[i], k0);
+        if (i + 1 < n) y[i + 1] = f(x[i + 1], k1);
+    };
+    if (aligned16(x) && aligned16(y)) {
+        constexpr int P = 16 / sizeof(T);
+        auto pack = [&](size_t i, const bool* keep) {
+            float v[P];
+            load_n<T, P>(x + i, v);
+#pragma unroll
+            for (int e = 0; e < P; ++e) v[e] = keep[e] ? v[e] * scale : 0.f;
+            store_n<T, P>(y + i, v);
+        };
+        for_packs<T>(n, kk, thresh, pack, scalar);
+        return;
+    }
+    const bool vec = pair_aligned<T>(x, y);
     for_pairs(n, kk, thresh, [&](size_t i, bool k0, bool k1) {
         if (vec && i + 1 < n) {
             const Pair<T> v = *reinterpret_cast<const Pair<T>*>(x + i);
             *reinterpret_cast<Pair<T>*>(y + i) = Pair<T>{f(v.a, k0), f(v.b, k1)};
         } else {
-            y[i] = f(x[i], k0);
-            if (i + 1 < n) y[i + 1] = f(x[i + 1], k1);
+            scalar(i, k0, k1);
         }
     });
 }
 
-// dx = keep ? r(dx + t * scale) : dx, one fp32 fma and one rounding; dropped elements are untouched.
+// dx = keep ? r(dx + t * scale) : dx, one fp32 fma and one rounding; dropped elements keep their
+// value (a bf16/f16/f32 value survives the round trip through fp32 exactly).
 template <typename T>
 __device__ void dropout_acc(const T* t, T* dx, size_t n, uint64_t kk, uint32_t thresh, float scale) {
-    const bool vec = pair_aligned<T>(t, dx);
     auto f = [&](T d, T v, bool k) { return k ? from_f32<T>(fmaf(to_f32(v), scale, to_f32(d))) : d; };
+    auto scalar = [&](size_t i, bool k0, bool k1) {
+        if (k0) dx[i] = f(dx[i], t[i], true);
+        if (k1 && i + 1 < n) dx[i + 1] = f(dx[i + 1], t[i + 1], true);
+    };
+    if (aligned16(t) && aligned16(dx)) {
+        constexpr int P = 16 / sizeof(T);
+        auto pack = [&](size_t i, const bool* keep) {
+            float tv[P], dv[P];
+            load_n<T, P>(t + i, tv);
+            load_n<T, P>(dx + i, dv);
+#pragma unroll
+            for (int e = 0; e < P; ++e) dv[e] = keep[e] ? fmaf(tv[e], scale, dv[e]) : dv[e];
+            store_n<T, P>(dx + i, dv);
+        };
+        for_packs<T>(n, kk, thresh, pack, scalar);
+        return;
+    }
+    const bool vec = pair_aligned<T>(t, dx);
     for_pairs(n, kk, thresh, [&](size_t i, bool k0, bool k1) {
         if (!k0 && !k1) return;
         if (vec && i + 1 < n) {
@@ -75,8 +137,7 @@ __device__ void dropout_acc(const T* t, T* dx, size_t n, uint64_t kk, uint32_t t
             const Pair<T> d = *p;
             *p = Pair<T>{f(d.a, v.a, k0), f(d.b, v.b, k1)};
         } else {
-            if (k0) dx[i] = f(dx[i], t[i], true);
-            if (k1 && i + 1 < n) dx[i + 1] = f(dx[i + 1], t[i + 1], true);
+            scalar(i, k0, k1);
         }
     });
 }

@@ -1,41 +1,63 @@
 // Rotary embedding, half-split layout (rotate_half), forward and backward (CPU reference: src/rope.rs).
-// x (b, h, t, d); cos/sin (bc, t, d) with bc = b or 1. One thread per rotated pair (k, k + d/2).
+// x (b, h, t, d); cos/sin (bc, t, d) with bc = b or 1. One thread per unit of N rotated pairs
+// (k..k+N, k+d/2..k+d/2+N): N = 16 bytes of T when the half rows are 16-byte aligned, else 1.
 // Forward, rounding like the reference (products and sum in the activation dtype):
 //   y1 = r(r(x1*c1) + r(-x2*s1)),  y2 = r(r(x2*c2) + r(x1*s2))
 // Backward (the transpose of the rotation): dx1 = r(r(g1*c1) + r(g2*s2)), dx2 = r(r(g2*c2) + r(-g1*s1)).
+// Index math in I = 32-bit unsigned when every index fits (the host checks), else 64-bit.
 #include "common.cuh"
+
+template <typename T, int N, typename I>
+__device__ void rope_units(const T* x, const T* cos, const T* sin, T* y, I b, I h, I t, I d,
+                           bool per_batch, int backward) {
+    const I half = d / 2, units = half / N;
+    const I n = b * h * t * units;
+    for (I idx = blockIdx.x * (I)blockDim.x + threadIdx.x; idx < n; idx += (I)gridDim.x * blockDim.x) {
+        const I k = (idx % units) * N;
+        const I row = idx / units;  // (bi, hi, ti)
+        const I ti = row % t;
+        const I cs = ((per_batch ? row / (t * h) : 0) * t + ti) * d;
+        float c1[N], c2[N], s1[N], s2[N], x1[N], x2[N], y1[N], y2[N];
+        load_n<T, N>(cos + cs + k, c1);
+        load_n<T, N>(cos + cs + k + half, c2);
+        load_n<T, N>(sin + cs + k, s1);
+        load_n<T, N>(sin + cs + k + half, s2);
+        load_n<T, N>(x + row * d + k, x1);
+        load_n<T, N>(x + row * d + k + half, x2);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            if (!backward) {
+                y1[j] = round_to<T>(x1[j] * c1[j]) + round_to<T>(-x2[j] * s1[j]);
+                y2[j] = round_to<T>(x2[j] * c2[j]) + round_to<T>(x1[j] * s2[j]);
+            } else {
+                y1[j] = round_to<T>(x1[j] * c1[j]) + round_to<T>(x2[j] * s2[j]);
+                y2[j] = round_to<T>(x2[j] * c2[j]) + round_to<T>(-x1[j] * s1[j]);
+            }
+        }
+        store_n<T, N>(y + row * d + k, y1);
+        store_n<T, N>(y + row * d + k + half, y2);
+    }
+}
 
 template <typename T>
 __device__ void rope_kernel(const T* x, const T* cos, const T* sin, T* y, int b, int h, int t, int d,
-                            int cos_b, int backward) {
-    int half = d / 2;
-    size_t n = (size_t)b * h * t * half;
-    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
-         idx += (size_t)gridDim.x * blockDim.x) {
-        int k = idx % half;
-        size_t row = idx / half;  // (bi, hi, ti)
-        int ti = row % t;
-        int bi = row / ((size_t)t * h);
-        size_t cs = ((size_t)(cos_b == 1 ? 0 : bi) * t + ti) * d;
-        float c1 = to_f32(cos[cs + k]), c2 = to_f32(cos[cs + k + half]);
-        float s1 = to_f32(sin[cs + k]), s2 = to_f32(sin[cs + k + half]);
-        float x1 = to_f32(x[row * d + k]), x2 = to_f32(x[row * d + k + half]);
-        float y1, y2;
-        if (!backward) {
-            y1 = round_to<T>(x1 * c1) + round_to<T>(-x2 * s1);
-            y2 = round_to<T>(x2 * c2) + round_to<T>(x1 * s2);
-        } else {
-            y1 = round_to<T>(x1 * c1) + round_to<T>(x2 * s2);
-            y2 = round_to<T>(x2 * c2) + round_to<T>(-x1 * s1);
-        }
-        y[row * d + k] = from_f32<T>(y1);
-        y[row * d + k + half] = from_f32<T>(y2);
+                            int cos_b, int backward, int small) {
+    constexpr int P = 16 / sizeof(T);
+    const bool packed = ((d / 2) * sizeof(T)) % 16 == 0 && aligned16(x) && aligned16(cos) &&
+                        aligned16(sin) && aligned16(y);
+    const bool per_batch = cos_b != 1;
+    if (small) {
+        if (packed) rope_units<T, P, unsigned>(x, cos, sin, y, b, h, t, d, per_batch, backward);
+        else rope_units<T, 1, unsigned>(x, cos, sin, y, b, h, t, d, per_batch, backward);
+    } else {
+        if (packed) rope_units<T, P, size_t>(x, cos, sin, y, b, h, t, d, per_batch, backward);
+        else rope_units<T, 1, size_t>(x, cos, sin, y, b, h, t, d, per_batch, backward);
     }
 }
 
 #define INST(T, S)                                                                                   \
     extern "C" __global__ void rope_##S(const T* x, const T* cos, const T* sin, T* y, int b, int h,  \
-                                        int t, int d, int cos_b, int backward) {                     \
-        rope_kernel<T>(x, cos, sin, y, b, h, t, d, cos_b, backward);                                 \
+                                        int t, int d, int cos_b, int backward, int small) {          \
+        rope_kernel<T>(x, cos, sin, y, b, h, t, d, cos_b, backward, small);                          \
     }
 G4FT_FLOAT_TYPES(INST)

@@ -192,15 +192,18 @@ fn gpu_kernels_table() -> Result<()> {
             tol,
             &gpu,
         )?;
-        ok &= check(
-            &format!("gelu_tanh_mul {dn}"),
-            "(64, 3000)",
-            &|x| gelu_tanh_mul(&x[0], &x[1]),
-            &[r(&[64, 3000], dtype, 1)?, r(&[64, 3000], dtype, 2)?],
-            &[true, true],
-            tol,
-            &gpu,
-        )?;
+        // 16-byte packs only, and packs plus an odd tail (forward and backward).
+        for (rows, cols) in [(64, 3000), (7, 1001)] {
+            ok &= check(
+                &format!("gelu_tanh_mul {dn}"),
+                &format!("({rows}, {cols})"),
+                &|x| gelu_tanh_mul(&x[0], &x[1]),
+                &[r(&[rows, cols], dtype, 1)?, r(&[rows, cols], dtype, 2)?],
+                &[true, true],
+                tol,
+                &gpu,
+            )?;
+        }
         for d in [256, 5] {
             ok &= check(
                 &format!("swap_dims12 {dn} d={d}"),
@@ -324,15 +327,18 @@ fn gpu_kernels_table() -> Result<()> {
             tol,
             &gpu,
         )?;
-        ok &= check(
-            &format!("lora_dropout {dn}"),
-            "(64, 3000)",
-            &|x| lora_dropout(&x[0], 0.1, [1, 2, 3]),
-            &[r(&[64, 3000], dtype, 1)?],
-            &[true],
-            0.0,
-            &gpu,
-        )?;
+        // 16-byte packs only, and packs plus an odd tail.
+        for (rows, cols) in [(64, 3000), (7, 1001)] {
+            ok &= check(
+                &format!("lora_dropout {dn}"),
+                &format!("({rows}, {cols})"),
+                &|x| lora_dropout(&x[0], 0.1, [1, 2, 3]),
+                &[r(&[rows, cols], dtype, 1)?],
+                &[true],
+                0.0,
+                &gpu,
+            )?;
+        }
         let tg: Vec<u32> = (0..256u32)
             .map(|i| {
                 if i % 7 == 3 {

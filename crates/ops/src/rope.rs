@@ -116,14 +116,16 @@ impl CustomOp1 for Rope {
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>("rope"))?;
             let args = [l.dims()[0], n.h, n.t, n.d, n.cos_b].map(|v| v as i32);
             let bwd = self.backward as i32;
+            // 32-bit index math when every element index fits.
+            let small = i32::from(el <= u32::MAX as usize);
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&f);
             b.arg(&x).arg(&cos).arg(&sin).arg(&y);
             for a in &args {
                 b.arg(a);
             }
-            b.arg(&bwd);
-            // SAFETY: sizes as checked in `dims`; one thread per rotated pair, grid-stride.
+            b.arg(&bwd).arg(&small);
+            // SAFETY: sizes as checked in `dims`; a thread per unit of rotated pairs, grid-stride.
             unsafe { b.launch(cuda::elementwise(el / 2)) }.w()?;
             Ok((cuda::wrap(y, &dev), l.shape().clone()))
         })

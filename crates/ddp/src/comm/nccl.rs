@@ -269,6 +269,7 @@ fn poll(
     deadline: Instant,
     failed: &AtomicBool,
 ) -> Result<()> {
+    let start = Instant::now();
     loop {
         match ev.try_is_complete() {
             Ok(true) => return Ok(()),
@@ -285,9 +286,18 @@ fn poll(
                 format!("NCCL collective not complete after {timeout:?} (a peer died or diverged)"),
             ));
         }
-        std::thread::sleep(Duration::from_micros(50));
+        // Spin (yielding) for the first millisecond, where a DDP bucket's tail usually ends, then
+        // sleep: a 50 µs sleep overshoots by tens of µs, which is exposed at the end of a step.
+        if start.elapsed() < SPIN {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
 }
+
+/// How long [`poll`] spins before it sleeps between checks.
+const SPIN: Duration = Duration::from_millis(1);
 
 /// Candle in-place op that enqueues the NCCL call on the tensor's CUDA buffer.
 struct NcclInPlace<'a> {
