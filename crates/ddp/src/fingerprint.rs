@@ -346,6 +346,45 @@ mod tests {
     }
 
     #[test]
+    fn agreer_runs_queued_agreements_in_order_and_reports_a_desync() {
+        let (_s, mut l) = ledgers(2);
+        let (b, a) = (l.pop().unwrap(), l.pop().unwrap());
+        let t = Duration::from_secs(5);
+        let peer = std::thread::spawn(move || {
+            let agreer = Agreer::start(b).unwrap();
+            let first = agreer.submit(&fp(1, "all_reduce"), t);
+            let second = agreer.submit(&fp(2, "all_reduce"), t);
+            agreer.flush(t).unwrap();
+            let third = agreer.submit(&fp(3, "barrier"), t);
+            (first.check(), second.check(), third.check())
+        });
+        let agreer = Agreer::start(a).unwrap();
+        let queued: Vec<Agreement> = (1..=2)
+            .map(|seq| agreer.submit(&fp(seq, "all_reduce"), t))
+            .collect();
+        agreer.flush(t).unwrap();
+        for q in &queued {
+            q.check().unwrap();
+        }
+        let err = agreer.submit(&fp(3, "all_reduce"), t).check().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DdpError::Desync {
+                    seq: 3,
+                    peer: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let (first, second, third) = peer.join().unwrap();
+        first.unwrap();
+        second.unwrap();
+        assert!(matches!(third, Err(DdpError::Desync { seq: 3, .. })));
+    }
+
+    #[test]
     fn missing_rank_is_named() {
         let (_s, l) = ledgers(3);
         let err = l[0]

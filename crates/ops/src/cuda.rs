@@ -25,12 +25,14 @@ macro_rules! cuda_module {
 }
 pub(crate) use cuda_module;
 
+/// Loaded kernels by name, per (device, module).
+type FuncCache = HashMap<(DeviceId, &'static str), HashMap<String, CudaFunction>>;
+
 thread_local! {
-    /// Kernels already looked up, per (device, module) and name: candle caches the module, but
-    /// its lookup takes a lock and calls `cuModuleGetFunction` on every launch, and the training
-    /// step is close to launch-bound. (A dropped device's entries stay; they are a few handles.)
-    static FUNCS: RefCell<HashMap<(DeviceId, &'static str), HashMap<String, CudaFunction>>> =
-        RefCell::new(HashMap::new());
+    /// Kernels already looked up: candle caches the module, but its lookup takes a lock and calls
+    /// `cuModuleGetFunction` on every launch, and the training step is close to launch-bound.
+    /// (A dropped device's entries stay; they are a few handles.)
+    static FUNCS: RefCell<FuncCache> = RefCell::new(HashMap::new());
 }
 
 /// Kernel `name` of module `m` (the module loaded by candle on first use, the handle cached per
