@@ -305,22 +305,26 @@ mod cuda_impl {
 
     const MODULE: Module = cuda_module!("rms_norm");
 
-    /// Launch shape and kernel-name suffix: rows up to 1024 elements get one warp each (8 rows
-    /// per block, `_warp` kernels); longer rows one block each, a thread per 16-byte pack.
-    fn launch_layout(rows: usize, d: usize) -> (LaunchConfig, &'static str) {
-        if d <= 1024 {
-            let cfg = LaunchConfig {
+    /// Kernel roots by [backward][warp layout].
+    const ROOTS: [[&str; 2]; 2] = [
+        ["rms_norm_fwd", "rms_norm_fwd_warp"],
+        ["rms_norm_bwd", "rms_norm_bwd_warp"],
+    ];
+
+    /// Launch shape and kernel root: rows up to 1024 elements get one warp each (8 rows per
+    /// block, the `_warp` kernels); longer rows one block each, a thread per 16-byte pack.
+    fn launch_layout(rows: usize, d: usize, backward: bool) -> (LaunchConfig, &'static str) {
+        let warp = d <= 1024;
+        let cfg = if warp {
+            LaunchConfig {
                 grid_dim: (rows.div_ceil(8) as u32, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
-            };
-            (cfg, "_warp")
+            }
         } else {
-            (
-                cuda::per_row(rows, cuda::row_threads(d.div_ceil(8)).min(512)),
-                "",
-            )
-        }
+            cuda::per_row(rows, cuda::row_threads(d.div_ceil(8)).min(512))
+        };
+        (cfg, ROOTS[usize::from(backward)][usize::from(warp)])
     }
 
     /// The backward kernel with `dx` written over `x`.
@@ -343,8 +347,8 @@ mod cuda_impl {
                 Some((ws, wl)) => cuda::view::<T>(cuda::cuda_of(ws, op, "weight")?, wl, op, "weight")?.device_ptr(&stream).0,
                 None => 0u64,
             };
-            let (cfg, layout) = launch_layout(rows, d);
-            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(&format!("rms_norm_bwd{layout}")))?;
+            let (cfg, root) = launch_layout(rows, d, true);
+            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(root))?;
             let (rows_i, d_i, null) = (rows as i32, d as i32, 0u64);
             let mut b = stream.launch_builder(&f);
             b.arg(&x).arg(&w).arg(&g).arg(&null).arg(&x).arg(&rows_i).arg(&d_i).arg(&eps);
@@ -385,9 +389,8 @@ mod cuda_impl {
             };
             // SAFETY: every element is written by the kernel before use.
             let y = unsafe { dev.alloc::<T>(rows * d)? };
-            let root = if grad.is_some() { "rms_norm_bwd" } else { "rms_norm_fwd" };
-            let (cfg, layout) = launch_layout(rows, d);
-            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(&format!("{root}{layout}")))?;
+            let (cfg, root) = launch_layout(rows, d, grad.is_some());
+            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(root))?;
             let (rows_i, d_i, null) = (rows as i32, d as i32, 0u64);
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&f);
