@@ -23,7 +23,10 @@ PY
 # 3 steps of 1 micro-batch; ncu records only the last (bench_train --cuda-profiler-last-step).
 bench=(.gpu/bench_train --config "$cfg" --device cuda --dtype bf16 --seq "$SEQ" --micro-batch 1 --accum 1 --steps 3 --warmup-discard 1)
 "${bench[@]}" > "$OUT/kprof_plain.log" 2>&1; grep -E "SUMMARY|step=" "$OUT/kprof_plain.log" | tail -3
-timeout "${NCU_TIMEOUT_S:-300}" "$NCU" --profile-from-start off --metrics gpu__time_duration.sum --csv \
+# NCU_FLAGS: by default ncu locks clocks to base and flushes caches before every kernel, which
+# slows the GEMMs ~25%; "--clock-control none --cache-control none" times them as in the real run.
+# shellcheck disable=SC2086
+timeout "${NCU_TIMEOUT_S:-300}" "$NCU" ${NCU_FLAGS:-} --profile-from-start off --metrics gpu__time_duration.sum --csv \
   --print-units base --kernel-name-base function "${bench[@]}" --cuda-profiler-last-step \
   > "$OUT/kprof_ncu.csv" 2> "$OUT/kprof_ncu.err"
 echo "ncu exit $?"

@@ -9,9 +9,10 @@
 //! - backward: `S` again, `dP = dO·Vᵀ` (fp32), `dS = scale·P·(dP − rowsum(dO∘O))`
 //!   (`attn_ds_rows`), `dQ = dS·K`, `dK += dSᵀ·Q` and `dV += Pᵀ·dO` into fp32 accumulators.
 //!
-//! GQA needs no copy of K/V: the `g = nh / nkv` query heads of one kv head are `g·rows`
-//! consecutive rows (the block's rows are first gathered into a compact buffer when the block is
-//! not the whole sequence), so every product is one strided-batched GEMM over `b·nkv` items.
+//! GQA needs no copy of K/V: Q, dO and dQ are used in the grouped layout `(b, nkv, t, g, d)`
+//! (`g = nh / nkv`; one `swap12` of the whole tensor each way, none when `g = 1`), where a block's
+//! `g·rows` query rows of one kv head are consecutive, so every product is one strided-batched
+//! GEMM over `b·nkv` items.
 //! The fp32 score buffers are bounded by [`SCORE_BYTES`], so memory stays O(t·bq) instead of
 //! O(t²) per layer. Numerics: fp32 scores, softmax and accumulation; P and dS are rounded to the
 //! input dtype before their GEMMs (as FlashAttention does); exact fp32 for f32 inputs.
@@ -41,9 +42,6 @@ static SCORE_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_SCORE_BYTES);
 pub(crate) fn set_score_bytes(bytes: usize) {
     SCORE_BYTES.store(bytes, Ordering::Relaxed);
 }
-
-/// Threads per block of the row kernels.
-const ROW_THREADS: u32 = 256;
 
 /// The query blocks of one call and the largest key range any block sees.
 struct Blocking {
@@ -76,11 +74,6 @@ impl Blocking {
             bq,
             ld_max: ld_max.next_multiple_of(8),
         }
-    }
-
-    /// Whether the blocks are proper sub-ranges (their rows must be gathered into compact buffers).
-    fn blocked(&self, n: &Dims) -> bool {
-        self.bq < n.t
     }
 
     fn blocks(&self, n: Dims) -> impl Iterator<Item = Block> {
@@ -158,15 +151,47 @@ impl<'a> Ctx<'a> {
         .offset(k0 * d)
     }
 
-    /// A block's query-side rows (Q, dO, O, dQ): per (b, kv head) `g·rows` rows of `d`.
+    /// A block's query-side rows (Q, dO, O, dQ in the grouped layout): per (b, kv head) the
+    /// `g·rows` rows of `d` from query `q0`, in (query, group member) order.
     fn rows(&self, ptr: u64, blk: Block) -> Mat {
-        let d = self.n.d;
+        let (d, g) = (self.n.d, self.groups());
         Mat {
             ptr,
             ld: d,
-            stride: self.groups() * blk.rows * d,
+            stride: self.n.t * g * d,
             dtype: self.dtype,
         }
+        .offset(blk.q0 * g * d)
+    }
+
+    /// Whether the `(b, nh, t, d)` query-side tensors need a copy in the grouped layout.
+    fn regroups(&self) -> bool {
+        self.groups() > 1
+    }
+
+    /// `(b, nh, t, d)` → grouped `(b, nkv, t, g, d)` (`to_grouped`) or back, into `dst`.
+    fn regroup(&self, src: u64, dst: u64, to_grouped: bool) -> Result<()> {
+        let (g, n) = (self.groups(), &self.n);
+        let (a, c) = if to_grouped { (g, n.t) } else { (n.t, g) };
+        // SAFETY: both buffers hold the b·nh·t·d query-side elements and are distinct.
+        unsafe {
+            crate::transpose::cuda_swap12(
+                self.dev,
+                (src, dst),
+                [n.b * n.nkv, a, c, n.d],
+                self.dtype,
+            )
+        }
+    }
+
+    /// The grouped copy of a `(b, nh, t, d)` tensor at `src` (`None`: `src` is already grouped).
+    fn grouped<T: DeviceRepr>(&self, src: u64) -> Result<Option<CudaSlice<T>>> {
+        if !self.regroups() {
+            return Ok(None);
+        }
+        let buf = self.alloc::<T>(self.n.q_elems())?;
+        self.regroup(src, self.addr(&buf), true)?;
+        Ok(Some(buf))
     }
 
     /// A block's scores-like matrices (S, dP, P, dS): per (b, kv head) `g·rows` rows of `lk`.
@@ -230,33 +255,22 @@ impl<'a> Ctx<'a> {
         )
     }
 
-    /// Copies rows `[src.1, src.1 + rows)` of every (b, h) slab of `src` (slabs of `src.0` rows)
-    /// to rows `[dst.1, ..)` of the slabs of `dst` (slabs of `dst.0` rows).
-    fn copy_rows(
-        &self,
-        (sp, src): (u64, (usize, usize)),
-        (dp, dst): (u64, (usize, usize)),
-        rows: usize,
-    ) -> Result<()> {
-        let n = &self.n;
-        let f = self.func("attn_copy_rows")?;
-        let ints = [n.b * n.nh, rows, n.d, src.0, src.1, dst.0, dst.1].map(|v| v as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&sp).arg(&dp);
-        for i in &ints {
-            b.arg(i);
-        }
-        // SAFETY: both buffers hold `b·nh` slabs with at least `off + rows` rows of `d` elements.
-        unsafe { b.launch(cuda::elementwise(n.b * n.nh * rows * n.d)) }.w()?;
-        Ok(())
-    }
-
     /// Masked softmax of a block's score rows: P and the rows' log-sum-exp.
     fn softmax_rows(&self, s: u64, p: u64, lse: u64, mask: u64, blk: Block) -> Result<()> {
         let n = &self.n;
         let f = self.func("attn_softmax_rows")?;
+        let nrows = n.b * n.nh * blk.rows;
         let ints = [
-            n.nh, n.t, blk.rows, blk.lk, blk.ld, blk.q0, blk.k0, n.window,
+            n.nh,
+            self.groups(),
+            n.t,
+            blk.rows,
+            blk.lk,
+            blk.ld,
+            blk.q0,
+            blk.k0,
+            n.window,
+            nrows,
         ]
         .map(|v| v as i32);
         let mut b = self.stream.launch_builder(&f);
@@ -264,8 +278,8 @@ impl<'a> Ctx<'a> {
         for i in &ints {
             b.arg(i);
         }
-        // SAFETY: one block per score row; s/p hold b·nh·rows rows of lk, lse b·nh·t floats.
-        unsafe { b.launch(cuda::per_row(n.b * n.nh * blk.rows, ROW_THREADS)) }.w()?;
+        // SAFETY: one warp per score row; s/p hold b·nh·rows rows of lk, lse b·nh·t floats.
+        unsafe { b.launch(cuda::warp_per_row(nrows)) }.w()?;
         Ok(())
     }
 
@@ -273,8 +287,18 @@ impl<'a> Ctx<'a> {
     fn ds_rows(&self, [s, dp, o, dout, lse, mask, ds, p]: [u64; 8], blk: Block) -> Result<()> {
         let n = &self.n;
         let f = self.func("attn_ds_rows")?;
+        let nrows = n.b * n.nh * blk.rows;
         let ints = [
-            n.nh, n.t, n.d, blk.rows, blk.lk, blk.ld, blk.q0, blk.k0, n.window,
+            n.nh,
+            self.groups(),
+            n.t,
+            n.d,
+            blk.rows,
+            blk.lk,
+            blk.ld,
+            blk.q0,
+            blk.k0,
+            n.window,
         ]
         .map(|v| v as i32);
         let mut b = self.stream.launch_builder(&f);
@@ -284,9 +308,10 @@ impl<'a> Ctx<'a> {
         for i in &ints {
             b.arg(i);
         }
-        b.arg(&n.scale);
-        // SAFETY: one block per score row, buffers sized as in `softmax_rows`.
-        unsafe { b.launch(cuda::per_row(n.b * n.nh * blk.rows, ROW_THREADS)) }.w()?;
+        let nrows_i = nrows as i32;
+        b.arg(&n.scale).arg(&nrows_i);
+        // SAFETY: one warp per score row, buffers sized as in `softmax_rows`.
+        unsafe { b.launch(cuda::warp_per_row(nrows)) }.w()?;
         Ok(())
     }
 
@@ -314,24 +339,13 @@ fn fwd<T: CudaDType + DeviceRepr + WithDType>(
     let s = cx.alloc::<f32>(rows_max * bl.ld_max)?;
     let p = cx.alloc::<T>(rows_max * bl.ld_max)?;
     let [o_, lse_, s_, p_] = [cx.addr(&o), cx.addr(&lse), cx.addr(&s), cx.addr(&p)];
-    // Compact per-block Q and O rows (only when the block is not the whole sequence).
-    let stage = if bl.blocked(n) {
-        Some((
-            cx.alloc::<T>(rows_max * n.d)?,
-            cx.alloc::<T>(rows_max * n.d)?,
-        ))
-    } else {
-        None
-    };
-    let (qs, os) = match &stage {
-        Some((a, b)) => (cx.addr(a), cx.addr(b)),
-        None => (q, o_),
-    };
+    // Q in the grouped layout (a copy only when g > 1); a block's O rows are then written over
+    // its Q rows, which only that block's score GEMM reads.
+    let qg = cx.grouped::<T>(q)?;
+    let qs = qg.as_ref().map_or(q, |b| cx.addr(b));
+    let os = qg.as_ref().map_or(o_, |b| cx.addr(b));
     for blk in bl.blocks(*n) {
-        let (g, slab) = (cx.groups() * blk.rows, (n.t, blk.q0));
-        if stage.is_some() {
-            cx.copy_rows((q, slab), (qs, (blk.rows, 0)), blk.rows)?;
-        }
+        let g = cx.groups() * blk.rows;
         cx.scores_gemm(qs, k, s_, blk)?;
         cx.softmax_rows(s_, p_, lse_, mask, blk)?;
         let (a, b, c) = (
@@ -340,9 +354,9 @@ fn fwd<T: CudaDType + DeviceRepr + WithDType>(
             cx.rows(os, blk),
         );
         cx.gemm((g, n.d, blk.lk), (false, false), (1.0, 0.0), a, b, c)?;
-        if stage.is_some() {
-            cx.copy_rows((os, (blk.rows, 0)), (o_, slab), blk.rows)?;
-        }
+    }
+    if qg.is_some() {
+        cx.regroup(os, o_, false)?;
     }
     Ok((o, lse))
 }
@@ -373,25 +387,18 @@ fn bwd<T: CudaDType + DeviceRepr + WithDType>(
         cx.addr(&ds),
         cx.addr(&p),
     ];
-    let stage = if bl.blocked(n) {
-        Some([
-            cx.alloc::<T>(rows_max * n.d)?,
-            cx.alloc::<T>(rows_max * n.d)?,
-            cx.alloc::<T>(rows_max * n.d)?,
-        ])
-    } else {
-        None
-    };
-    let (qs, dos, dqs) = match &stage {
-        Some([a, b, c]) => (cx.addr(a), cx.addr(b), cx.addr(c)),
-        None => (q, dout, dq),
-    };
+    // Q and dO in the grouped layout (copies only when g > 1): dO in the output's dQ slot (free
+    // until the end), and a block's dQ rows over its Q rows once its dK product (their last
+    // reader) is queued; the final regroup of dQ then overwrites the grouped dO.
+    let qg = cx.grouped::<T>(q)?;
+    if qg.is_some() {
+        cx.regroup(dout, dq, true)?;
+    }
+    let qs = qg.as_ref().map_or(q, |b| cx.addr(b));
+    let dos = if qg.is_some() { dq } else { dout };
+    let dqs = qg.as_ref().map_or(dq, |b| cx.addr(b));
     for blk in bl.blocks(*n) {
-        let (g, slab, compact) = (cx.groups() * blk.rows, (n.t, blk.q0), (blk.rows, 0));
-        if stage.is_some() {
-            cx.copy_rows((q, slab), (qs, compact), blk.rows)?;
-            cx.copy_rows((dout, slab), (dos, compact), blk.rows)?;
-        }
+        let g = cx.groups() * blk.rows;
         cx.scores_gemm(qs, k, s_, blk)?;
         let (a, b, c) = (
             cx.rows(dos, blk),
@@ -401,17 +408,6 @@ fn bwd<T: CudaDType + DeviceRepr + WithDType>(
         cx.gemm((g, blk.lk, n.d), (false, true), (1.0, 0.0), a, b, c)?;
         cx.ds_rows([s_, dp_, o, dout, lse, mask, ds_, p_], blk)?;
         let (dsm, pm) = (cx.scores(ds_, blk, T::DTYPE), cx.scores(p_, blk, T::DTYPE));
-        cx.gemm(
-            (g, n.d, blk.lk),
-            (false, false),
-            (1.0, 0.0),
-            dsm,
-            cx.kv(k, blk.k0, T::DTYPE),
-            cx.rows(dqs, blk),
-        )?;
-        if stage.is_some() {
-            cx.copy_rows((dqs, compact), (dq, slab), blk.rows)?;
-        }
         cx.gemm(
             (blk.lk, n.d, g),
             (true, false),
@@ -428,6 +424,17 @@ fn bwd<T: CudaDType + DeviceRepr + WithDType>(
             cx.rows(dos, blk),
             cx.kv(dv32_, blk.k0, DType::F32),
         )?;
+        cx.gemm(
+            (g, n.d, blk.lk),
+            (false, false),
+            (1.0, 0.0),
+            dsm,
+            cx.kv(k, blk.k0, T::DTYPE),
+            cx.rows(dqs, blk),
+        )?;
+    }
+    if qg.is_some() {
+        cx.regroup(dqs, dq, false)?;
     }
     cx.round(dk32_, dq + nq as u64 * elem, nkv)?;
     cx.round(dv32_, dq + (nq + nkv) as u64 * elem, nkv)?;

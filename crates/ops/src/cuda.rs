@@ -88,6 +88,15 @@ pub(crate) fn per_row(rows: usize, threads: u32) -> LaunchConfig {
     }
 }
 
+/// One warp per row, 8 rows (256 threads) per block (the `_warp` / attention row kernels).
+pub(crate) fn warp_per_row(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(8).max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// A grid-stride launch over `n` elements (kernels loop, so the grid is capped).
 pub(crate) fn elementwise(n: usize) -> LaunchConfig {
     let threads = 256u32;

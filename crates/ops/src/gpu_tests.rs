@@ -215,11 +215,25 @@ fn gpu_kernels_table() -> Result<()> {
                 &gpu,
             )?;
         }
-        for dropout in [None, Some((0.1, [1, 2, 3]))] {
-            let w = r(&[384, 512], dtype, 4)?;
+        // Adapters in x's dtype and in fp32 (master weights: cast copies), several ranks and
+        // widths (odd ones included).
+        let shapes = [
+            ((64, 512, 16), dtype),
+            ((37, 1030, 8), DType::F32),
+            ((5, 96, 24), DType::F32),
+            ((21, 77, 4), DType::F32),
+        ];
+        for (((m, inf, rank), adapter), dropout) in shapes
+            .into_iter()
+            .flat_map(|s| [(s, None), (s, Some((0.1, [1, 2, 3])))])
+        {
+            let w = r(&[384, inf], dtype, 4)?;
             ok &= check(
-                &format!("lora_linear {dn} dropout={:?}", dropout.map(|d| d.0)),
-                "x (2,32,512) w (384,512) r16",
+                &format!(
+                    "lora_linear {dn} adapter {adapter:?} dropout={:?}",
+                    dropout.map(|d| d.0)
+                ),
+                &format!("x ({m},{inf}) w (384,{inf}) r{rank}"),
                 &move |x| {
                     lora_linear(
                         &x[0],
@@ -231,9 +245,9 @@ fn gpu_kernels_table() -> Result<()> {
                     )
                 },
                 &[
-                    r(&[2, 32, 512], dtype, 1)?,
-                    r(&[16, 512], dtype, 2)?,
-                    r(&[384, 16], dtype, 3)?,
+                    r(&[m, inf], dtype, 1)?,
+                    r(&[rank, inf], adapter, 2)?,
+                    r(&[384, rank], adapter, 3)?,
                 ],
                 &[true, true, true],
                 tol,
@@ -364,11 +378,13 @@ fn gpu_kernels_table() -> Result<()> {
         let mask = Tensor::new(&[[1u8; 320], [1u8; 320]], &Device::Cpu)?.narrow(1, 0, 300)?;
         let mask = Tensor::cat(&[mask, Tensor::zeros((2, 20), DType::U8, &Device::Cpu)?], 1)?;
         // One block (the default bound), then 48-row (nh 8) / 96-row (nh 4) blocks with a ragged
-        // last block: 983,040 B = 48 rows of b·nh·t fp32 scores at nh 8.
+        // last block: 983,040 B = 48 rows of b·nh·t fp32 scores at nh 8. GQA groups of 2 and 8
+        // (Q regrouped) and of 1 (no copy).
         for ((nh, nkv, d, win), score_bytes) in [
             (8, 4, 256, Some(128)),
             (8, 1, 512, None),
             (4, 2, 80, Some(33)),
+            (4, 4, 64, Some(50)),
         ]
         .into_iter()
         .flat_map(|c| [(c, crate::attention::DEFAULT_SCORE_BYTES), (c, 983_040)])
@@ -515,15 +531,15 @@ fn gpu_kernels_table() -> Result<()> {
     for (out, inf) in [(4096, h), (inter, h), (h, inter)] {
         let drop = Some((0.05, [1, 2, 3]));
         time_row(
-            "lora_linear r16 p=0.05",
+            "lora_linear r16 (fp32 adapter) p=0.05",
             &format!("x ({t}, {inf}) -> {out}"),
             &move |x| lora_linear(&x[0], &x[1], &x[2], &x[3], 2.0, drop),
             &move |x| lora_linear_slow(&x[0], &x[1], &x[2], &x[3], 2.0, drop),
             &[
                 r(&[t, inf], bf, 1)?,
                 (r(&[out, inf], bf, 2)? * 0.02)?,
-                (r(&[16, inf], bf, 3)? * 0.02)?,
-                (r(&[out, 16], bf, 4)? * 0.02)?,
+                (r(&[16, inf], DType::F32, 3)? * 0.02)?,
+                (r(&[out, 16], DType::F32, 4)? * 0.02)?,
             ],
             &gpu,
         )?;

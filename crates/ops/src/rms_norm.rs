@@ -316,11 +316,7 @@ mod cuda_impl {
     fn launch_layout(rows: usize, d: usize, backward: bool) -> (LaunchConfig, &'static str) {
         let warp = d <= 1024;
         let cfg = if warp {
-            LaunchConfig {
-                grid_dim: (rows.div_ceil(8) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            }
+            cuda::warp_per_row(rows)
         } else {
             cuda::per_row(rows, cuda::row_threads(d.div_ceil(8)).min(512))
         };

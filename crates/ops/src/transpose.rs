@@ -45,28 +45,19 @@ impl CustomOp1 for Swap12 {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
+        use crate::cuda::{self, with_cuda_float_type};
         use candle_core::backend::BackendStorage;
-        use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
-        use candle_core::cuda_backend::WrapErr;
-        const MODULE: Module = cuda_module!("transpose");
+        use candle_core::cuda_backend::cudarc::driver::DevicePtr;
         let (b, a, c, d, shape) = swapped(l)?;
         let dev = s.device().clone();
-        let n = b * a * c * d;
+        let stream = dev.cuda_stream();
         with_cuda_float_type!(s, self.name(), T => {
             let x = cuda::view::<T>(s, l, self.name(), "x")?;
             // SAFETY: every element is written by the kernel.
-            let y = unsafe { dev.alloc::<T>(n)? };
-            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>("swap12"))?;
-            let dims = [b, a, c, d].map(|v| v as i32);
-            let stream = dev.cuda_stream();
-            let mut lb = stream.launch_builder(&f);
-            lb.arg(&x).arg(&y);
-            for v in &dims {
-                lb.arg(v);
-            }
-            // SAFETY: x and y hold n elements.
-            unsafe { lb.launch(cuda::elementwise(n / 8 + 1)) }.w()?;
+            let y = unsafe { dev.alloc::<T>(b * a * c * d)? };
+            let ptrs = (x.device_ptr(&stream).0, y.device_ptr(&stream).0);
+            // SAFETY: x and y hold b·a·c·d elements of T.
+            unsafe { cuda_swap12(&dev, ptrs, [b, a, c, d], s.dtype())? };
             Ok((cuda::wrap(y, &dev), shape))
         })
     }
@@ -83,6 +74,34 @@ pub fn swap_dims12(x: &Tensor) -> Result<Tensor> {
         bail!("swap_dims12: expected a 4-D tensor, got {:?}", x.dims());
     }
     x.contiguous()?.apply_op1(Swap12)
+}
+
+/// `y = swap_dims12(x)` on device addresses: `x` a contiguous `(b, a, c, d)` array of `dtype`.
+///
+/// # Safety
+/// `x` and `y` must hold `b·a·c·d` elements of `dtype` on `dev`'s stream, and must not overlap.
+#[cfg(feature = "cuda")]
+pub(crate) unsafe fn cuda_swap12(
+    dev: &candle_core::cuda_backend::CudaDevice,
+    (x, y): (u64, u64),
+    dims: [usize; 4],
+    dtype: candle_core::DType,
+) -> Result<()> {
+    use crate::cuda::{self, cuda_module, Module};
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::WrapErr;
+    const MODULE: Module = cuda_module!("transpose");
+    let f = cuda::func(dev, &MODULE, &format!("swap12_{}", dtype.as_str()))?;
+    let ints = dims.map(|v| v as i32);
+    let stream = dev.cuda_stream();
+    let mut lb = stream.launch_builder(&f);
+    lb.arg(&x).arg(&y);
+    for v in &ints {
+        lb.arg(v);
+    }
+    // SAFETY: the caller guarantees both buffers hold the b·a·c·d elements.
+    unsafe { lb.launch(cuda::elementwise(dims.iter().product::<usize>() / 8 + 1)) }.w()?;
+    Ok(())
 }
 
 /// Composite reference for [`swap_dims12`].
