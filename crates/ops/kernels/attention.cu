@@ -69,9 +69,9 @@ __device__ void attn_softmax_rows(const float* s, T* p, float* lse, const uint8_
 // GEMM. One warp per row.
 template <typename T>
 __device__ void attn_ds_rows(const float* s, const float* dp, const T* o, const T* dout,
-                             const float* lse, const uint8_t* mask, T* ds, T* p, int nh, int g,
-                             int t, int d, int rows, int lk, int ld, int q0, int k0, int window,
-                             float scale, int nrows) {
+                             const float* lse, const uint8_t* mask, T* ds, T* p, float scale,
+                             int nh, int g, int t, int d, int rows, int lk, int ld, int q0, int k0,
+                             int window, int nrows) {
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= nrows) return;
     AttnRow a = attn_row(r, nh, g, rows, lk, q0, k0, window);
@@ -109,11 +109,11 @@ __device__ void attn_round(const float* x, T* y, size_t n) {
     }                                                                                                \
     extern "C" __global__ void attn_ds_rows_##S(const float* s, const float* dp, const T* o,         \
                                                 const T* dout, const float* lse,                     \
-                                                const uint8_t* mask, T* ds, T* p, int nh, int g,     \
-                                                int t, int d, int rows, int lk, int ld, int q0,      \
-                                                int k0, int window, float scale, int nrows) {        \
-        attn_ds_rows<T>(s, dp, o, dout, lse, mask, ds, p, nh, g, t, d, rows, lk, ld, q0, k0, window, \
-                        scale, nrows);                                                               \
+                                                const uint8_t* mask, T* ds, T* p, float scale,       \
+                                                int nh, int g, int t, int d, int rows, int lk,       \
+                                                int ld, int q0, int k0, int window, int nrows) {     \
+        attn_ds_rows<T>(s, dp, o, dout, lse, mask, ds, p, scale, nh, g, t, d, rows, lk, ld, q0, k0,  \
+                        window, nrows);                                                              \
     }                                                                                                \
     extern "C" __global__ void attn_round_##S(const float* x, T* y, size_t n) { attn_round<T>(x, y, n); }
 G4FT_FLOAT_TYPES(INST)

@@ -255,24 +255,25 @@ impl<'a> Ctx<'a> {
         )
     }
 
+    /// The integer arguments both row kernels take: `nh, g, t`, then `extra`, then the block's
+    /// `rows, lk, ld, q0, k0`, the window and the number of score rows `nrows`.
+    fn row_args<const E: usize>(&self, extra: [usize; E], blk: Block, nrows: usize) -> Vec<i32> {
+        let n = &self.n;
+        let geometry = [blk.rows, blk.lk, blk.ld, blk.q0, blk.k0, n.window, nrows];
+        [n.nh, self.groups(), n.t]
+            .into_iter()
+            .chain(extra)
+            .chain(geometry)
+            .map(|v| v as i32)
+            .collect()
+    }
+
     /// Masked softmax of a block's score rows: P and the rows' log-sum-exp.
     fn softmax_rows(&self, s: u64, p: u64, lse: u64, mask: u64, blk: Block) -> Result<()> {
         let n = &self.n;
         let f = self.func("attn_softmax_rows")?;
         let nrows = n.b * n.nh * blk.rows;
-        let ints = [
-            n.nh,
-            self.groups(),
-            n.t,
-            blk.rows,
-            blk.lk,
-            blk.ld,
-            blk.q0,
-            blk.k0,
-            n.window,
-            nrows,
-        ]
-        .map(|v| v as i32);
+        let ints = self.row_args([], blk, nrows);
         let mut b = self.stream.launch_builder(&f);
         b.arg(&s).arg(&p).arg(&lse).arg(&mask);
         for i in &ints {
@@ -288,28 +289,15 @@ impl<'a> Ctx<'a> {
         let n = &self.n;
         let f = self.func("attn_ds_rows")?;
         let nrows = n.b * n.nh * blk.rows;
-        let ints = [
-            n.nh,
-            self.groups(),
-            n.t,
-            n.d,
-            blk.rows,
-            blk.lk,
-            blk.ld,
-            blk.q0,
-            blk.k0,
-            n.window,
-        ]
-        .map(|v| v as i32);
+        let ints = self.row_args([n.d], blk, nrows);
         let mut b = self.stream.launch_builder(&f);
         for x in [&s, &dp, &o, &dout, &lse, &mask, &ds, &p] {
             b.arg(x);
         }
+        b.arg(&n.scale);
         for i in &ints {
             b.arg(i);
         }
-        let nrows_i = nrows as i32;
-        b.arg(&n.scale).arg(&nrows_i);
         // SAFETY: one warp per score row, buffers sized as in `softmax_rows`.
         unsafe { b.launch(cuda::warp_per_row(nrows)) }.w()?;
         Ok(())
