@@ -248,11 +248,7 @@ impl<'a> Ctx<'a> {
     }
 
     fn func(&self, root: &str) -> Result<candle_core::cuda_backend::cudarc::driver::CudaFunction> {
-        cuda::func(
-            self.dev,
-            &MODULE,
-            &format!("{root}_{}", self.dtype.as_str()),
-        )
+        cuda::func(self.dev, &MODULE, &cuda::kname_of(root, self.dtype)?)
     }
 
     /// The integer arguments both row kernels take: `nh, g, t`, then `extra`, then the block's

@@ -57,6 +57,16 @@ pub(crate) fn kname<T: candle_core::WithDType>(root: &str) -> String {
     candle_core::cuda_backend::kernel_name::<T>(root)
 }
 
+/// `root_f32` / `root_bf16` / `root_f16` for a dtype known at run time (raw-pointer launchers);
+/// an error naming `root` for any other dtype.
+pub(crate) fn kname_of(root: &str, dtype: candle_core::DType) -> Result<String> {
+    use candle_core::DType;
+    match dtype {
+        DType::F32 | DType::BF16 | DType::F16 => Ok(format!("{root}_{}", dtype.as_str())),
+        other => bail!("{root}: unsupported dtype {other:?} (expected f32, bf16 or f16)"),
+    }
+}
+
 /// The contiguous view of `s` that `l` describes, or an error naming `op` and `what`.
 pub(crate) fn view<'a, T: CudaDType>(
     s: &'a CudaStorage,

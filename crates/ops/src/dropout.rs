@@ -191,16 +191,11 @@ mod cuda_impl {
         dtype: DType,
         k: Keep,
     ) -> Result<()> {
-        let suffix = match dtype {
-            DType::F32 => "f32",
-            DType::BF16 => "bf16",
-            DType::F16 => "f16",
-            other => bail!("{root}: unsupported dtype {other:?} (expected f32, bf16 or f16)"),
-        };
+        let name = cuda::kname_of(root, dtype)?;
         if n == 0 {
             return Ok(());
         }
-        let f = cuda::func(dev, &MODULE, &format!("{root}_{suffix}"))?;
+        let f = cuda::func(dev, &MODULE, &name)?;
         let stream = dev.cuda_stream();
         let mut b = stream.launch_builder(&f);
         b.arg(&x)

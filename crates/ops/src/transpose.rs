@@ -91,7 +91,7 @@ pub(crate) unsafe fn cuda_swap12(
     use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
     use candle_core::cuda_backend::WrapErr;
     const MODULE: Module = cuda_module!("transpose");
-    let f = cuda::func(dev, &MODULE, &format!("swap12_{}", dtype.as_str()))?;
+    let f = cuda::func(dev, &MODULE, &cuda::kname_of("swap12", dtype)?)?;
     let ints = dims.map(|v| v as i32);
     let stream = dev.cuda_stream();
     let mut lb = stream.launch_builder(&f);
