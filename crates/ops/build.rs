@@ -11,6 +11,7 @@ fn main() {
             "geglu",
             "cross_entropy",
             "attention",
+            "attention_flash",
             "adamw",
             "dropout",
             "transpose",

@@ -315,7 +315,9 @@ impl CustomOp1 for AttentionBwd {
 #[path = "attention_cuda.rs"]
 mod cuda_impl;
 #[cfg(all(test, feature = "cuda"))]
-pub(crate) use cuda_impl::{set_score_bytes, DEFAULT_SCORE_BYTES};
+pub(crate) use cuda_impl::{
+    set_flash_forward, set_flash_warps, set_score_bytes, DEFAULT_SCORE_BYTES,
+};
 
 /// Validated sizes, or an error naming the mismatching tensor.
 fn dims(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>, scale: f64) -> Result<Dims> {

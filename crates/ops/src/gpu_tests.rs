@@ -377,22 +377,31 @@ fn gpu_kernels_table() -> Result<()> {
         )?;
         let mask = Tensor::new(&[[1u8; 320], [1u8; 320]], &Device::Cpu)?.narrow(1, 0, 300)?;
         let mask = Tensor::cat(&[mask, Tensor::zeros((2, 20), DType::U8, &Device::Cpu)?], 1)?;
-        // One block (the default bound), then 48-row (nh 8) / 96-row (nh 4) blocks with a ragged
-        // last block: 983,040 B = 48 rows of b·nh·t fp32 scores at nh 8. GQA groups of 2 and 8
-        // (Q regrouped) and of 1 (no copy).
-        for ((nh, nkv, d, win), score_bytes) in [
+        // One block (the default bound) with the fused forward where it applies (16-bit, d 16 /
+        // 32 / 64 / 128 / 256), then the blocked forward with 48-row (nh 8) / 96-row (nh 4) blocks and a
+        // ragged last block: 983,040 B = 48 rows of b·nh·t fp32 scores at nh 8. GQA groups of 2
+        // and 8 (Q regrouped) and of 1 (no copy).
+        for ((nh, nkv, d, win), (score_bytes, flash)) in [
             (8, 4, 256, Some(128)),
             (8, 1, 512, None),
             (4, 2, 80, Some(33)),
             (4, 4, 64, Some(50)),
+            (6, 2, 128, None),
+            (4, 2, 32, Some(40)),
+            (2, 1, 16, None),
         ]
         .into_iter()
-        .flat_map(|c| [(c, crate::attention::DEFAULT_SCORE_BYTES), (c, 983_040)])
-        {
+        .flat_map(|c| {
+            [
+                (c, (crate::attention::DEFAULT_SCORE_BYTES, true)),
+                (c, (983_040, false)),
+            ]
+        }) {
             crate::attention::set_score_bytes(score_bytes);
+            crate::attention::set_flash_forward(flash);
             let m = mask.clone();
             ok &= check(
-                &format!("attention {dn} win={win:?} score_bytes={score_bytes}"),
+                &format!("attention {dn} win={win:?} score_bytes={score_bytes} flash={flash}"),
                 &format!("b2 nh{nh} nkv{nkv} t320 d{d}"),
                 &move |x| {
                     attention(
@@ -415,6 +424,7 @@ fn gpu_kernels_table() -> Result<()> {
             )?;
         }
         crate::attention::set_score_bytes(crate::attention::DEFAULT_SCORE_BYTES);
+        crate::attention::set_flash_forward(true);
     }
     // dropout mask bits and AdamW: CPU and CUDA must agree exactly
     let mc = dropout_mask((1000, 999), 0.1, [5, 6, 7], &Device::Cpu)?;
@@ -552,10 +562,18 @@ fn gpu_kernels_table() -> Result<()> {
         &[r(&[t, h], bf, 1)?],
         &gpu,
     )?;
-    for (nh, nkv, d, win) in [(16, 8, 256, Some(1024)), (16, 1, 512, None)] {
+    // Sliding layer: the fused forward with 4- and 8-warp blocks, then the blocked forward.
+    for (nh, nkv, d, win, fwd) in [
+        (16, 8, 256, Some(1024), "fused w4"),
+        (16, 8, 256, Some(1024), "fused w8"),
+        (16, 8, 256, Some(1024), "blocked"),
+        (16, 1, 512, None, "blocked"),
+    ] {
+        crate::attention::set_flash_forward(fwd != "blocked");
+        crate::attention::set_flash_warps(if fwd == "fused w8" { 8 } else { 4 });
         let sc = 1.0;
         time_row(
-            &format!("attention win={win:?}"),
+            &format!("attention win={win:?} fwd {fwd}"),
             &format!("(1,{nh},2048,{d}) kv{nkv}"),
             &move |x| attention(&x[0], &x[1], &x[2], None, win, sc),
             &move |x| attention_slow(&x[0], &x[1], &x[2], None, win, sc),
@@ -567,6 +585,8 @@ fn gpu_kernels_table() -> Result<()> {
             &gpu,
         )?;
     }
+    crate::attention::set_flash_forward(true);
+    crate::attention::set_flash_warps(8);
     let tg: Vec<u32> = (0..t as u32)
         .map(|i| (i * 2654435761u32) % 262144)
         .collect();

@@ -1,0 +1,330 @@
+// Fused attention forward (FlashAttention-2's scheme) for 16-bit inputs and head dims 16 / 32 /
+// 64 / 128 / 256: one pass over the visible keys with an online softmax, S and P never leave registers.
+// Host side: src/attention_cuda.rs (`flash_fwd`); CPU reference: src/attention.rs; the blocked
+// cuBLAS path (attention.cu) serves f32, other head dims and the backward.
+//
+// A block owns WARPS·16 query rows of one (batch, kv head) slab in the grouped order: row R is
+// query qi = R / g of head kv·g + R % g (g = nh / nkv), read from and written to the (b, nh, t, d)
+// tensors directly (every row is a contiguous d-vector, so no regroup copy is needed). Keys come in
+// tiles of BC rows through shared memory (cp.async; the next K tile loads during P·V, the V tile
+// during Q·Kᵀ); each warp computes its 16 rows with `mma.sync` m16n8k16 (fp32 accumulators):
+// S = Q·Kᵀ in registers, masked and scaled to log2 units, online max / sum, P rounded to the input
+// dtype straight into A fragments, O += P·V. Query qi sees key j iff j <= qi, qi − j < window
+// (window 0 = none) and key_mask[b, j] != 0; a row that sees no key outputs zeros and lse = +inf.
+// lse[b, h, qi] = max + log(sum) in natural-log units, as the blocked softmax writes it.
+#include "common.cuh"
+#include <type_traits>
+
+namespace flash {
+
+constexpr int BC = 64;  // keys per tile
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// c += a·b for one m16n8k16 tile (A row-major 16×16, B 16×8 "col", fp32 C); E is the PTX type.
+#define FLASH_MMA(E)                                                                                 \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." E "." E ".f32 {%0,%1,%2,%3}, "            \
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                          \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                    \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+template <typename T> __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        FLASH_MMA("bf16");
+    else
+        FLASH_MMA("f16");
+}
+
+// 2^x on the SFU without exp2f's denormal fix-ups (results below 2^-126 flush to 0).
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// Four 8×8 16-bit matrices from shared memory (lane l gives the address of row l % 8 of matrix
+// l / 8); `trans` hands each thread the transposed elements (the B fragments of a row-major V).
+__device__ __forceinline__ void ldsm4(uint32_t* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm4_trans(uint32_t* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// 16 bytes global → shared without a register round trip; zero-filled when !valid.
+__device__ __forceinline__ void cp_async16(void* s, const void* g, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+// `rows` rows of D elements into shared memory with row stride D + 8 (the pad puts the 8 rows an
+// ldmatrix reads in distinct banks); rows >= valid are zero-filled. Row r comes from `row_ptr(r)`
+// (the Q tile, whose rows are scattered over heads: loaded once per block).
+template <typename T, int D, int THREADS, typename RowPtr>
+__device__ __forceinline__ void load_rows(T* s, int rows, int valid, RowPtr row_ptr) {
+    constexpr int CH = D / 8;  // 16-byte chunks per row
+    for (int c = threadIdx.x; c < rows * CH; c += THREADS) {
+        const int r = c / CH, x = (c % CH) * 8;
+        const bool ok = r < valid;
+        cp_async16(s + r * (D + 8) + x, row_ptr(ok ? r : 0) + x, ok);
+    }
+}
+
+// A K or V tile: BC consecutive rows from `g` (row stride D), zero-filled from row `valid` on.
+// Each thread copies the same column chunk of every (THREADS / (D / 8))-th row: no per-chunk
+// index math in the key loop.
+template <typename T, int D, int THREADS>
+__device__ __forceinline__ void load_tile(T* s, const T* g, int valid) {
+    constexpr int CH = D / 8, STEP = THREADS / CH;
+    static_assert(THREADS % CH == 0 && BC % STEP == 0, "tile loader shape");
+    const int r0 = threadIdx.x / CH, x = (threadIdx.x % CH) * 8;
+#pragma unroll
+    for (int i = 0; i < BC / STEP; ++i) {
+        const int r = r0 + i * STEP;
+        const bool ok = r < valid;
+        cp_async16(s + r * (D + 8) + x, g + (size_t)(ok ? r : 0) * D + x, ok);
+    }
+}
+
+// The running max only moves when a row's new max exceeds it by more than this (log2 units): P
+// then stays below 2^8 before normalisation (exact in fp32 / the 16-bit P's relative precision is
+// unchanged) and most tiles skip the rescale of O (FlashAttention-3's trick).
+constexpr float RESCALE_SLACK = 8.f;
+
+// STAGES = 1: one K and one V buffer (the next K tile loads during P·V, the V tile during Q·Kᵀ;
+// two blocks per SM hide the waits). STAGES = 2: both double-buffered, the next tile's K and V load
+// during this whole tile (for the one-block-per-SM 8-warp shape).
+template <typename T, int D, int WARPS, int STAGES>
+__device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const uint8_t* mask, T* o,
+                                    float* lse, float scale, int nh, int g, int t, int window) {
+    constexpr int BR = WARPS * 16, LD = D + 8, THREADS = WARPS * 32, DT = D / 8, ST = BC / 8;
+    static_assert(STAGES == 1 || STAGES == 2, "one or two K/V stages");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sq = reinterpret_cast<T*>(smem_raw);
+    T* const sk0 = sq + BR * LD;           // K stage 0; stage 1 follows V stage 0
+    T* const sv0 = sk0 + BC * LD;
+    __shared__ uint8_t skm[BC];
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int slab = blockIdx.y, nkv = nh / g, bi = slab / nkv, kvh = slab % nkv;
+    const int rows = t * g;
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * BR;  // the longest key ranges first
+    const int qlo = r0 / g, qhi = (min(r0 + BR, rows) - 1) / g;
+    const int klo = window > 0 ? max(0, qlo + 1 - window) : 0;
+    const T* kslab = k + (size_t)slab * t * D;
+    const T* vslab = v + (size_t)slab * t * D;
+    const uint8_t* mrow = mask + (size_t)bi * t;
+    // Grouped row R of this slab → its (b, nh, t, d) row.
+    auto qrow = [&](int R) -> size_t { return (((size_t)bi * nh + kvh * g + R % g) * t + R / g) * D; };
+
+    load_rows<T, D, THREADS>(sq, BR, rows - r0, [&](int r) { return q + qrow(r0 + r); });
+    load_tile<T, D, THREADS>(sk0, kslab + (size_t)klo * D, t - klo);
+    if (STAGES == 2) load_tile<T, D, THREADS>(sv0, vslab + (size_t)klo * D, t - klo);
+    cp_async_commit();
+
+    // This thread's two rows (the C-fragment rows lane/4 and lane/4 + 8 of its warp).
+    const int ra = r0 + warp * 16 + lane / 4, rb = ra + 8;
+    const int qa = ra / g, qb = rb / g;
+    const float sl2 = scale * LOG2E;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float acc[DT][4];
+#pragma unroll
+    for (int i = 0; i < DT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    for (int j0 = klo, it = 0; j0 <= qhi; j0 += BC, ++it) {
+        const int stage = STAGES == 2 ? it & 1 : 0;
+        T* const sk = sk0 + stage * 2 * BC * LD;
+        T* const sv = sk + BC * LD;
+        if (STAGES == 2) {  // the other stage was released by the barrier that ended the last tile
+            if (j0 + BC <= qhi) {
+                T* const nk = sk0 + (stage ^ 1) * 2 * BC * LD;
+                load_tile<T, D, THREADS>(nk, kslab + (size_t)(j0 + BC) * D, t - j0 - BC);
+                load_tile<T, D, THREADS>(nk + BC * LD, vslab + (size_t)(j0 + BC) * D, t - j0 - BC);
+            }
+            cp_async_commit();
+        }
+        bool no_pad = true;
+        if (threadIdx.x < BC) {
+            const int j = j0 + threadIdx.x;
+            const uint8_t mv = j < t ? mrow[j] : 0;
+            skm[threadIdx.x] = mv;
+            no_pad = mv != 0 || j > qhi;
+        }
+        if (STAGES == 2)
+            cp_async_wait_one();  // all but the prefetch just issued: this tile is in
+        else
+            cp_async_wait_all();
+        no_pad = __syncthreads_and(no_pad);  // also: this K tile is in, the last P·V is done
+        if (STAGES == 1) {
+            load_tile<T, D, THREADS>(sv, vslab + (size_t)j0 * D, t - j0);
+            cp_async_commit();
+        }
+
+        float s[ST][4];
+#pragma unroll
+        for (int i = 0; i < ST; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t a[4];
+            ldsm4(a, sq + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+            for (int np = 0; np < BC / 16; ++np) {
+                uint32_t b[4];
+                ldsm4(b, sk + (np * 16 + (lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+                mma<T>(s[2 * np], a, b[0], b[1]);
+                mma<T>(s[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+
+        // Mask unless every key of the tile is visible to every row (scores stay unscaled here).
+        const bool interior = no_pad && j0 + BC - 1 <= qlo && (window == 0 || qhi - j0 < window);
+        if (!interior)
+#pragma unroll
+            for (int nt = 0; nt < ST; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int jj = nt * 8 + 2 * (lane % 4) + (e & 1), j = j0 + jj, qi = e < 2 ? qa : qb;
+                    const bool ok = j <= qi && (window == 0 || qi - j < window) && skm[jj] != 0;
+                    s[nt][e] = ok ? s[nt][e] : -INFINITY;
+                }
+
+        // Online softmax per row in log2 units (a row's 64 scores are spread over the 4 lanes of a
+        // quad): the max moves only by more than RESCALE_SLACK, and O is rescaled only in the tiles
+        // where some row of the warp moved.
+        float mx[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};  // 4 chains, not 1
+#pragma unroll
+            for (int nt = 0; nt < ST; ++nt) part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+            float v = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+            mx[h] = v * sl2;
+        }
+        const bool move0 = mx[0] > m[0] + RESCALE_SLACK, move1 = mx[1] > m[1] + RESCALE_SLACK;
+        if (__any_sync(0xffffffffu, move0 || move1)) {
+            float alpha[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float mn = (h ? move1 : move0) ? mx[h] : m[h];
+                alpha[h] = mn == -INFINITY ? 1.f : exp2_ftz(m[h] - mn);
+                m[h] = mn;
+                l[h] *= alpha[h];
+            }
+#pragma unroll
+            for (int i = 0; i < DT; ++i) {
+                acc[i][0] *= alpha[0];
+                acc[i][1] *= alpha[0];
+                acc[i][2] *= alpha[1];
+                acc[i][3] *= alpha[1];
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float mu = m[h] == -INFINITY ? 0.f : m[h];
+            float rs[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int nt = 0; nt < ST; ++nt) {
+                const float p0 = exp2_ftz(fmaf(s[nt][2 * h], sl2, -mu)), p1 = exp2_ftz(fmaf(s[nt][2 * h + 1], sl2, -mu));
+                s[nt][2 * h] = p0;
+                s[nt][2 * h + 1] = p1;
+                rs[nt % 4] += p0 + p1;
+            }
+            l[h] += (rs[0] + rs[1]) + (rs[2] + rs[3]);
+        }
+
+        // P (rounded to T) as the A fragments of P·V: key step ks covers S tiles 2ks and 2ks+1.
+        uint32_t pa[BC / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < BC / 16; ++ks) {
+            pa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
+            pa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
+            pa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+            pa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+        }
+
+        if (STAGES == 1) {
+            cp_async_wait_all();
+            __syncthreads();  // V is in; every warp is done with this K tile
+            if (j0 + BC <= qhi) load_tile<T, D, THREADS>(sk, kslab + (size_t)(j0 + BC) * D, t - j0 - BC);
+            cp_async_commit();
+        }
+
+#pragma unroll
+        for (int ks = 0; ks < BC / 16; ++ks)
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                uint32_t b[4];
+                ldsm4_trans(b, sv + (ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD + dp * 16 + (lane / 16) * 8);
+                mma<T>(acc[2 * dp], pa[ks], b[0], b[1]);
+                mma<T>(acc[2 * dp + 1], pa[ks], b[2], b[3]);
+            }
+        if (STAGES == 2) __syncthreads();  // every warp is done with this stage and the key mask
+    }
+
+    // Normalise, stage the warp's 16 rows in its own Q rows of shared memory, store 16-byte packs.
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+        inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
+    }
+    T* so = sq + warp * 16 * LD;
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+        const int c = i * 8 + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(so + (lane / 4) * LD + c) = pack2<T>(acc[i][0] * inv[0], acc[i][1] * inv[0]);
+        *reinterpret_cast<uint32_t*>(so + (lane / 4 + 8) * LD + c) = pack2<T>(acc[i][2] * inv[1], acc[i][3] * inv[1]);
+    }
+    __syncwarp();
+    for (int c = lane; c < 16 * DT; c += 32) {
+        const int r = c / DT, x = (c % DT) * 8, R = r0 + warp * 16 + r;
+        if (R < rows) *reinterpret_cast<uint4*>(o + qrow(R) + x) = *reinterpret_cast<const uint4*>(so + r * LD + x);
+    }
+    if (lane % 4 == 0)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int R = h ? rb : ra;
+            if (R < rows)
+                lse[((size_t)bi * nh + kvh * g + R % g) * t + R / g] =
+                    l[h] > 0.f ? m[h] * LN2 + logf(l[h]) : INFINITY;
+        }
+}
+
+}  // namespace flash
+
+// Entry points attn_flash_fwd_d{D}_w{WARPS}_{bf16,f16}: WARPS·32 threads, grid
+// (ceil(t·g / (WARPS·16)), b·nkv), dynamic shared memory (WARPS·16 + 2·64·STAGES)·(D + 8)·2 bytes
+// with STAGES = 2 for 8 warps, else 1 (the host mirrors this in `flash_fwd`).
+#define FLASH_INST(T, S, D, W)                                                                       \
+    extern "C" __global__ void __launch_bounds__(W * 32)                                             \
+        attn_flash_fwd_d##D##_w##W##_##S(const T* q, const T* k, const T* v, const uint8_t* mask,    \
+                                         T* o, float* lse, float scale, int nh, int g, int t,       \
+                                         int window) {                                               \
+        flash::fwd<T, D, W, W == 8 ? 2 : 1>(q, k, v, mask, o, lse, scale, nh, g, t, window);         \
+    }
+#define FLASH_DIMS(T, S) \
+    FLASH_INST(T, S, 16, 4) FLASH_INST(T, S, 32, 4) FLASH_INST(T, S, 64, 4) FLASH_INST(T, S, 128, 4) \
+    FLASH_INST(T, S, 256, 4) FLASH_INST(T, S, 256, 8)
+FLASH_DIMS(__nv_bfloat16, bf16)
+FLASH_DIMS(__half, f16)
