@@ -244,7 +244,8 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
             float rs[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int nt = 0; nt < ST; ++nt) {
-                const float p0 = exp2_ftz(fmaf(s[nt][2 * h], sl2, -mu)), p1 = exp2_ftz(fmaf(s[nt][2 * h + 1], sl2, -mu));
+                const float p0 = exp2_ftz(fmaf(s[nt][2 * h], sl2, -mu));
+                const float p1 = exp2_ftz(fmaf(s[nt][2 * h + 1], sl2, -mu));
                 s[nt][2 * h] = p0;
                 s[nt][2 * h + 1] = p1;
                 rs[nt % 4] += p0 + p1;

@@ -17,11 +17,12 @@
 //! O(t²) per layer. Numerics: fp32 scores, softmax and accumulation; P and dS are rounded to the
 //! input dtype before their GEMMs (as FlashAttention does); exact fp32 for f32 inputs.
 //!
-//! For bf16 / f16 inputs with head dim 16, 32, 64, 128 or 256 (16-byte aligned) the forward is one fused kernel instead
-//! (`kernels/attention_flash.cu`, FlashAttention-2's one-pass online softmax on `mma.sync`, S and P
-//! in registers, Q / O read and written in `(b, nh, t, d)` without a regroup); the same numerics
-//! except that P is rounded before its normalisation. `G4FT_ATTN_FWD=blocked` turns it off;
-//! `G4FT_ATTN_FWD=w4` / `w8` picks the d-256 block shape (4 warps, or 8 with double-buffered K/V).
+//! For bf16 / f16 inputs with head dim 16, 32, 64, 128 or 256 (16-byte aligned) the forward is
+//! one fused kernel instead (`kernels/attention_flash.cu`, FlashAttention-2's one-pass online
+//! softmax on `mma.sync`, S and P in registers, Q / O read and written in `(b, nh, t, d)` without
+//! a regroup); the same numerics except that P is rounded before its normalisation.
+//! `G4FT_ATTN_FWD=blocked` turns it off; `G4FT_ATTN_FWD=w4` / `w8` picks the d-256 block shape
+//! (4 warps, or 8 with double-buffered K/V).
 
 use super::{AttentionBwd, Dims};
 use crate::cublas::{Gemm, Mat};

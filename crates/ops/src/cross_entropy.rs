@@ -8,7 +8,9 @@
 //!
 //! Numerics as the composite reference (and transformers): logits in the hidden dtype (fp32-accumulated
 //! GEMM, one rounding), softcap `cap·tanh(l/cap)` rounded in the logits dtype as PyTorch does
-//! (`l·(1/cap)`, `tanh`, `·cap`: three roundings in bf16), then the loss in fp32.
+//! (`l·(1/cap)`, `tanh`, `·cap`: three roundings in bf16), then the loss in fp32. On CUDA, 16-bit
+//! logits take the hardware `tanh` / `exp2` approximations (error below the bf16 rounding of the
+//! capped logit that follows); fp32 logits use the exact library functions.
 
 use crate::util::{cpu_slice, round, with_cpu_storage, with_float_type, Elem};
 use candle_core::{
