@@ -29,8 +29,7 @@ __device__ __forceinline__ AttnRow attn_row(int r, int nh, int g, int rows, int 
 
 // exp(x − m) as exp2(x·log2(e) − m·log2(e)): one fma and one MUFU ex2 per element (`ml2` is
 // m·log2(e), computed once per row).
-#define ATTN_LOG2E 1.4426950408889634f
-__device__ __forceinline__ float attn_exp(float x, float ml2) { return exp2f(fmaf(x, ATTN_LOG2E, -ml2)); }
+__device__ __forceinline__ float attn_exp(float x, float ml2) { return exp2f(fmaf(x, G4FT_LOG2E, -ml2)); }
 
 // P = softmax of the allowed scores of each row (0 elsewhere), written in T for the P·V GEMM;
 // lse[b, h, qi] = max + log(sum) in fp32, +inf for a row with no allowed key (its P row is 0).
@@ -50,7 +49,7 @@ __device__ void attn_softmax_rows(const float* s, T* p, float* lse, const uint8_
     for (int j = a.lo + lane; j < a.hi; j += 32)
         if (mb[j]) m = fmaxf(m, srow[j]);
     m = warp_max(m);
-    const float ml2 = m * ATTN_LOG2E;
+    const float ml2 = m * G4FT_LOG2E;
     float l = 0.f;
     if (m > -INFINITY)
         for (int j = a.lo + lane; j < a.hi; j += 32)
@@ -79,7 +78,7 @@ __device__ void attn_ds_rows(const float* s, const float* dp, const T* o, const 
     float dd = 0.f;
     for (int c = lane; c < d; c += 32) dd += to_f32(dout[qrow + c]) * to_f32(o[qrow + c]);
     dd = warp_sum(dd);
-    const float L = lse[(size_t)a.bh * t + a.qi], ll2 = L * ATTN_LOG2E;
+    const float L = lse[(size_t)a.bh * t + a.qi], ll2 = L * G4FT_LOG2E;
     const uint8_t* mb = mask + (size_t)(a.bh / nh) * t + k0;
     const size_t off = (size_t)r * ld;
     for (int j = lane; j < lk; j += 32) {

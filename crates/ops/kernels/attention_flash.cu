@@ -18,7 +18,6 @@
 namespace flash {
 
 constexpr int BC = 64;  // keys per tile
-constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -42,13 +41,6 @@ template <typename T> __device__ __forceinline__ void mma(float* c, const uint32
         FLASH_MMA("bf16");
     else
         FLASH_MMA("f16");
-}
-
-// 2^x on the SFU without exp2f's denormal fix-ups (results below 2^-126 flush to 0).
-__device__ __forceinline__ float exp2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -143,7 +135,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
     // This thread's two rows (the C-fragment rows lane/4 and lane/4 + 8 of its warp).
     const int ra = r0 + warp * 16 + lane / 4, rb = ra + 8;
     const int qa = ra / g, qb = rb / g;
-    const float sl2 = scale * LOG2E;
+    const float sl2 = scale * G4FT_LOG2E;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     float acc[DT][4];
 #pragma unroll
@@ -226,7 +218,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const float mn = (h ? move1 : move0) ? mx[h] : m[h];
-                alpha[h] = mn == -INFINITY ? 1.f : exp2_ftz(m[h] - mn);
+                alpha[h] = mn == -INFINITY ? 1.f : ex2_ftz(m[h] - mn);
                 m[h] = mn;
                 l[h] *= alpha[h];
             }
@@ -244,8 +236,8 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
             float rs[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int nt = 0; nt < ST; ++nt) {
-                const float p0 = exp2_ftz(fmaf(s[nt][2 * h], sl2, -mu));
-                const float p1 = exp2_ftz(fmaf(s[nt][2 * h + 1], sl2, -mu));
+                const float p0 = ex2_ftz(fmaf(s[nt][2 * h], sl2, -mu));
+                const float p1 = ex2_ftz(fmaf(s[nt][2 * h + 1], sl2, -mu));
                 s[nt][2 * h] = p0;
                 s[nt][2 * h + 1] = p1;
                 rs[nt % 4] += p0 + p1;

@@ -17,6 +17,16 @@ template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return
 // x rounded to T and widened again (identity for float): one rounding of the reference.
 template <typename T> __device__ __forceinline__ float round_to(float x) { return to_f32(from_f32<T>(x)); }
 
+// log2(e): exponentials as exp2(x·log2(e)), one fma + one SFU ex2.
+#define G4FT_LOG2E 1.4426950408889634f
+
+// 2^x on the SFU without exp2f's denormal fix-ups (results below 2^-126 flush to 0).
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -9,14 +9,6 @@
 // rounding of z to T that follows; fp32 logits keep tanhf / expf, the parity reference's numerics.
 #include "common.cuh"
 
-#define CE_LOG2E 1.4426950408889634f
-
-__device__ __forceinline__ float ce_ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 __device__ __forceinline__ float ce_tanh(float x) {
     float y;
     asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -56,12 +48,12 @@ __device__ void ce_stats(const T* logits, const uint32_t* targets, float* stats,
                 pm = fmaxf(pm, z[k]);
             }
             if (pm > m) {
-                s = m == -INFINITY ? 0.f : s * ce_ex2((m - pm) * CE_LOG2E);
+                s = m == -INFINITY ? 0.f : s * ex2_ftz((m - pm) * G4FT_LOG2E);
                 m = pm;
             }
-            const float ml2 = m * CE_LOG2E;
+            const float ml2 = m * G4FT_LOG2E;
 #pragma unroll
-            for (int k = 0; k < 8; ++k) s += ce_ex2(fmaf(z[k], CE_LOG2E, -ml2));
+            for (int k = 0; k < 8; ++k) s += ex2_ftz(fmaf(z[k], G4FT_LOG2E, -ml2));
         }
     } else {
         for (int j = threadIdx.x; j < v; j += blockDim.x) {
@@ -96,14 +88,14 @@ __device__ void ce_grad(T* logits, const uint32_t* targets, const float* stats, 
     bool valid = t < (uint32_t)v;
     float lse = stats[2 * row + 1], dz;
     if (ce_packed<T>(logits, v)) {
-        const float ll2 = lse * CE_LOG2E;
+        const float ll2 = lse * G4FT_LOG2E;
         for (int j = threadIdx.x * 8; j < v; j += blockDim.x * 8) {
             float x[8];
             load_n<T, 8>(l + j, x);
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
                 float z = cap_z<T, true>(x[k], cap, inv_cap, &dz);
-                x[k] = valid ? (ce_ex2(fmaf(z, CE_LOG2E, -ll2)) - (j + k == (int)t ? 1.f : 0.f)) * dz : 0.f;
+                x[k] = valid ? (ex2_ftz(fmaf(z, G4FT_LOG2E, -ll2)) - (j + k == (int)t ? 1.f : 0.f)) * dz : 0.f;
             }
             store_n<T, 8>(l + j, x);
         }
