@@ -25,18 +25,19 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
 use clap::Parser;
 use g4ft::data::{
     Batch, DataLoader, DatasetOptions, Encoder, LabelMode, LoaderConfig, PrepareOptions,
     TokenDataset,
 };
-use g4ft::ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
+use g4ft::ddp::{DdpError, DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
 use g4ft::gemma4::{Gemma4Model, ModelFiles};
 use g4ft::lora::{self, LoraConfig, ParamReport, TargetModules};
 use g4ft::trainer::checkpoint::{remove_stale_temporaries, write_checkpoint_atomic};
 use g4ft::trainer::clip::{clip_coef, grad_norm};
+use g4ft::trainer::config::ResolvedConfig;
 use g4ft::trainer::config::{DTypeKind, DeviceKind, LabelsKind};
 use g4ft::trainer::memory::MemProbe;
 use g4ft::trainer::metrics::{MetricsLogger, MfuSpec, StepStats};
@@ -89,6 +90,28 @@ fn train(cli: &Cli) -> Result<()> {
             ..Default::default()
         },
     )?;
+    // A failing rank names the peer that failed first, when that is what stopped it.
+    match train_in_group(&resolved, &device, &mem, &group) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let follows_peer = DdpError::chain_may_follow_peer_exit(e.as_ref());
+            let linger = FAILURE_LINGER.min(timeout);
+            Err(anyhow!(group.fail(&format!("{e:#}"), follows_peer, linger)))
+        }
+    }
+}
+
+/// How long a failing rank 0 keeps the store up for its peers to read why.
+const FAILURE_LINGER: Duration = Duration::from_secs(10);
+
+/// Steps 2-12 of the post's script, once the process group exists.
+fn train_in_group(
+    resolved: &ResolvedConfig,
+    device: &Device,
+    mem: &MemProbe,
+    group: &ProcessGroup,
+) -> Result<()> {
+    let cfg = &resolved.config;
     let (rank, world_size) = (group.rank(), group.world_size());
     let is_main = rank == 0;
     if is_main {
@@ -100,7 +123,7 @@ fn train(cli: &Cli) -> Result<()> {
         DTypeKind::F32 => DType::F32,
         DTypeKind::Bf16 => DType::BF16,
     };
-    let mut model = Gemma4Model::load(&cfg.model, dtype, &device)?;
+    let mut model = Gemma4Model::load(&cfg.model, dtype, device)?;
 
     // 3. LoRA: the same seed on every rank gives the same init (DDP's broadcast enforces it),
     //    or the weights of an existing PEFT adapter.
@@ -140,7 +163,16 @@ fn train(cli: &Cli) -> Result<()> {
         lora::load_adapter(dir, model.projections_mut())?;
     }
 
-    // 5. DDP wrap: checks names/shapes on every rank, broadcasts rank 0's values, builds the
+    // 5. Data: DistributedSampler(seed, drop_last) + loader with drop_last on every rank. Opened
+    //    before the first collective, so that bad data is every rank's own error.
+    let loader = open_loader(cfg, &cfg.data, rank, world_size, true)?;
+    let eval_loader = cfg
+        .eval_data
+        .as_ref()
+        .map(|p| open_loader(cfg, p, rank, world_size, false))
+        .transpose()?;
+
+    // 6. DDP wrap: checks names/shapes on every rank, broadcasts rank 0's values, builds the
     //    reverse-order buckets that hold the gradients (gradient_as_bucket_view).
     let params = lora::lora_parameters(model.projections())
         .into_iter()
@@ -150,16 +182,8 @@ fn train(cli: &Cli) -> Result<()> {
         bucket_cap_mb: cfg.bucket_cap_mb,
         ..Default::default()
     };
-    let mut ddp = DistributedDataParallel::new(&group, params, ddp_opts)?;
+    let mut ddp = DistributedDataParallel::new(group, params, ddp_opts)?;
     // Dropout is seeded with SEED + rank after the wrap (see step::train_context).
-
-    // 6. Data: DistributedSampler(seed, drop_last) + loader with drop_last on every rank.
-    let loader = open_loader(cfg, &cfg.data, rank, world_size, true)?;
-    let eval_loader = cfg
-        .eval_data
-        .as_ref()
-        .map(|p| open_loader(cfg, p, rank, world_size, false))
-        .transpose()?;
 
     // 7. Optimizer and schedule. The step count must be known first, and identical on every
     //    rank: len(loader) // ACCUM, the partial window dropped.
@@ -179,7 +203,7 @@ fn train(cli: &Cli) -> Result<()> {
     let mut opt = AdamW::new(
         AdamWParams::with_weight_decay(cfg.weight_decay),
         &step::bucket_lens(&ddp)?,
-        &device,
+        device,
     )?;
     let mut sched = CosineWithWarmup::new(cfg.lr, cfg.warmup as u64, total_steps);
     if is_main {
@@ -198,7 +222,7 @@ fn train(cli: &Cli) -> Result<()> {
         skipped_in_a_row: 0,
     };
     if let Some(dir) = &resume {
-        let (state, moments) = TrainerState::load(dir, &device)?;
+        let (state, moments) = TrainerState::load(dir, device)?;
         for warning in state.check_resume(dir, cfg, world_size)? {
             if is_main {
                 eprintln!("warning: {warning}");
@@ -230,7 +254,7 @@ fn train(cli: &Cli) -> Result<()> {
         // MFU against --peak-tflops, else the data-sheet peak of a known GPU (none on the CPU).
         let peak = cfg
             .peak_tflops
-            .or_else(|| g4ft_trainer::mfu::device_peak_tflops(&device));
+            .or_else(|| g4ft_trainer::mfu::device_peak_tflops(device));
         let mfu = peak.map(|peak_tflops| MfuSpec {
             model: step::flops_model(model.config(), model.prefix()),
             peak_tflops,
@@ -248,7 +272,7 @@ fn train(cli: &Cli) -> Result<()> {
 
     // 9. Train. Checkpoints bind what stays fixed for the run once; each save passes the rest.
     let ckpt = Checkpointer {
-        group: &group,
+        group,
         cfg,
         model: &model,
         lora_cfg: &lora_cfg,
@@ -276,11 +300,8 @@ fn train(cli: &Cli) -> Result<()> {
             // Token counts of this optimizer step over all ranks (the loss weights need them).
             let local_targets: usize = window.iter().map(|b| b.n_label_tokens).sum();
             let local_tokens: usize = window.iter().map(|b| b.n_tokens).sum();
-            let counts = step::all_reduce_sum(
-                &group,
-                &[local_targets as f64, local_tokens as f64],
-                &device,
-            )?;
+            let counts =
+                step::all_reduce_sum(group, &[local_targets as f64, local_tokens as f64], device)?;
             let weighting = if cfg.token_weighted_loss {
                 LossWeighting::TokenWeighted {
                     world_size,
@@ -304,7 +325,7 @@ fn train(cli: &Cli) -> Result<()> {
             )?;
 
             // Clip after the all-reduce: the same norm and coefficient on every rank.
-            let loss = step::all_reduce_sum(&group, &[loss_share], &device)?[0];
+            let loss = step::all_reduce_sum(group, &[loss_share], device)?[0];
             let norm = grad_norm(&step::bucket_grads(&ddp)?)?;
             // A NaN must not split the ranks: rank 0 decides, everyone acts on its decision.
             let code = group.decide_on_rank0(|| {
@@ -378,7 +399,7 @@ fn train(cli: &Cli) -> Result<()> {
                 run_eval(
                     &model,
                     eval_loader.as_ref(),
-                    &group,
+                    group,
                     logger.as_mut(),
                     pos.step,
                 )?;
@@ -398,7 +419,7 @@ fn train(cli: &Cli) -> Result<()> {
         run_eval(
             &model,
             eval_loader.as_ref(),
-            &group,
+            group,
             logger.as_mut(),
             pos.step,
         )?;
@@ -428,9 +449,9 @@ fn train(cli: &Cli) -> Result<()> {
         println!("wrote {}", svg.display());
     }
 
-    // 12. Teardown (the post's destroy_process_group): the DDP reducer first, then the group.
+    // 12. Teardown (the post's destroy_process_group): the DDP reducer here, the group by the
+    //     caller.
     drop(ddp);
-    drop(group);
     Ok(())
 }
 

@@ -367,6 +367,7 @@ fn invalid_json_line_is_a_clean_error_on_every_rank() {
             err.contains(&format!("{}:3:", data.display())),
             "rank {r}: {err}"
         );
+        assert!(!err.contains("Broken pipe"), "rank {r}: {err}");
     }
 }
 

@@ -185,6 +185,33 @@ pub enum DdpError {
 pub type Result<T> = std::result::Result<T, DdpError>;
 
 impl DdpError {
+    /// Whether this error can be the consequence of another rank's exit (a closed store or peer
+    /// connection, a wait that never ended) rather than a cause of its own.
+    pub fn may_follow_peer_exit(&self) -> bool {
+        matches!(
+            self,
+            DdpError::Store { .. }
+                | DdpError::StoreTimeout { .. }
+                | DdpError::CollectiveTimeout { .. }
+                | DdpError::PeerFailed { .. }
+        )
+    }
+
+    /// Whether some error in `err`'s source chain is a [`DdpError`] that
+    /// [may follow a peer's exit](DdpError::may_follow_peer_exit).
+    pub fn chain_may_follow_peer_exit(err: &(dyn std::error::Error + 'static)) -> bool {
+        let mut cur = Some(err);
+        while let Some(e) = cur {
+            if e.downcast_ref::<DdpError>()
+                .is_some_and(DdpError::may_follow_peer_exit)
+            {
+                return true;
+            }
+            cur = e.source();
+        }
+        false
+    }
+
     /// An [`DdpError::Io`] with context.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         DdpError::Io {

@@ -151,6 +151,17 @@ impl Drop for Agreer {
     }
 }
 
+/// A failure another rank published before exiting ([`Ledger::peer_failure`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerFailure {
+    /// The rank that failed.
+    pub rank: usize,
+    /// Whether its error was its own (not the consequence of yet another rank's exit).
+    pub root_cause: bool,
+    /// Its error message.
+    pub message: String,
+}
+
 /// Store-backed progress announcements, fingerprint agreement and small-object gathers.
 pub struct Ledger {
     store: Arc<Mutex<StoreClient>>,
@@ -181,6 +192,42 @@ impl Ledger {
     pub fn announce(&self, fp: &Fingerprint) -> Result<()> {
         let key = format!("{}/progress/{}", self.ns, self.tag.rank);
         self.lock().set(&key, &fp.encode())
+    }
+
+    /// Publishes why this rank is about to exit, under `<ns>/failed/<rank>`, and waits for the
+    /// store to have it (a PING after the SET), so that a peer that sees this rank's sockets
+    /// close can read the cause. `follows_peer`: the message is itself the consequence of
+    /// another rank's exit (peers then prefer a root cause). Best effort: a store that is already
+    /// gone is ignored.
+    pub fn publish_failure(&self, message: &str, follows_peer: bool) {
+        let key = format!("{}/failed/{}", self.ns, self.tag.rank);
+        let value = format!("{}{message}", if follows_peer { 'F' } else { 'C' });
+        let mut store = self.lock();
+        if store.set(&key, value.as_bytes()).is_ok() {
+            let _ = store.ping();
+        }
+    }
+
+    /// The failure other ranks published that best explains this one: the lowest rank with a
+    /// root cause of its own, else the lowest rank that published anything. `Ok(None)` when no
+    /// peer published a failure, `Err` when the store cannot be reached (its host has exited).
+    pub fn peer_failure(&self) -> Result<Option<PeerFailure>> {
+        let mut store = self.lock();
+        let mut found = Vec::new();
+        for r in (0..self.tag.world).filter(|&r| r != self.tag.rank) {
+            let key = format!("{}/failed/{r}", self.ns);
+            if store.check(&[&key])? {
+                let text = String::from_utf8_lossy(&store.get(&key)?).into_owned();
+                let (kind, message) = text.split_at(text.chars().next().map_or(0, char::len_utf8));
+                found.push(PeerFailure {
+                    rank: r,
+                    root_cause: kind != "F",
+                    message: message.to_string(),
+                });
+            }
+        }
+        let best = found.iter().position(|f| f.root_cause).unwrap_or(0);
+        Ok((!found.is_empty()).then(|| found.swap_remove(best)))
     }
 
     /// Explains a stuck collective: which ranks have not announced `fp` and where they are.

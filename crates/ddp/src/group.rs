@@ -196,6 +196,51 @@ impl ProcessGroup {
         Ok(base(comm, Some(ledger), checks, agreer, server))
     }
 
+    /// Ends this rank after a failure, so that every rank reports its own root cause.
+    ///
+    /// `message` is this rank's error; `follows_peer` says whether it may be the consequence of
+    /// another rank's exit ([`crate::DdpError::chain_may_follow_peer_exit`]). Then the error another
+    /// rank published first is named in front of it ("rank 0 failed first: …"), or, when the
+    /// store is gone too, a hint says that its host exited. Publishes the message for the
+    /// peers, closes the communicator (peers blocked on this rank see it at once) and, on the
+    /// rank that hosts the store, keeps the store up until the peers have left (at most
+    /// `linger`), so they can read the cause. Returns the text to report.
+    pub fn fail(self, message: &str, follows_peer: bool, linger: Duration) -> String {
+        let ProcessGroup {
+            comm,
+            ledger,
+            agreer,
+            _server: server,
+            ..
+        } = self;
+        let Some(ledger) = ledger else {
+            return message.to_string();
+        };
+        let report = if !follows_peer {
+            message.to_string()
+        } else {
+            match ledger.peer_failure() {
+                Ok(Some(peer)) => format!(
+                    "rank {} failed first: {}\n  then this rank: {message}",
+                    peer.rank, peer.message
+                ),
+                Ok(None) => message.to_string(),
+                Err(_) => format!(
+                    "{message}\n  hint: the store is gone: the rank hosting it (rank 0) or the \
+                     launcher has exited; its log has the cause"
+                ),
+            }
+        };
+        ledger.publish_failure(message, follows_peer);
+        drop(agreer);
+        drop(comm);
+        drop(ledger);
+        if let Some(server) = server {
+            server.wait_until_idle(linger);
+        }
+        report
+    }
+
     /// This process's global rank.
     pub fn rank(&self) -> usize {
         self.tag.rank

@@ -42,6 +42,32 @@ pub struct Ran {
 /// for all (killing any still alive after `wall_s`), and returns each rank's result.
 pub fn spawn_world(world: usize, args: &[&str], timeout_s: f64, wall_s: u64) -> Vec<Ran> {
     let store = StoreServer::bind("127.0.0.1", 0).expect("bind store");
+    spawn(world, args, timeout_s, wall_s, store.port(), true)
+}
+
+/// [`spawn_world`] with the store hosted by rank 0 (no agent store), as under plain torchrun
+/// `--standalone` without the agent's store.
+pub fn spawn_world_rank0_store(
+    world: usize,
+    args: &[&str],
+    timeout_s: f64,
+    wall_s: u64,
+) -> Vec<Ran> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    spawn(world, args, timeout_s, wall_s, port, false)
+}
+
+fn spawn(
+    world: usize,
+    args: &[&str],
+    timeout_s: f64,
+    wall_s: u64,
+    port: u16,
+    agent_store: bool,
+) -> Vec<Ran> {
     let t0 = Instant::now();
     let mut kids: Vec<_> = (0..world)
         .map(|rank| {
@@ -52,8 +78,11 @@ pub fn spawn_world(world: usize, args: &[&str], timeout_s: f64, wall_s: u64) -> 
                 .env("WORLD_SIZE", world.to_string())
                 .env("LOCAL_WORLD_SIZE", world.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", store.port().to_string())
-                .env("TORCHELASTIC_USE_AGENT_STORE", "True")
+                .env("MASTER_PORT", port.to_string())
+                .env(
+                    "TORCHELASTIC_USE_AGENT_STORE",
+                    if agent_store { "True" } else { "False" },
+                )
                 .env("TORCHELASTIC_RESTART_COUNT", "0")
                 .env("TORCHELASTIC_RUN_ID", format!("t{}", std::process::id()))
                 .env("G4FT_DDP_TIMEOUT_S", timeout_s.to_string())

@@ -28,6 +28,41 @@ fn killed_rank_makes_the_others_fail_promptly() {
 }
 
 #[test]
+fn a_failing_rank_is_named_by_the_others() {
+    // With rank 0 hosting the store, a failing rank 0 must keep it up until the others have read
+    // its error.
+    for (victim, rank0_store) in [(0, true), (1, true), (0, false)] {
+        let args = ["fail-first", &victim.to_string()];
+        let runs = if rank0_store {
+            spawn_world_rank0_store(3, &args, 10.0, 30)
+        } else {
+            spawn_world(3, &args, 10.0, 30)
+        };
+        let own = format!("bad record at data.jsonl:3 (rank {victim}'s own error)");
+        for r in &runs {
+            assert_eq!(r.code, Some(1), "rank {}:\n{}", r.rank, r.text);
+            assert!(r.text.contains(&own), "rank {}:\n{}", r.rank, r.text);
+            if r.rank != victim {
+                assert!(
+                    r.text
+                        .contains(&format!("rank {victim} failed first: {own}")),
+                    "rank {}:\n{}",
+                    r.rank,
+                    r.text
+                );
+                assert!(
+                    !r.text.contains("Broken pipe"),
+                    "rank {}:\n{}",
+                    r.rank,
+                    r.text
+                );
+                assert!(r.elapsed < Duration::from_secs(10), "{:?}", r.elapsed);
+            }
+        }
+    }
+}
+
+#[test]
 fn skipped_collective_is_a_desync_error() {
     let runs = spawn_world(2, &["skip"], 5.0, 20);
     for r in &runs {

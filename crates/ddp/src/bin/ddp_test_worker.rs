@@ -11,7 +11,8 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use g4ft_ddp::{
-    Backend, DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup, ReduceOp,
+    Backend, DdpError, DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup,
+    ReduceOp,
 };
 use std::time::Duration;
 
@@ -57,6 +58,9 @@ fn run(scenario: &str, a: &[String]) -> Res<()> {
     }
     let store_checks = scenario == "async-skip";
     let pg = group(&Device::Cpu, None, store_checks.then_some(true))?;
+    if scenario == "fail-first" {
+        return fail_first(pg, arg(a, 0, 0));
+    }
     match scenario {
         "collectives" => collectives(&pg, &Device::Cpu),
         "nosync" => nosync(&pg, arg(a, 0, 4), arg(a, 1, 3)),
@@ -490,6 +494,23 @@ fn kill(pg: &ProcessGroup, victim: usize) -> Res<()> {
         pg.all_reduce(&t, ReduceOp::Avg)?;
     }
     Err("survived 1000 steps although a rank was killed".into())
+}
+
+/// Rank `victim` fails with an error of its own after one all-reduce while the others wait in
+/// a barrier; every rank ends through [`ProcessGroup::fail`], as `train_ddp` does.
+fn fail_first(pg: ProcessGroup, victim: usize) -> Res<()> {
+    let t = Tensor::ones(16, DType::F32, &Device::Cpu)?;
+    pg.all_reduce(&t, ReduceOp::Sum)?;
+    let result: Res<()> = if pg.rank() == victim {
+        Err(format!("bad record at data.jsonl:3 (rank {victim}'s own error)").into())
+    } else {
+        pg.barrier().map_err(Into::into)
+    };
+    result.map_err(|e| {
+        let follows_peer = DdpError::chain_may_follow_peer_exit(e.as_ref());
+        pg.fail(&e.to_string(), follows_peer, Duration::from_secs(10))
+            .into()
+    })
 }
 
 fn skip(pg: &ProcessGroup) -> Res<()> {

@@ -10,10 +10,10 @@ use crate::error::{DdpError, Result};
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Default)]
 struct State {
@@ -26,6 +26,8 @@ pub struct StoreServer {
     port: u16,
     stop: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<TcpStream>>>,
+    /// Connections whose serving thread is still running (validated or not).
+    live: Arc<AtomicUsize>,
     accept: Option<JoinHandle<()>>,
 }
 
@@ -41,15 +43,17 @@ impl StoreServer {
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(Vec::new()));
         let state = Arc::new(State::default());
-        let (stop2, conns2) = (stop.clone(), conns.clone());
+        let live = Arc::new(AtomicUsize::new(0));
+        let (stop2, conns2, live2) = (stop.clone(), conns.clone(), live.clone());
         let accept = std::thread::Builder::new()
             .name("tcpstore-accept".into())
-            .spawn(move || accept_loop(listener, state, stop2, conns2))
+            .spawn(move || accept_loop(listener, state, stop2, conns2, live2))
             .map_err(|e| DdpError::io("store server: spawn accept thread", e))?;
         Ok(StoreServer {
             port,
             stop,
             conns,
+            live,
             accept: Some(accept),
         })
     }
@@ -57,6 +61,24 @@ impl StoreServer {
     /// The port actually bound.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Number of client connections being served now.
+    pub fn clients(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// Blocks until no client is connected or `max` has passed; true when none is left. Lets a
+    /// failing rank 0 keep the store up until its peers have read why it failed and left.
+    pub fn wait_until_idle(&self, max: Duration) -> bool {
+        let deadline = Instant::now() + max;
+        while self.clients() > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
     }
 }
 
@@ -79,6 +101,7 @@ fn accept_loop(
     state: Arc<State>,
     stop: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<TcpStream>>>,
+    live: Arc<AtomicUsize>,
 ) {
     for conn in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
@@ -91,13 +114,18 @@ fn accept_loop(
             all.retain(|s| s.peer_addr().is_ok());
             all.push(c);
         }
-        let state = state.clone();
-        let _ = std::thread::Builder::new()
+        let (state, served) = (state.clone(), live.clone());
+        live.fetch_add(1, Ordering::SeqCst);
+        let spawned = std::thread::Builder::new()
             .name("tcpstore-conn".into())
             .spawn(move || {
                 // A failing connection (client gone, bad request) only ends its own thread.
                 let _ = serve(conn, &state);
+                served.fetch_sub(1, Ordering::SeqCst);
             });
+        if spawned.is_err() {
+            live.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
