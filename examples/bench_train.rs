@@ -47,7 +47,7 @@ use candle_core::{Device, Tensor, Var};
 use clap::Parser;
 use g4ft_data::Batch;
 use g4ft_ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup, ReduceOp};
-use g4ft_gemma4::{BackwardMode, Config, Gemma4Model, LayerType};
+use g4ft_gemma4::{Config, Gemma4Model, LayerType};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, LoraContext, TargetModules};
 use g4ft_trainer::cli::ShapeArgs;
 use g4ft_trainer::clip::{clip_coef, grad_norm};
@@ -105,10 +105,6 @@ struct Args {
     /// `ncu --profile-from-start off` records only that step (`tools/gpu/kernel_profile.sh`).
     #[arg(long)]
     cuda_profiler_last_step: bool,
-    /// Layer backward: `explicit` (the default: the fused ops' backward in reverse on the layers
-    /// it covers) or `autograd` (Candle's backward everywhere, for before/after numbers).
-    #[arg(long, default_value = "explicit", value_parser = ["explicit", "autograd"])]
-    backward: String,
     /// After the summary, run one more step synchronised only at micro-batch boundaries and
     /// print how much of the gradient all-reduce the backward hides, beside the all-reduce of
     /// the same buckets alone (time, algorithm and bus bandwidth).
@@ -212,10 +208,6 @@ fn main() -> Result<()> {
 
     let t0 = Instant::now();
     let mut model = Gemma4Model::random_init(&cfg, dtype, &device, args.seed)?;
-    model.set_backward_mode(match args.backward.as_str() {
-        "autograd" => BackwardMode::Autograd,
-        _ => BackwardMode::Explicit,
-    });
     let mut lcfg = LoraConfig::new(
         shape.lora_r,
         args.lora_alpha,
@@ -252,15 +244,12 @@ fn main() -> Result<()> {
             weights_bytes as f64 / 1e9
         );
         println!(
-            "lora r={} alpha={} dropout={} adapted={} trainable={trainable} buckets={} backward={} (explicit on {}/{} layers)",
+            "lora r={} alpha={} dropout={} adapted={} trainable={trainable} buckets={}",
             shape.lora_r,
             args.lora_alpha,
             args.lora_dropout,
             adapted.len(),
             ddp.buckets()?.len(),
-            args.backward,
-            model.explicit_backward_layers(),
-            cfg.num_hidden_layers
         );
     }
 

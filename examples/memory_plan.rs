@@ -8,10 +8,8 @@
 //! - LoRA state: fp32 params + AdamW m and v (12 B/param), plus DDP's flat fp32 gradient buckets,
 //!   the only copy of the gradients (4 B/param);
 //! - saved layer inputs: `L·b·t·H·bytes` (plus the K/V of KV-sharing producers);
-//! - one layer's recompute working set (largest layer): for the layers the explicit backward covers
-//!   (`BackwardMode::Explicit`: own K/V, no MoE, no per-layer embedding) its tape plus what is live
-//!   at its largest moment (the `down_proj` backward); for the others the autograd graph's saved
-//!   activations plus the live gradients of the MLP block, an estimate;
+//! - one layer's recompute working set (largest layer): its explicit-backward tape plus what is
+//!   live at its largest moment (the `down_proj` backward, or the expert backward of a MoE layer);
 //! - CE working set: one `(chunk_rows, V)` logits chunk in the weight dtype (d(logits) overwrite it
 //!   in place), plus d(hidden) and the normed hidden of all `b·t` rows;
 //! - communication per optimizer step and rank: `2(N−1)/N × 4 B × trainable` (ring all-reduce of
@@ -43,20 +41,6 @@ struct Args {
 
 const GB: f64 = 1e9;
 
-/// Peak working set (elements) of one layer's recompute + backward: [`explicit_layer_elems`] for
-/// the layers the explicit backward covers, [`autograd_layer_elems`] for the others.
-fn layer_working_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
-    let explicit = cfg.moe.is_none()
-        && cfg.hidden_size_per_layer_input == 0
-        && l.kv_sharing == KvSharing::None
-        && l.has_kv_proj();
-    if explicit {
-        explicit_layer_elems(cfg, l, bt, r)
-    } else {
-        autograd_layer_elems(cfg, l, bt, r)
-    }
-}
-
 /// Per-token widths of one layer: hidden, all query heads, all K (or V) heads, MLP.
 struct Widths {
     h: u64,
@@ -77,33 +61,38 @@ impl Widths {
     }
 }
 
-/// The explicit backward (`decoder_layer/explicit.rs`): its tape (layer input, raw q/k/v, post-norm
+/// Peak working set (elements of the weight dtype) of one layer's recompute + backward
+/// (`decoder_layer/explicit.rs`): the tape (layer input, raw q/k/v of a layer with its own K/V,
 /// K/V, attention output, the two residual-stream tensors, gate, up, their product, the MLP output,
-/// the LoRA `low`s) plus, during the `down_proj` backward (its largest moment), the upstream
-/// gradient and one dropout chunk (8M elements); d(MLP output) and d(product) take the memory of
-/// the MLP output and of the product.
-fn explicit_layer_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
+/// the LoRA `low`s) plus, during the `down_proj` backward, the upstream gradient and one dropout
+/// chunk (8M elements); d(MLP output) and d(product) take the memory of the MLP output and of the
+/// product. A MoE layer adds the expert tape (router probabilities, the `n·k` grouped gate, up
+/// and expert output rows, the branch's two outputs) and, at the expert backward, the grouped
+/// gradients (d(output rows), d(act), d(gate‖up), d(input rows)); a per-layer-embedding layer its
+/// gate, input and projection.
+fn layer_working_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
     let Widths { h, q, kvd, im } = Widths::of(cfg, l);
-    let v_raw = if l.has_v_proj { kvd } else { 0 };
-    let tape = bt * (h + q + kvd + v_raw + 2 * kvd + q + 2 * h + 3 * im + h + 7 * r);
-    tape + bt * h + (8u64 << 20).min(bt * im)
-}
-
-/// Saved activations (elements) of one recomputed layer's autograd graph and its live MLP
-/// gradients.
-fn autograd_layer_elems(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> u64 {
-    let Widths { h, q, kvd, im } = Widths::of(cfg, l);
-    let kvd = if l.has_kv_proj() { kvd } else { 0 };
-    let n_kv_tensors = if l.has_v_proj { 2 } else { 1 };
-    // Attention block: input norm out, LoRA dropout inputs of q/k/v, q raw/normed/roped,
-    // k (and v) raw/normed/roped, attention output, o dropout input, o out, post norm, residual.
-    let attn = bt * (h + 3 * h + 3 * q + 3 * n_kv_tensors * kvd + 2 * q + 3 * h);
-    // MLP block: pre norm, gate/up dropout inputs, gate, up, gelu(gate)·up, down dropout input,
-    // down out, post norm, residual, LoRA rank-r intermediates of all 7 projections.
-    let mlp = bt * (h + 2 * h + 3 * im + im + h + 2 * h + 7 * r);
-    // Live during the MLP backward: d(gate), d(up), d(product) and d(hidden) twice.
-    let grads = bt * (3 * im + 2 * h);
-    attn + mlp + grads
+    let own_kv = if l.has_kv_proj() {
+        kvd + if l.has_v_proj { kvd } else { 0 }
+    } else {
+        0
+    };
+    let tape = bt * (h + q + own_kv + 2 * kvd + q + 2 * h + 3 * im + h + 7 * r);
+    let dense_peak = tape + bt * h + (8u64 << 20).min(bt * im);
+    let p = cfg.hidden_size_per_layer_input as u64;
+    let ple = bt * (2 * p + h);
+    let moe = cfg.moe.as_ref().map_or(0, |m| {
+        let (e, k, mi) = (
+            m.num_experts as u64,
+            m.top_k_experts as u64,
+            m.moe_intermediate_size as u64,
+        );
+        // f32 values count twice in weight-dtype elements (bf16).
+        let tape = bt * (2 * e + 3 * k + k * (2 * mi + h) + 2 * h);
+        let backward = bt * k * (h + mi + 2 * mi + h);
+        tape + backward
+    });
+    dense_peak + ple + moe
 }
 
 fn main() -> Result<()> {

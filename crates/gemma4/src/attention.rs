@@ -47,6 +47,41 @@ pub fn attention_dense(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Res
     Ok(out.reshape((b, nh, t, d))?.to_dtype(q.dtype())?)
 }
 
+/// The backward of [`attention_dense`]: `(dq, dk, dv)` in the inputs' dtype from the forward's
+/// inputs and the output gradient `g (b, nh, t, d)`, in fp32 (probabilities recomputed:
+/// `dS = P ⊙ (dP − rowsum(P ⊙ dP))`, `dP = g·Vᵀ`). K/V gradients sum over the query heads of
+/// each kv head. Records no graph.
+pub fn attention_dense_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    g: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, nh, t, d) = q.dims4()?;
+    let kv = k.dim(1)?;
+    let rep = nh / kv;
+    let f32_ = |x: &Tensor| x.detach().to_dtype(DType::F32);
+    let (kf, vf) = (f32_(k)?, f32_(v)?);
+    let qg = f32_(q)?.reshape((b, kv, rep * t, d))?;
+    let scores = qg
+        .matmul(&kf.t()?)?
+        .reshape((b, nh, t, t))?
+        .broadcast_add(mask)?;
+    let p = softmax_last_dim(&scores)?.reshape((b, kv, rep * t, t))?;
+    drop(scores);
+    let gg = f32_(g)?.reshape((b, kv, rep * t, d))?;
+    let dp = gg.matmul(&vf.t()?)?; // (b, kv, rep·t, t)
+    let dot = (&p * &dp)?.sum_keepdim(candle_core::D::Minus1)?;
+    let ds = (&p * dp.broadcast_sub(&dot)?)?;
+    drop((dp, dot));
+    let dq = ds.matmul(&kf)?.reshape((b, nh, t, d))?;
+    let dk = ds.t()?.matmul(&qg)?; // (b, kv, t, d)
+    let dv = p.t()?.matmul(&gg)?;
+    let dt = q.dtype();
+    Ok((dq.to_dtype(dt)?, dk.to_dtype(dt)?, dv.to_dtype(dt)?))
+}
+
 /// The attention block of one layer.
 #[derive(Debug, Clone)]
 pub struct Attention {

@@ -14,7 +14,7 @@ use g4ft_lora::{LoraContext, LoraLinear};
 use g4ft_ops::{gelu_tanh_mul, linear_frozen, rms_norm};
 
 use crate::attention::{Attention, KvPair};
-use crate::config::{Config, LayerConfig};
+use crate::config::{Config, KvSharing, LayerConfig};
 use crate::error::{Error, Result};
 use crate::mask::AttentionBias;
 use crate::mlp::Mlp;
@@ -125,6 +125,14 @@ impl DecoderLayer {
     /// The layer's settings.
     pub fn config(&self) -> &LayerConfig {
         &self.cfg
+    }
+
+    /// The KV producer whose K/V this layer attends to, for a KV-sharing consumer.
+    pub fn producer(&self) -> Option<usize> {
+        match self.cfg.kv_sharing {
+            KvSharing::Reuse { producer } => Some(producer),
+            _ => None,
+        }
     }
 
     /// Runs the layer on `xs (b, t, h)`. `shared` must be the producer's K/V for a consumer layer

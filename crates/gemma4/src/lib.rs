@@ -33,4 +33,4 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use loader::{Checkpoint, ModelFiles};
-pub use model::{shift_labels, BackwardMode, Gemma4Model, LossOutput, TokenBatch};
+pub use model::{shift_labels, Gemma4Model, LossOutput, TokenBatch};

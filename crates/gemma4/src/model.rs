@@ -152,19 +152,6 @@ pub struct Gemma4Model {
     ple: Option<PleGlobal>,
     pub(crate) layers: Vec<DecoderLayer>,
     loss_chunk_rows: usize,
-    pub(crate) backward_mode: BackwardMode,
-}
-
-/// How [`Gemma4Model::forward_backward`] differentiates a recomputed layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum BackwardMode {
-    /// Explicit backward of the fused ops for the layers it covers (own K/V, no MoE, no per-layer
-    /// embedding, causal attention), Candle's autograd for the others. The default: fewer
-    /// kernels and less memory than autograd.
-    #[default]
-    Explicit,
-    /// Candle's autograd for every layer (the reference the explicit path is tested against).
-    Autograd,
 }
 
 impl Gemma4Model {
@@ -236,7 +223,6 @@ impl Gemma4Model {
             ple,
             layers,
             loss_chunk_rows,
-            backward_mode: BackwardMode::default(),
         })
     }
 
@@ -275,25 +261,6 @@ impl Gemma4Model {
     /// Sets the rows of logits per chunk in the loss (working set `rows × vocab`).
     pub fn set_loss_chunk_rows(&mut self, rows: usize) {
         self.loss_chunk_rows = rows.max(1);
-    }
-
-    /// The layer backward in use.
-    pub fn backward_mode(&self) -> BackwardMode {
-        self.backward_mode
-    }
-
-    /// Chooses the layer backward of [`Gemma4Model::forward_backward`].
-    pub fn set_backward_mode(&mut self, mode: BackwardMode) {
-        self.backward_mode = mode;
-    }
-
-    /// How many layers [`BackwardMode::Explicit`] differentiates itself on causal batches (the
-    /// others use autograd): all of them on the dense shapes (12B, 31B).
-    pub fn explicit_backward_layers(&self) -> usize {
-        self.layers
-            .iter()
-            .filter(|l| l.has_explicit_backward())
-            .count()
     }
 
     /// All projections in model order: layer 0..L, each `q, k, v, o, gate, up, down` it has.

@@ -4,11 +4,20 @@
 //! top-k (descending), renormalised to sum 1, times `per_expert_scale`. Experts on
 //! `u = pre_feedforward_layernorm_2(r)`: `y_e = down_e(gelu_tanh(gate_e(u)) · up_e(u))`, weighted in
 //! fp32 and summed in fp32 (grouped_mm semantics), cast back once. The top-k choice is
-//! non-differentiable (indices picked on the host); gradients flow through the selected weights and
-//! the expert inputs. Expert weights are frozen (never LoRA targets).
+//! non-differentiable; gradients flow through the selected weights and the expert inputs. Expert
+//! weights are frozen (never LoRA targets).
+//!
+//! Two forwards with the same numerics: [`Moe::forward`] (differentiable by Candle's autograd, one
+//! matmul per expert over its rows: the reference) and [`Moe::forward_saved`] + [`Moe::backward_saved`]
+//! (the training path: routing, grouping and the expert matmuls as device ops of `g4ft-ops`, a
+//! handful of launches per layer whatever the number of experts, no host copy).
 
-use candle_core::{DType, IndexOp, Tensor, D};
-use g4ft_ops::{gelu_tanh_mul, linear_frozen, rms_norm, softmax_last_dim};
+use candle_core::{DType, Tensor, D};
+use g4ft_ops::{
+    gelu_tanh_mul, gelu_tanh_mul_backward, grouped_matmul, linear_frozen, linear_frozen_backward,
+    moe_combine, moe_combine_backward, moe_group, moe_topk, rms_norm, rms_norm_backward,
+    softmax_last_dim, MoeGroups,
+};
 
 use crate::config::{Config, MoeConfig};
 use crate::error::Result;
@@ -46,68 +55,182 @@ impl Moe {
         })
     }
 
-    /// Top-k routing of `residual (n, h)`: weights `(n, k)` f32 (differentiable) and expert
-    /// indices (host, row-major `(n, k)`).
-    fn route(&self, residual: &Tensor) -> Result<(Tensor, Vec<u32>)> {
+    /// The router: probabilities `(n, E)` f32 of the flat residual `(n, h)`.
+    fn router_probs(&self, residual: &Tensor) -> Result<Tensor> {
         let z = rms_norm(residual, None, self.eps)?;
         let z = mul_scalar(
             &z.broadcast_mul(&self.scale)?,
             (self.hidden as f64).powf(-0.5),
         )?;
         let logits = linear_frozen(&z, &self.proj)?; // (n, E)
-        let probs = softmax_last_dim(&logits.to_dtype(DType::F32)?)?; // (n, E) f32
-        let (n, e) = probs.dims2()?;
-        let k = self.cfg.top_k_experts;
-        let host: Vec<f32> = probs.detach().flatten_all()?.to_vec1()?;
-        let mut idx = Vec::with_capacity(n * k);
-        for row in host.chunks(e) {
-            let mut order: Vec<u32> = (0..e as u32).collect();
-            // Descending by probability; ties keep the lower index first.
-            order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
-            idx.extend_from_slice(&order[..k]);
-        }
-        let idx_t = Tensor::from_vec(idx.clone(), (n, k), probs.device())?;
-        let w = probs.gather(&idx_t, 1)?; // (n, k)
-        let w = w.broadcast_div(&w.sum_keepdim(D::Minus1)?)?;
+        Ok(softmax_last_dim(&logits.to_dtype(DType::F32)?)?)
+    }
+
+    /// Top-k routing from the probabilities: indices `(n, k)` u32 (on the device) and the routing
+    /// weights `(n, k)` f32 (differentiable through `probs`): the chosen probabilities,
+    /// renormalised to sum 1, times `per_expert_scale`. Also the parts the backward reads.
+    fn route(&self, probs: &Tensor) -> Result<Routing> {
+        let idx = moe_topk(&probs.detach(), self.cfg.top_k_experts)?;
+        let top = probs.gather(&idx, 1)?; // (n, k)
+        let sum = top.sum_keepdim(D::Minus1)?;
+        let normed = top.broadcast_div(&sum)?;
+        let (n, k) = idx.dims2()?;
         let pes = self
             .per_expert_scale
-            .index_select(&idx_t.flatten_all()?, 0)?
+            .index_select(&idx.flatten_all()?, 0)?
             .reshape((n, k))?;
-        Ok(((w * pes)?, idx))
+        let weights = (&normed * &pes)?;
+        Ok(Routing {
+            idx,
+            normed,
+            sum,
+            pes,
+            weights,
+        })
     }
 
     /// MoE output `(n, h)` in `u`'s dtype from the flat residual `(n, h)` (router input) and
-    /// the expert input `u = pre_feedforward_layernorm_2(residual)`.
+    /// the expert input `u = pre_feedforward_layernorm_2(residual)`. Differentiable (Candle's
+    /// autograd); one matmul per expert over its grouped rows.
     pub fn forward(&self, residual: &Tensor, u: &Tensor) -> Result<Tensor> {
         let (n, h) = u.dims2()?;
-        let k = self.cfg.top_k_experts;
-        let (weights, idx) = self.route(residual)?;
-        let flat_w = weights.flatten_all()?; // (n·k,) f32
+        let routing = self.route(&self.router_probs(residual)?)?;
+        let groups = moe_group(&routing.idx, self.cfg.num_experts)?;
+        let x = u.index_select(&groups.token, 0)?; // (n·k, h)
+        let w = routing
+            .weights
+            .flatten_all()?
+            .index_select(&groups.order, 0)?; // (n·k,) f32
         let im = self.cfg.moe_intermediate_size;
-        let mut out = Tensor::zeros((n, h), DType::F32, u.device())?;
-        for e in 0..self.cfg.num_experts {
-            // (token, slot) pairs routed to expert e, in token order.
-            let (mut tokens, mut slots) = (Vec::new(), Vec::new());
-            for (pos, &ex) in idx.iter().enumerate() {
-                if ex as usize == e {
-                    tokens.push((pos / k) as u32);
-                    slots.push(pos as u32);
-                }
-            }
-            if tokens.is_empty() {
+        let offsets = groups.offsets.to_vec1::<u32>()?;
+        let mut ys = Vec::with_capacity(self.cfg.num_experts);
+        for (e, seg) in offsets.windows(2).enumerate() {
+            let (lo, len) = (seg[0] as usize, (seg[1] - seg[0]) as usize);
+            if len == 0 {
                 continue;
             }
-            let m = tokens.len();
-            let tok = Tensor::from_vec(tokens, m, u.device())?;
-            let slot = Tensor::from_vec(slots, m, u.device())?;
-            let x = u.index_select(&tok, 0)?; // (m, h)
-            let gu = linear_frozen(&x, &self.gate_up.i(e)?)?; // (m, 2·I)
+            let xe = x.narrow(0, lo, len)?;
+            let gu = linear_frozen(&xe, &self.gate_up.get(e)?)?; // (len, 2·I)
             let act = gelu_tanh_mul(&gu.narrow(1, 0, im)?, &gu.narrow(1, im, im)?)?;
-            let y = linear_frozen(&act, &self.down.i(e)?)?; // (m, h)
-            let we = flat_w.index_select(&slot, 0)?.unsqueeze(1)?; // (m, 1) f32
-            let contrib = y.to_dtype(DType::F32)?.broadcast_mul(&we)?;
-            out = out.index_add(&tok, &contrib, 0)?;
+            ys.push(linear_frozen(&act, &self.down.get(e)?)?); // (len, h)
         }
+        let y = Tensor::cat(&ys, 0)?;
+        let contrib = y.to_dtype(DType::F32)?.broadcast_mul(&w.unsqueeze(1)?)?;
+        let out =
+            Tensor::zeros((n, h), DType::F32, u.device())?.index_add(&groups.token, &contrib, 0)?;
         Ok(out.to_dtype(u.dtype())?)
     }
+
+    /// [`Moe::forward`] without a graph, through the grouped device ops, and what
+    /// [`Moe::backward_saved`] reads. Same numerics.
+    pub(crate) fn forward_saved(&self, residual: &Tensor, u: &Tensor) -> Result<(Tensor, MoeTape)> {
+        let probs = self.router_probs(residual)?;
+        let routing = self.route(&probs)?;
+        let groups = moe_group(&routing.idx, self.cfg.num_experts)?;
+        let im = self.cfg.moe_intermediate_size;
+        let x = u.index_select(&groups.token, 0)?; // (n·k, h)
+        let gu = grouped_matmul(&x, &self.gate_up, &groups, true)?; // (n·k, 2·I)
+        drop(x);
+        let gate = gu.narrow(1, 0, im)?.contiguous()?;
+        let up = gu.narrow(1, im, im)?.contiguous()?;
+        drop(gu);
+        let act = gelu_tanh_mul(&gate, &up)?;
+        let y = grouped_matmul(&act, &self.down, &groups, true)?; // (n·k, h)
+        drop(act);
+        let w = routing
+            .weights
+            .flatten_all()?
+            .index_select(&groups.order, 0)?; // (n·k,) f32
+        let out = moe_combine(&y, Some(&w), &groups)?;
+        let tape = MoeTape {
+            probs,
+            routing,
+            groups,
+            w,
+            gate,
+            up,
+            y,
+        };
+        Ok((out, tape))
+    }
+
+    /// Gradients of the flat expert input `u` and of the router input `residual` (both `(n, h)`,
+    /// in `u`'s dtype) from the output gradient `g (n, h)`: through the expert projections and
+    /// through the routing weights, the router softmax, its projection and its norm.
+    pub(crate) fn backward_saved(
+        &self,
+        tape: MoeTape,
+        g: &Tensor,
+        residual: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let dtype = g.dtype();
+        let MoeTape {
+            probs,
+            routing,
+            groups,
+            w,
+            gate,
+            up,
+            y,
+        } = tape;
+        // out = Σ_slots w · f32(y): the expert outputs' gradient and the weights' gradient.
+        let (dy, dw_sorted) = moe_combine_backward(g, &y, &w, &groups)?;
+        drop((y, w));
+        let dact = grouped_matmul(&dy, &self.down, &groups, false)?; // (n·k, I)
+        drop(dy);
+        let (dgate, dup) = gelu_tanh_mul_backward(&gate, &up, &dact)?;
+        drop((gate, up, dact));
+        let dgu = Tensor::cat(&[&dgate, &dup], 1)?; // (n·k, 2·I)
+        drop((dgate, dup));
+        let dx = grouped_matmul(&dgu, &self.gate_up, &groups, false)?; // (n·k, h)
+        drop(dgu);
+        let du = moe_combine(&dx, None, &groups)?;
+        drop(dx);
+        // The routing weights: w = (p_top / Σ p_top) · per_expert_scale.
+        let dw = dw_sorted
+            .index_select(&groups.slot_pos, 0)?
+            .reshape(routing.idx.dims())?;
+        let dnormed = (dw * &routing.pes)?;
+        let dot = (&dnormed * &routing.normed)?.sum_keepdim(D::Minus1)?;
+        let dtop = dnormed.broadcast_sub(&dot)?.broadcast_div(&routing.sum)?;
+        let dprobs = probs.zeros_like()?.scatter_add(&routing.idx, &dtop, 1)?;
+        // Softmax, then the router projection and its scaled, weightless norm.
+        let dot = (&dprobs * &probs)?.sum_keepdim(D::Minus1)?;
+        let dlogits = (&probs * dprobs.broadcast_sub(&dot)?)?.to_dtype(dtype)?;
+        let dz = linear_frozen_backward(&dlogits, &self.proj)?;
+        let dzn = mul_scalar(&dz, (self.hidden as f64).powf(-0.5))?.broadcast_mul(&self.scale)?;
+        let dres = rms_norm_backward(residual, None, &dzn, self.eps, None)?;
+        Ok((du, dres))
+    }
+}
+
+/// The routing of one batch (see [`Moe::route`]).
+#[derive(Debug)]
+struct Routing {
+    /// Chosen experts `(n, k)` u32.
+    idx: Tensor,
+    /// Chosen probabilities renormalised to sum 1 `(n, k)` f32.
+    normed: Tensor,
+    /// Their sum before renormalising `(n, 1)` f32.
+    sum: Tensor,
+    /// `per_expert_scale` of the chosen experts `(n, k)` f32.
+    pes: Tensor,
+    /// Final routing weights `normed · pes` `(n, k)` f32.
+    weights: Tensor,
+}
+
+/// What [`Moe::backward_saved`] reads, kept by [`Moe::forward_saved`]. The grouped expert input
+/// is not kept: the frozen weights need no gradient, so nothing in the backward reads it.
+pub(crate) struct MoeTape {
+    /// Router probabilities `(n, E)` f32.
+    probs: Tensor,
+    routing: Routing,
+    groups: MoeGroups,
+    /// Routing weight of each grouped row `(n·k,)` f32.
+    w: Tensor,
+    /// Expert gate and up projections of the grouped rows `(n·k, I)`.
+    gate: Tensor,
+    up: Tensor,
+    /// Expert outputs of the grouped rows `(n·k, h)`.
+    y: Tensor,
 }

@@ -13,59 +13,14 @@
 // (window 0 = none) and key_mask[b, j] != 0; a row that sees no key outputs zeros and lse = +inf.
 // lse[b, h, qi] = max + log(sum) in natural-log units, as the blocked softmax writes it.
 #include "common.cuh"
-#include <type_traits>
+#include "mma.cuh"
 
 namespace flash {
 
+using namespace mma16;
+
 constexpr int BC = 64;  // keys per tile
 constexpr float LN2 = 0.6931471805599453f;
-
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// c += a·b for one m16n8k16 tile (A row-major 16×16, B 16×8 "col", fp32 C); E is the PTX type.
-#define FLASH_MMA(E)                                                                                 \
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." E "." E ".f32 {%0,%1,%2,%3}, "            \
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                          \
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                    \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
-template <typename T> __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>)
-        FLASH_MMA("bf16");
-    else
-        FLASH_MMA("f16");
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// Four 8×8 16-bit matrices from shared memory (lane l gives the address of row l % 8 of matrix
-// l / 8); `trans` hands each thread the transposed elements (the B fragments of a row-major V).
-__device__ __forceinline__ void ldsm4(uint32_t* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldsm4_trans(uint32_t* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
-// 16 bytes global → shared without a register round trip; zero-filled when !valid.
-__device__ __forceinline__ void cp_async16(void* s, const void* g, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
 // `rows` rows of D elements into shared memory with row stride D + 8 (the pad puts the 8 rows an
 // ldmatrix reads in distinct banks); rows >= valid are zero-filled. Row r comes from `row_ptr(r)`

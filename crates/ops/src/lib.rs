@@ -38,6 +38,7 @@ mod geglu;
 mod gpu_tests;
 mod linear_frozen;
 mod lora_linear;
+mod moe;
 mod optim;
 mod rms_norm;
 mod rope;
@@ -57,10 +58,11 @@ pub use geglu::{
     gelu_tanh, gelu_tanh_mul, gelu_tanh_mul_backward, gelu_tanh_mul_backward_in_place,
     gelu_tanh_mul_slow,
 };
-pub use linear_frozen::{linear_frozen, linear_frozen_slow};
+pub use linear_frozen::{linear_frozen, linear_frozen_backward, linear_frozen_slow};
 pub use lora_linear::{
     lora_linear, lora_linear_saved, lora_linear_slow, LoraDropout, LoraLinearSaved,
 };
+pub use moe::{grouped_matmul, moe_combine, moe_combine_backward, moe_group, moe_topk, MoeGroups};
 pub use optim::{adamw_step, adamw_step_slow, clip_coefficient, AdamW};
 pub use rms_norm::{
     rms_norm, rms_norm_add, rms_norm_backward, rms_norm_backward_over_input, rms_norm_slow,

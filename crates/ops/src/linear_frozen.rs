@@ -79,6 +79,26 @@ pub fn linear_frozen(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     y.reshape(out_dims)
 }
 
+/// The backward of [`linear_frozen`] on its own, for explicit (graph-free) backward passes:
+/// `d(x) = g · w` from the output gradient `g (..., out)` and the weight `(out, in)`; `(..., in)`.
+pub fn linear_frozen_backward(g: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (out_f, in_f) = w.dims2()?;
+    let dims = g.dims();
+    let Some((&last, lead)) = dims.split_last() else {
+        bail!("linear_frozen_backward: g must have at least one dimension");
+    };
+    if last != out_f {
+        bail!(
+            "linear_frozen_backward: g {dims:?} has {last} features, weight is ({out_f}, {in_f})"
+        );
+    }
+    let m: usize = lead.iter().product();
+    let dx = g.reshape((m, out_f))?.matmul(&w.detach())?;
+    let mut in_dims = lead.to_vec();
+    in_dims.push(in_f);
+    dx.reshape(in_dims)
+}
+
 /// Composite reference for [`linear_frozen`]: Candle's matmul (its backward also computes d(w)
 /// when `w` is tracked).
 pub fn linear_frozen_slow(x: &Tensor, w: &Tensor) -> Result<Tensor> {

@@ -450,6 +450,7 @@ mod tests {
     fn first_step_is_left_out_of_averages() {
         let model = FlopsModel {
             n_linear: 1_000_000,
+            n_routed: 0,
             n_head: 0,
             layers: vec![AttnLayer {
                 n_heads: 1,

@@ -3,10 +3,12 @@
 //! `flops_per_token(...)["brief"]`), so our MFU and theirs compare.
 //!
 //! Per token, with `N_lin` the frozen linear weights of the decoder layers (q, k, v, o, gate, up,
-//! down; Gemma 4's global layers have no `v_proj`) and `N_head = vocab × hidden` (the tied
-//! LM head):
+//! down; Gemma 4's global layers have no `v_proj`), `N_routed` the other frozen matrices a token
+//! goes through (its top-k experts and the router of each MoE layer, the per-layer-embedding
+//! gates: 0 for the dense shapes, where the formula is the reference's) and
+//! `N_head = vocab × hidden` (the tied LM head):
 //! ```text
-//! FLOPs/token = 6·(N_lin + N_head) + Σ_layers 16 · n_heads · head_dim · ctx
+//! FLOPs/token = 6·(N_lin + N_routed + N_head) + Σ_layers 16 · n_heads · head_dim · ctx
 //! ctx = (T + 1) / 2                                  full (causal) attention, T = sequence length
 //!     = (w(w + 1)/2 + (T − w)·w) / T                sliding window w = min(window, T)
 //! ```
@@ -40,6 +42,10 @@ pub struct AttnLayer {
 pub struct FlopsModel {
     /// Elements of the frozen linear weights in the decoder layers (no embeddings, no LoRA).
     pub n_linear: u64,
+    /// Elements of the other frozen matrices every token is multiplied by: the experts each token
+    /// is routed to (top-k of each MoE layer: gate/up and down), the routers, and the per-layer
+    /// embedding gates and projections. 0 for the dense shapes.
+    pub n_routed: u64,
     /// `vocab_size × hidden_size` (the LM head, tied to the embedding).
     pub n_head: u64,
     /// Every decoder layer's attention shape, in order.
@@ -76,7 +82,7 @@ impl FlopsModel {
                 16.0 * l.n_heads as f64 * l.head_dim as f64 * ctx
             })
             .sum();
-        let (lin, head) = (self.n_linear as f64, self.n_head as f64);
+        let (lin, head) = ((self.n_linear + self.n_routed) as f64, self.n_head as f64);
         FlopsPerToken {
             brief: 6.0 * (lin + head) + attention,
             exact: 6.0 * lin + 4.0 * head + attention,
@@ -159,6 +165,7 @@ mod tests {
             .collect();
         FlopsModel {
             n_linear: 40 * sliding + 8 * full,
+            n_routed: 0,
             n_head: 262144 * h,
             layers,
         }
@@ -179,6 +186,7 @@ mod tests {
     fn sliding_window_longer_than_sequence_is_causal() {
         let full = FlopsModel {
             n_linear: 0,
+            n_routed: 0,
             n_head: 0,
             layers: vec![AttnLayer {
                 n_heads: 1,
@@ -188,6 +196,7 @@ mod tests {
         };
         let wide = FlopsModel {
             n_linear: 0,
+            n_routed: 0,
             n_head: 0,
             layers: vec![AttnLayer {
                 n_heads: 1,

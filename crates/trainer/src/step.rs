@@ -308,8 +308,17 @@ pub fn flops_model(cfg: &Config, prefix: &str) -> FlopsModel {
         .iter()
         .map(|p| (p.in_features * p.out_features) as u64)
         .sum();
+    let h = cfg.hidden_size as u64;
+    let per_layer_moe = cfg.moe.as_ref().map_or(0, |m| {
+        let im = m.moe_intermediate_size as u64;
+        m.top_k_experts as u64 * 3 * im * h + m.num_experts as u64 * h
+    });
+    let p = cfg.hidden_size_per_layer_input as u64;
+    let per_layer_ple = 2 * p * h;
+    let global_ple = cfg.num_hidden_layers as u64 * p * h;
     FlopsModel {
         n_linear,
+        n_routed: cfg.num_hidden_layers as u64 * (per_layer_moe + per_layer_ple) + global_ple,
         n_head: (cfg.vocab_size * cfg.hidden_size) as u64,
         layers: cfg
             .layers

@@ -1,37 +1,49 @@
-//! Explicit backward of a dense decoder layer (llm.c / torchtune style): a graph-free recompute
-//! that keeps exactly what the backward reads ([`LayerTape`]), then each fused op's backward in
-//! reverse order. Compared with Candle's autograd walk over the same layer it skips the zero-fill
-//! and add of a gradient buffer per graph edge, frees every saved tensor right after its last use,
-//! and does not compute the layer output the backward never reads. Same kernels and roundings as
-//! [`DecoderLayer::forward`], which stays the reference (checked in `tests/parity.rs`).
+//! Explicit backward of a decoder layer (llm.c / torchtune style): a graph-free recompute that
+//! keeps exactly what the backward reads ([`LayerTape`]), then each fused op's backward in reverse
+//! order. Compared with Candle's autograd walk over the same layer it skips the zero-fill and add
+//! of a gradient buffer per graph edge, frees every saved tensor right after its last use, and does
+//! not compute the layer output the backward never reads. Same kernels and roundings as
+//! [`DecoderLayer::forward`], which stays the reference (checked in `tests/layerwise.rs`).
 //!
-//! Covers layers with their own K/V, no MoE block and no per-layer embedding, under causal
-//! attention (the 12B/31B shapes); the others keep the autograd path.
+//! Covers every layer kind: own or shared K/V (a KV-sharing consumer returns the gradient of the
+//! producer's K/V; the producer's backward adds it to its own), sliding and full attention under a
+//! causal key-padding mask (fused) or a dense additive mask (packed / bidirectional batches), the
+//! dense MLP, the MoE branch (26B-A4B) and the per-layer embedding (E2B/E4B).
 
 use candle_core::Tensor;
 use g4ft_lora::{AdapterGrads, LoraContext, ProjectionSaved};
 use g4ft_ops::{
-    gelu_tanh_mul, gelu_tanh_mul_backward_in_place, rms_norm, rms_norm_add, rms_norm_backward,
+    gelu_tanh_mul, gelu_tanh_mul_backward, gelu_tanh_mul_backward_in_place, linear_frozen,
+    linear_frozen_backward, rms_norm, rms_norm_add, rms_norm_backward,
     rms_norm_backward_over_input,
 };
 
-use super::{DecoderLayer, LayerInputs};
-use crate::attention::explicit::AttentionTape;
-use crate::config::{KvSharing, LayerType};
+use super::{DecoderLayer, LayerInputs, LayerMoe, LayerPle};
+use crate::attention::explicit::{AttentionTape, Scores};
+use crate::attention::KvPair;
+use crate::config::LayerType;
 use crate::error::Result;
 use crate::mask::AttentionBias;
+use crate::moe::MoeTape;
 use crate::rope::RopeTable;
 
-/// What [`DecoderLayer::backward_saved`] reads, kept by [`DecoderLayer::forward_saved`]. The two
-/// normed inputs (of the attention and of the MLP) are recomputed from `x` and `h1` instead.
+/// What [`DecoderLayer::backward_saved`] reads, kept by [`DecoderLayer::forward_saved`]. The
+/// normed inputs (of the attention, the MLP and the experts) are recomputed instead.
 pub(crate) struct LayerTape {
     /// The layer input (input norm backward).
     x: Tensor,
     attn: AttentionTape,
     /// Attention output before `post_attention_layernorm`.
     a: Tensor,
-    /// Residual stream after attention (`pre_feedforward_layernorm`'s input).
+    /// Residual stream after attention (the feed-forward norms' input).
     h1: Tensor,
+    mlp: MlpTape,
+    moe: Option<MoeBranchTape>,
+    ple: Option<PleTape>,
+}
+
+/// The dense MLP `down(gelu(gate(hn)) · up(hn))`.
+struct MlpTape {
     gate_proj: ProjectionSaved,
     up_proj: ProjectionSaved,
     down_proj: ProjectionSaved,
@@ -39,19 +51,39 @@ pub(crate) struct LayerTape {
     up: Tensor,
     /// `gelu(gate)·up`, the input of `down_proj` (its memory takes d(act) in the backward).
     act: Tensor,
-    /// MLP output before `post_feedforward_layernorm`.
+    /// MLP output: the input of `post_feedforward_layernorm` (or `_1` with the MoE branch).
     m: Tensor,
 }
 
-impl DecoderLayer {
-    /// Whether [`DecoderLayer::forward_saved`] covers this layer (with causal attention).
-    pub(crate) fn has_explicit_backward(&self) -> bool {
-        self.moe.is_none()
-            && self.ple.is_none()
-            && self.cfg.kv_sharing == KvSharing::None
-            && self.self_attn.has_own_kv()
-    }
+/// The MoE branch: `mt = post_ff_1(m) + post_ff_2(moe(h1, pre_ff_2(h1)))`, `post_ff(mt)`.
+struct MoeBranchTape {
+    moe: MoeTape,
+    /// Expert output `(b, t, h)` before `post_feedforward_layernorm_2`.
+    m2: Tensor,
+    /// The sum of both branches, the input of `post_feedforward_layernorm`.
+    mt: Tensor,
+}
 
+/// The per-layer embedding `h3 = h2 + post_norm(proj(gelu(gate(h2)) · ple_l))`.
+struct PleTape {
+    /// `per_layer_input_gate(h2)` `(b, t, P)`.
+    gate: Tensor,
+    /// This layer's PLE input `(b, t, P)` (a constant).
+    pli: Tensor,
+    /// `per_layer_projection(..)` `(b, t, h)`, the input of `post_per_layer_input_norm`.
+    p: Tensor,
+}
+
+/// What a layer's backward hands back: d(layer input), and for a KV-sharing consumer the
+/// gradient of the producer's K/V it attended to.
+pub(crate) struct LayerGrads {
+    /// d(layer input).
+    pub(crate) dx: Tensor,
+    /// Gradient of the borrowed K/V (consumers only).
+    pub(crate) borrowed_kv: Option<KvPair>,
+}
+
+impl DecoderLayer {
     /// The RoPE table of this layer's type.
     pub(crate) fn rope_table<'a>(&self, inputs: &'a LayerInputs) -> &'a RopeTable {
         match self.cfg.layer_type {
@@ -63,135 +95,253 @@ impl DecoderLayer {
         }
     }
 
+    /// How this layer's attention scores are masked for `inputs`.
+    fn scores<'a>(&self, inputs: &'a LayerInputs) -> Scores<'a> {
+        match &inputs.bias {
+            AttentionBias::Causal { key_mask } => Scores::Causal {
+                key_mask: key_mask.as_ref(),
+                window: (self.cfg.layer_type == LayerType::Sliding)
+                    .then_some(inputs.sliding_window),
+            },
+            AttentionBias::Additive(masks) => Scores::Dense(match self.cfg.layer_type {
+                LayerType::Sliding => &masks.sliding,
+                LayerType::Full => &masks.full,
+            }),
+        }
+    }
+
     /// Recomputes the layer on `x (b, t, h)` without a graph and keeps its tape (the output itself
-    /// is not computed). Requires [`DecoderLayer::has_explicit_backward`] and causal attention.
+    /// is not computed). `shared`: the producer's K/V for a KV-sharing consumer.
     pub(crate) fn forward_saved(
         &self,
         x: &Tensor,
+        shared: Option<&KvPair>,
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<LayerTape> {
-        Ok(self.run(x, inputs, ctx, false)?.0)
+        Ok(self.run(x, shared, inputs, ctx, false)?.0)
     }
 
-    /// The layer output without a graph, through the same fused ops as [`DecoderLayer::forward_saved`]
-    /// (residual adds fused into the norms): the first, checkpointing forward of the explicit path.
+    /// The layer output without a graph, through the same fused ops as
+    /// [`DecoderLayer::forward_saved`] (residual adds fused into the norms): the first,
+    /// checkpointing forward of the training path. Also the K/V the layer attended to (what a
+    /// KV producer lends its consumers).
     pub(crate) fn forward_graph_free(
         &self,
         x: &Tensor,
+        shared: Option<&KvPair>,
         inputs: &LayerInputs,
         ctx: &LoraContext,
-    ) -> Result<Tensor> {
-        let (_, out) = self.run(x, inputs, ctx, true)?;
-        Ok(out.expect("run computes the output when asked"))
+    ) -> Result<(Tensor, KvPair)> {
+        let (tape, out) = self.run(x, shared, inputs, ctx, true)?;
+        Ok((
+            out.expect("run computes the output when asked"),
+            tape.attn.kv(),
+        ))
     }
 
     /// The graph-free forward: the tape, and the output if `with_output`.
     fn run(
         &self,
         x: &Tensor,
+        shared: Option<&KvPair>,
         inputs: &LayerInputs,
         ctx: &LoraContext,
         with_output: bool,
     ) -> Result<(LayerTape, Option<Tensor>)> {
-        let AttentionBias::Causal { key_mask } = &inputs.bias else {
-            return Err(crate::error::Error::batch(
-                "attention_mask",
-                "the explicit layer backward needs causal attention (packed or bidirectional batches use autograd)",
-            ));
-        };
-        let window = (self.cfg.layer_type == LayerType::Sliding).then_some(inputs.sliding_window);
-        let xn = rms_norm(x, Some(&self.input_layernorm), self.eps)?;
+        let eps = self.eps;
+        let xn = rms_norm(x, Some(&self.input_layernorm), eps)?;
         let (a, attn) = self.self_attn.forward_saved(
             &xn,
+            shared,
             self.rope_table(inputs),
-            key_mask.as_ref(),
-            window,
+            self.scores(inputs),
             ctx,
         )?;
         drop(xn);
-        let h1 = rms_norm_add(&a, Some(&self.post_attention_layernorm), self.eps, x)?;
-        let hn = rms_norm(&h1, Some(&self.pre_feedforward_layernorm), self.eps)?;
+        let h1 = rms_norm_add(&a, Some(&self.post_attention_layernorm), eps, x)?;
+        let hn = rms_norm(&h1, Some(&self.pre_feedforward_layernorm), eps)?;
         let mlp = &self.mlp;
         let (gate, gate_proj) = mlp.gate_proj.forward_saved(&hn, ctx)?;
         let (up, up_proj) = mlp.up_proj.forward_saved(&hn, ctx)?;
         drop(hn);
         let act = gelu_tanh_mul(&gate, &up)?;
         let (m, down_proj) = mlp.down_proj.forward_saved(&act, ctx)?;
-        let out = if with_output {
-            let out = rms_norm_add(&m, Some(&self.post_feedforward_layernorm), self.eps, &h1)?;
-            Some(if self.layer_scalar != 1.0 {
-                out.affine(self.layer_scalar, 0.0)?
-            } else {
-                out
-            })
-        } else {
-            None
+        let moe = match &self.moe {
+            Some(branch) => Some(self.moe_forward(branch, &m, &h1)?),
+            None => None,
+        };
+        // Without a PLE block the feed-forward output is the layer output, needed only when asked.
+        let ff_in = moe.as_ref().map_or(&m, |b| &b.mt);
+        let post_ff = Some(&self.post_feedforward_layernorm);
+        let (h, ple) = match (&self.ple, &inputs.ple) {
+            (Some(ple), Some(all)) => {
+                let h2 = rms_norm_add(ff_in, post_ff, eps, &h1)?;
+                let (h3, tape) = self.ple_forward(ple, all, &h2, with_output)?;
+                (h3, Some(tape))
+            }
+            _ if with_output => (Some(rms_norm_add(ff_in, post_ff, eps, &h1)?), None),
+            _ => (None, None),
+        };
+        let out = match h {
+            Some(h) if self.layer_scalar != 1.0 => Some(h.affine(self.layer_scalar, 0.0)?),
+            h => h,
         };
         let tape = LayerTape {
             x: x.clone(),
             attn,
             a,
             h1,
-            gate_proj,
-            up_proj,
-            down_proj,
-            gate,
-            up,
-            act,
-            m,
+            mlp: MlpTape {
+                gate_proj,
+                up_proj,
+                down_proj,
+                gate,
+                up,
+                act,
+                m,
+            },
+            moe,
+            ple,
         };
         Ok((tape, out))
     }
 
+    /// The MoE branch on the residual `h1 (b, t, h)`, joined with the dense MLP output `m`.
+    fn moe_forward(&self, branch: &LayerMoe, m: &Tensor, h1: &Tensor) -> Result<MoeBranchTape> {
+        let eps = self.eps;
+        let (b, t, h) = h1.dims3()?;
+        let flat = h1.reshape((b * t, h))?;
+        let u = rms_norm(&flat, Some(&branch.pre_feedforward_layernorm_2), eps)?;
+        let (m2, moe) = branch.moe.forward_saved(&flat, &u)?;
+        drop(u);
+        let m2 = m2.reshape((b, t, h))?;
+        let m2n = rms_norm(&m2, Some(&branch.post_feedforward_layernorm_2), eps)?;
+        let mt = rms_norm_add(m, Some(&branch.post_feedforward_layernorm_1), eps, &m2n)?;
+        Ok(MoeBranchTape { moe, m2, mt })
+    }
+
+    /// The per-layer embedding on `h2`: the output `h3` (if `with_output`) and the tape.
+    fn ple_forward(
+        &self,
+        ple: &LayerPle,
+        all: &Tensor,
+        h2: &Tensor,
+        with_output: bool,
+    ) -> Result<(Option<Tensor>, PleTape)> {
+        let pli = all.narrow(2, self.index, 1)?.squeeze(2)?.contiguous()?; // (b, t, P)
+        let gate = linear_frozen(h2, &ple.input_gate)?;
+        let p = linear_frozen(&gelu_tanh_mul(&gate, &pli)?, &ple.projection)?;
+        let h3 = with_output
+            .then(|| rms_norm_add(&p, Some(&ple.post_norm), self.eps, h2))
+            .transpose()?;
+        Ok((h3, PleTape { gate, pli, p }))
+    }
+
     /// d(layer input) from d(layer output) `g`, the ops' backward in reverse order; the adapter
-    /// gradients of the layer go to `grads`. Consumes the tape (each tensor freed after its last use).
+    /// gradients of the layer go to `grads`. `lent`: the gradient of this layer's K/V from the
+    /// KV-sharing consumers that attended to them (producers only). Consumes the tape (each
+    /// tensor freed after its last use).
     pub(crate) fn backward_saved(
         &self,
         tape: LayerTape,
         g: &Tensor,
         inputs: &LayerInputs,
+        lent: Option<KvPair>,
         grads: &mut AdapterGrads,
-    ) -> Result<Tensor> {
+    ) -> Result<LayerGrads> {
         let eps = self.eps;
-        let g = if self.layer_scalar != 1.0 {
+        let mut g = if self.layer_scalar != 1.0 {
             g.affine(self.layer_scalar, 0.0)?
         } else {
             g.clone()
         };
-        // --- feed-forward: h2 = h1 + post_ff(down(geglu(gate(hn), up(hn)))) ---
-        let dm =
-            rms_norm_backward_over_input(tape.m, Some(&self.post_feedforward_layernorm), &g, eps)?;
-        let dact = tape.down_proj.backward_over_input(tape.act, &dm, grads)?;
-        drop((dm, tape.down_proj));
+        // --- per-layer embedding: h3 = h2 + post_norm(proj(gelu(gate(h2)) · pli)) ---
+        if let (Some(ple), Some(pt)) = (&self.ple, tape.ple) {
+            let dp = rms_norm_backward_over_input(pt.p, Some(&ple.post_norm), &g, eps)?;
+            let dga = linear_frozen_backward(&dp, &ple.projection)?;
+            drop(dp);
+            let (dgate, _) = gelu_tanh_mul_backward(&pt.gate, &pt.pli, &dga)?;
+            drop((dga, pt.gate, pt.pli));
+            g = (linear_frozen_backward(&dgate, &ple.input_gate)? + g)?;
+        }
+        // --- feed-forward: h2 = h1 + post_ff(mt), mt = m or the MoE join ---
+        let post_ff = Some(&self.post_feedforward_layernorm);
+        let mlp = tape.mlp;
+        let (dm, moe_dh1) = match (&self.moe, tape.moe) {
+            (Some(branch), Some(mb)) => {
+                let dmt = rms_norm_backward_over_input(mb.mt, post_ff, &g, eps)?;
+                let dm = rms_norm_backward(
+                    &mlp.m,
+                    Some(&branch.post_feedforward_layernorm_1),
+                    &dmt,
+                    eps,
+                    None,
+                )?;
+                let dm2 = rms_norm_backward_over_input(
+                    mb.m2,
+                    Some(&branch.post_feedforward_layernorm_2),
+                    &dmt,
+                    eps,
+                )?;
+                drop(dmt);
+                let (b, t, h) = tape.h1.dims3()?;
+                let flat = tape.h1.reshape((b * t, h))?;
+                let (du, dres) =
+                    branch
+                        .moe
+                        .backward_saved(mb.moe, &dm2.reshape((b * t, h))?, &flat)?;
+                drop(dm2);
+                let d_flat = rms_norm_backward(
+                    &flat,
+                    Some(&branch.pre_feedforward_layernorm_2),
+                    &du,
+                    eps,
+                    Some(&dres),
+                )?;
+                (dm, Some(d_flat.reshape((b, t, h))?))
+            }
+            _ => (rms_norm_backward_over_input(mlp.m, post_ff, &g, eps)?, None),
+        };
+        let dact = mlp.down_proj.backward_over_input(mlp.act, &dm, grads)?;
+        drop((dm, mlp.down_proj));
         // d(gate), d(up) overwrite gate and up (the tape owned them alone).
-        let (dgate, dup) = gelu_tanh_mul_backward_in_place(tape.gate, tape.up, &dact)?;
+        let (dgate, dup) = gelu_tanh_mul_backward_in_place(mlp.gate, mlp.up, &dact)?;
         drop(dact);
         let pre_ff = Some(&self.pre_feedforward_layernorm);
         let hn = rms_norm(&tape.h1, pre_ff, eps)?;
-        let dhn = tape.gate_proj.backward(&hn, &dgate, grads)?;
-        let dhn = tape.up_proj.backward_acc(&hn, &dup, dhn, grads)?;
-        drop((hn, dgate, dup, tape.gate_proj, tape.up_proj));
-        // The residual stream's gradient joins inside the norm backward.
-        let dh1 = rms_norm_backward(&tape.h1, pre_ff, &dhn, eps, Some(&g))?;
-        drop((tape.h1, dhn, g));
+        let dhn = mlp.gate_proj.backward(&hn, &dgate, grads)?;
+        let dhn = mlp.up_proj.backward_acc(&hn, &dup, dhn, grads)?;
+        drop((hn, dgate, dup, mlp.gate_proj, mlp.up_proj));
+        // The residual stream's gradient (and the experts') joins inside the norm backward.
+        let residual = match moe_dh1 {
+            Some(d) => (g + d)?,
+            None => g,
+        };
+        let dh1 = rms_norm_backward(&tape.h1, pre_ff, &dhn, eps, Some(&residual))?;
+        drop((tape.h1, dhn, residual));
         // --- attention: h1 = x + post_attn(attn(input_norm(x))) ---
         let da =
             rms_norm_backward_over_input(tape.a, Some(&self.post_attention_layernorm), &dh1, eps)?;
         let input_norm = || Ok(rms_norm(&tape.x, Some(&self.input_layernorm), eps)?);
-        let dxn = self.self_attn.backward_saved(
+        let attn = self.self_attn.backward_saved(
             tape.attn,
             da,
             input_norm,
             self.rope_table(inputs),
+            lent,
             grads,
         )?;
-        Ok(rms_norm_backward(
+        let dx = rms_norm_backward(
             &tape.x,
             Some(&self.input_layernorm),
-            &dxn,
+            &attn.dx,
             eps,
             Some(&dh1),
-        )?)
+        )?;
+        Ok(LayerGrads {
+            dx,
+            borrowed_kv: attn.borrowed_kv,
+        })
     }
 }
