@@ -15,6 +15,7 @@ fn main() {
             "adamw",
             "dropout",
             "transpose",
+            "moe",
         ],
     );
 }

@@ -11,12 +11,26 @@
 #    (--no-shuffle), schedule, clip and optimizer;
 # 4. tools/reference/trainer/compare_loss_curves.py prints the loss columns, max/mean abs
 #    differences and the verdict (exit 1 on FAIL).
-# Settings: STEPS (30), MICRO_BATCH (4), ACCUM (2), LR (1e-3), WARMUP (2).
+# Settings: STEPS (30), MICRO_BATCH (4), ACCUM (2), LR (1e-3), WARMUP (2), MODEL (assets/tiny; e.g.
+# tests/golden/gemma4-c-moe for the MoE path, tests/golden/gemma4-b-ple-kvshare for per-layer
+# embeddings + KV sharing: the sample token ids are then folded into the model's vocabulary),
+# TAG (file-name suffix of the logs, default: the model folder's name).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 STEPS="${STEPS:-30}"; MICRO_BATCH="${MICRO_BATCH:-4}"; ACCUM="${ACCUM:-2}"; LR="${LR:-1e-3}"; WARMUP="${WARMUP:-2}"
 PY="${PYTHON:-python3}"
 REF=tools/reference/trainer
+MODEL="${MODEL:-assets/tiny}"; TAG="${TAG:-$(basename "$MODEL")}"
+DATA="$OUT/lc_data_$TAG.jsonl"
+$PY - "$MODEL/config.json" assets/sample/tokens.jsonl "$DATA" <<'PYEOF' || exit 1
+import json, sys
+cfg = json.load(open(sys.argv[1])); vocab = cfg.get("text_config", cfg)["vocab_size"]
+with open(sys.argv[3], "w") as out:
+    for line in open(sys.argv[2]):
+        row = json.loads(line)
+        row = {k: [v % vocab if v >= 0 else v for v in vals] for k, vals in row.items()}
+        out.write(json.dumps(row) + "\n")
+PYEOF
 if [ -d .gpu ]; then
   (cd .gpu && for f in *.xz; do [ -e "$f" ] && xz -dkf "$f"; done; chmod +x ./* 2>/dev/null)
   [ -f .gpu/device-env.sh ] && source .gpu/device-env.sh
@@ -27,26 +41,26 @@ step() { echo; echo "=== $*"; }
 common=(--micro-batch "$MICRO_BATCH" --accum "$ACCUM" --max-steps "$STEPS" --lr "$LR" --warmup "$WARMUP" --epochs 1 --max-len 128)
 
 step "initial adapter"
-$PY $REF/loss_curve_ref.py --make-init "$OUT/lc_init_adapter" 2>&1 | grep -v -i warn | tail -3 || exit 1
+$PY $REF/loss_curve_ref.py --model "$MODEL" --make-init "$OUT/lc_init_adapter_$TAG" 2>&1 | grep -v -i warn | tail -3 || exit 1
 
 for dt in f32 bf16; do
   step "reference PyTorch + PEFT, cuda $dt"
-  $PY $REF/loss_curve_ref.py --init-adapter "$OUT/lc_init_adapter" --device cuda --dtype $dt \
-    --out "$OUT/lc_ref_$dt.json" "${common[@]}" > "$OUT/lc_ref_$dt.log" 2>&1
-  rc=$?; tail -3 "$OUT/lc_ref_$dt.log"; [ $rc -eq 0 ] || exit 1
+  $PY $REF/loss_curve_ref.py --model "$MODEL" --data "$DATA" --init-adapter "$OUT/lc_init_adapter_$TAG" \
+    --device cuda --dtype $dt --out "$OUT/lc_ref_${dt}_$TAG.json" "${common[@]}" > "$OUT/lc_ref_${dt}_$TAG.log" 2>&1
+  rc=$?; tail -3 "$OUT/lc_ref_${dt}_$TAG.log"; [ $rc -eq 0 ] || exit 1
 done
 
 for dt in f32 bf16; do
   step "ours train_ddp, cuda $dt"
-  rm -rf "$OUT/lc_ours_$dt"
-  "$TRAIN" --model assets/tiny --data assets/sample/tokens.jsonl --output "$OUT/lc_ours_$dt" \
-    --device cuda --dtype $dt --init-adapter "$OUT/lc_init_adapter" --no-shuffle --log-every 1 \
-    "${common[@]}" > "$OUT/lc_ours_$dt.log" 2>&1
-  rc=$?; tail -3 "$OUT/lc_ours_$dt.log"; [ $rc -eq 0 ] || exit 1
+  rm -rf "$OUT/lc_ours_${dt}_$TAG"
+  "$TRAIN" --model "$MODEL" --data "$DATA" --output "$OUT/lc_ours_${dt}_$TAG" \
+    --device cuda --dtype $dt --init-adapter "$OUT/lc_init_adapter_$TAG" --no-shuffle --log-every 1 \
+    "${common[@]}" > "$OUT/lc_ours_${dt}_$TAG.log" 2>&1
+  rc=$?; tail -3 "$OUT/lc_ours_${dt}_$TAG.log"; [ $rc -eq 0 ] || exit 1
 done
 
 step "compare"
-$PY $REF/compare_loss_curves.py --ref-f32 "$OUT/lc_ref_f32.json" --ref-bf16 "$OUT/lc_ref_bf16.json" \
-  --ours-bf16 "$OUT/lc_ours_bf16/metrics.jsonl" --ours-f32 "$OUT/lc_ours_f32/metrics.jsonl" \
-  --json "$OUT/loss_curve_verdict.json" 2>&1 | tee "$OUT/loss_curve.txt"
+$PY $REF/compare_loss_curves.py --ref-f32 "$OUT/lc_ref_f32_$TAG.json" --ref-bf16 "$OUT/lc_ref_bf16_$TAG.json" \
+  --ours-bf16 "$OUT/lc_ours_bf16_$TAG/metrics.jsonl" --ours-f32 "$OUT/lc_ours_f32_$TAG/metrics.jsonl" \
+  --json "$OUT/loss_curve_verdict_$TAG.json" 2>&1 | tee "$OUT/loss_curve_$TAG.txt"
 exit "${PIPESTATUS[0]}"

@@ -11,7 +11,7 @@ mkdir -p /work && [ -e /work/main ] || ln -sfn "$PWD" /work/main
 step() { echo; echo "=== $*"; }
 step gpu; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 step parity; G4FT_TEST_DEVICE=cuda .gpu/gemma4_parity --nocapture --test-threads 1 2>&1 | tee "$OUT/parity.log" | grep -E "^(==|test |  )|max|FAIL|result" | head -80
-step "layer-wise backward (explicit and autograd)"; G4FT_TEST_DEVICE=cuda .gpu/gemma4_layerwise --nocapture --test-threads 1 2>&1 | tee "$OUT/layerwise.log" | grep -E "^(==|test )|FAIL|result" | head -40
+step "layer-wise explicit backward vs autograd"; G4FT_TEST_DEVICE=cuda .gpu/gemma4_layerwise --nocapture --test-threads 1 2>&1 | tee "$OUT/layerwise.log" | grep -E "^(==|test )|FAIL|result" | head -40
 step "ops: CUDA vs CPU"; .gpu/g4ft_ops_test gpu_ --nocapture --test-threads=1 2>&1 | tee "$OUT/ops.log" | grep -E "^test |FAIL|result|mismatch" | head -60
 for dt in f32 bf16; do step "score $dt"; .gpu/score --model assets/tiny --data assets/sample/tokens.jsonl --device cuda --dtype $dt; done
 step "torchrun + ddp_test_worker collectives (CPU backend, agent store)"

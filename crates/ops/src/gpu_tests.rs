@@ -281,6 +281,47 @@ fn gpu_kernels_table() -> Result<()> {
                 &gpu,
             )?;
         }
+        // MoE: top-k with ties (logits on a 0.5 grid), grouping, both grouped-matmul layouts
+        // (tiled: K and N multiples of 8; per element otherwise), combine and its backward.
+        for (n, e, k, h, im) in [(300, 16, 4, 256, 136), (50, 8, 2, 20, 12)] {
+            ok &= check_outputs(
+                &format!("moe topk/group/grouped_matmul nt+nn/combine(+bwd) {dn}"),
+                &format!("n {n} E {e} k {k} h {h} I {im}"),
+                &move |x| {
+                    let probs = softmax_last_dim(&x[0])?;
+                    let idx = moe_topk(&probs, k)?;
+                    let groups = moe_group(&idx, e)?;
+                    let rows = x[1].index_select(&groups.token, 0)?;
+                    let y1 = grouped_matmul(&rows, &x[2], &groups, true)?; // (m, 2I)
+                    let y2 = grouped_matmul(&y1, &x[2], &groups, false)?; // (m, h)
+                    let w = probs.gather(&idx, 1)?.flatten_all()?.index_select(&groups.order, 0)?;
+                    let out = moe_combine(&y2, Some(&w), &groups)?;
+                    let (dy, dw) = moe_combine_backward(&x[3], &y2, &w, &groups)?;
+                    let back = moe_combine(&dy, None, &groups)?;
+                    let f = |t: &Tensor| t.to_dtype(DType::F32);
+                    Ok(vec![
+                        f(&idx)?,
+                        f(&groups.order)?,
+                        f(&groups.slot_pos)?,
+                        f(&groups.offsets)?,
+                        y1,
+                        y2,
+                        out,
+                        dy,
+                        dw,
+                        back,
+                    ])
+                },
+                &[
+                    ((r(&[n, e], DType::F32, 1)? * 2.0)?.round()? / 2.0)?,
+                    r(&[n, h], dtype, 2)?,
+                    (r(&[e, 2 * im, h], dtype, 3)? * 0.1)?,
+                    r(&[n, h], dtype, 4)?,
+                ],
+                tol,
+                &gpu,
+            )?;
+        }
         // Both kernel layouts (warp per row up to d = 1024, block per row above), each with
         // 16-byte packs and per element (rows whose byte length is not a multiple of 16).
         for (rows, d) in [(37, 100), (5, 1024), (16, 3840), (9, 1030)] {
