@@ -48,6 +48,7 @@ use clap::Parser;
 use g4ft_data::Batch;
 use g4ft_ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup, ReduceOp};
 use g4ft_gemma4::{Config, Gemma4Model, LayerType};
+use g4ft_hash::{mix64, GAMMA};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, LoraContext, TargetModules};
 use g4ft_trainer::cli::ShapeArgs;
 use g4ft_trainer::clip::{clip_coef, grad_norm};
@@ -143,21 +144,11 @@ fn cuda_profiler(_start: bool) -> Result<()> {
     bail!("--cuda-profiler-last-step needs a build with --features cuda")
 }
 
-/// SplitMix64 finaliser, for the random token ids.
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Random ids in `3..vocab` (no pad/eos/bos, as the anchor) for micro-batch `micro`.
 fn random_tokens(seed: u64, micro: u64, n: usize, vocab: usize) -> Vec<u32> {
     let key = mix64(seed ^ mix64(micro.wrapping_add(1)));
     (0..n as u64)
-        .map(|i| {
-            (3 + mix64(key.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
-                % (vocab as u64 - 3)) as u32
-        })
+        .map(|i| (3 + mix64(key.wrapping_add(i.wrapping_mul(GAMMA))) % (vocab as u64 - 3)) as u32)
         .collect()
 }
 

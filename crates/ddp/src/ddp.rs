@@ -15,6 +15,7 @@ use crate::error::{DdpError, RankTag, Result};
 use crate::group::ProcessGroup;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Shape, Tensor, Var};
+use g4ft_hash::Fnv1a64;
 use std::collections::HashMap;
 use std::panic::Location;
 
@@ -523,9 +524,9 @@ impl<'g> DistributedDataParallel<'g> {
             }
         }
         if diffs.is_empty() {
-            Ok(mine.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
-                (h ^ x).wrapping_mul(0x0100_0000_01b3)
-            }))
+            let mut all = Fnv1a64::default();
+            mine.iter().for_each(|x| all.update(&x.to_le_bytes()));
+            Ok(all.finish())
         } else {
             Err(DdpError::ParameterDrift {
                 tag,
@@ -578,13 +579,9 @@ fn first_difference(a: &[(String, Vec<usize>)], b: &[(String, Vec<usize>)]) -> O
 
 /// FNV-1a over the f32 bit patterns (bitwise replica comparison).
 fn fnv1a(v: &[f32]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for x in v {
-        for b in x.to_bits().to_le_bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
+    let mut h = Fnv1a64::default();
+    v.iter().for_each(|x| h.update(&x.to_bits().to_le_bytes()));
+    h.finish()
 }
 
 #[cfg(test)]

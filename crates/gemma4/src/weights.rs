@@ -9,6 +9,7 @@
 //! round trips; on the CPU from a counter-based hash, so a seed gives the same model every run.
 
 use candle_core::{DType, Device, Tensor};
+use g4ft_hash::{box_muller, fnv1a64, mix64, stream_u64};
 use g4ft_lora::LoraLinear;
 
 use crate::error::Result;
@@ -121,7 +122,7 @@ impl<'a> Weights<'a> {
 
     fn random_tensor(&self, seed: u64, name: &str, shape: &[usize]) -> Result<Tensor> {
         let (mean, std) = RandomKind::of(name).mean_std();
-        let key = mix64(seed ^ mix64(fnv1a64(&format!("{}.{name}", self.prefix))));
+        let key = mix64(seed ^ mix64(fnv1a64(format!("{}.{name}", self.prefix).as_bytes())));
         let t = if std == 0.0 {
             Tensor::ones(shape, self.dtype, &self.device)?
         } else if self.device.is_cpu() {
@@ -139,28 +140,10 @@ impl<'a> Weights<'a> {
     }
 }
 
-/// SplitMix64's finaliser.
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// 64-bit FNV-1a of a tensor name.
-fn fnv1a64(s: &str) -> u64 {
-    s.bytes().fold(0xCBF2_9CE4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
-    })
-}
-
-/// Element `i` of a standard normal stream `key` (Box–Muller on two hashed uniforms).
+/// Element `i` of a standard normal stream `key` (Box–Muller on two uniforms in `(0, 1)`).
 fn normal(key: u64, i: u64) -> f64 {
-    let unit = |j: u64| {
-        let bits = mix64(key.wrapping_add(j.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-        ((bits >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64)
-    };
-    let (u1, u2) = (unit(2 * i), unit(2 * i + 1));
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    let unit = |j: u64| ((stream_u64(key, j) >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);
+    box_muller(unit(2 * i), unit(2 * i + 1))
 }
 
 #[cfg(test)]

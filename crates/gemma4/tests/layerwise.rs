@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Tensor, Var};
 use common::{golden, golden_dir, test_device, Checks, GoldenBatch};
 use g4ft_gemma4::{Gemma4Model, TokenBatch};
+use g4ft_hash::stream_u64;
 use g4ft_lora::{Adapter, LoraContext};
 
 const TRAIN: LoraContext = LoraContext {
@@ -25,10 +26,7 @@ const TRAIN: LoraContext = LoraContext {
 fn fixed_values(n: usize, seed: u64) -> Vec<f32> {
     (0..n as u64)
         .map(|i| {
-            let mut z = (seed << 32 ^ i).wrapping_add(0x9E37_79B9_7F4A_7C15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
+            let z = stream_u64(seed << 32 ^ i, 0);
             ((z >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.6
         })
         .collect()

@@ -1,5 +1,5 @@
 //! PEFT's adapter initialisation (`LoraLayer.reset_lora_parameters`, PEFT 0.21) from the
-//! counter-based hash of [`crate::rng`].
+//! counter-based streams of [`g4ft_hash`].
 //!
 //! - `init_lora_weights = true`: A ~ kaiming_uniform(a = √5) = U(-1/√in, 1/√in), B = 0.
 //! - `"gaussian"`: A ~ N(0, σ = 1/r), B = 0.
@@ -11,7 +11,7 @@
 //! `torch.manual_seed(SEED)` before `get_peft_model`). The bits differ from torch's generator.
 
 use crate::config::InitLoraWeights;
-use crate::rng::{fnv1a64, stream_key, stream_unit_f64};
+use g4ft_hash::{box_muller, fnv1a64, stream_key, stream_unit_f64};
 
 /// Which adapter matrix a stream belongs to (keeps A's and B's draws independent).
 #[derive(Debug, Clone, Copy)]
@@ -34,14 +34,13 @@ fn normal(key: u64, n: usize, std: f64) -> Vec<f32> {
             // 1 - u keeps the log argument in (0, 1].
             let u1 = 1.0 - stream_unit_f64(key, 2 * i);
             let u2 = stream_unit_f64(key, 2 * i + 1);
-            let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
-            (z * std) as f32
+            (box_muller(u1, u2) * std) as f32
         })
         .collect()
 }
 
 fn key(seed: u64, path: &str, which: Which) -> u64 {
-    stream_key(&[seed, fnv1a64(path), which as u64])
+    stream_key(&[seed, fnv1a64(path.as_bytes()), which as u64])
 }
 
 /// Initial `lora_A` (r, in) and `lora_B` (out, r) of module `path`, row-major fp32.

@@ -24,7 +24,6 @@ mod init;
 mod io;
 mod linear;
 mod merge;
-mod rng;
 mod target;
 
 pub use attach::{attach, lora_parameters, NamedVar};

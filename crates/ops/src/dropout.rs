@@ -4,10 +4,11 @@
 //!
 //! The mask, for key `[k0, k1, k2] = [seed, micro_step, module id]` and drop probability `p`:
 //!
-//! - `kk = mix(k0 ^ mix(k1 ^ mix(k2)))`, once per call on the host (`mix` = SplitMix64's
-//!   finaliser, including its `+γ`, `γ = 0x9E3779B97F4A7C15`);
-//! - elements `2j` and `2j+1` share `h = mix(kk + j·γ)`, output `j` of the SplitMix64 generator
-//!   seeded with `kk`; element `2j` draws `r = hi32(h) >> 8`, element `2j+1` `r = lo32(h) >> 8`;
+//! - `kk = mix(k0 ^ mix(k1 ^ mix(k2)))`, once per call on the host, with `mix(z) = mix64(z + γ)`
+//!   (SplitMix64's output for state `z`, `γ = 0x9E3779B97F4A7C15`; [`g4ft_hash`]);
+//! - elements `2j` and `2j+1` share `h = mix(kk + j·γ)` ([`g4ft_hash::stream_u64`]`(kk, j)`),
+//!   output `j` of the SplitMix64 generator seeded with `kk`; element `2j` draws
+//!   `r = hi32(h) >> 8`, element `2j+1` `r = lo32(h) >> 8`;
 //! - the element is kept iff `r >= round(p·2²⁴)`.
 //!
 //! No RNG state: the per-layer recompute and the backward regenerate the same mask from the key
@@ -32,16 +33,11 @@ use crate::util::{cpu_slice, with_float_type, Elem, Storable};
 use candle_core::{
     bail, CpuStorage, CustomOp1, DType, Device, InplaceOp1, Layout, Result, Shape, Tensor,
 };
+use g4ft_hash::{fnv1a64, stream_u64};
 
-/// SplitMix64's increment (the golden gamma).
-const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
-
-/// SplitMix64's output function (`+γ`, then Stafford's mix13).
-fn mix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(GAMMA);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// SplitMix64's output for state `z`: `mix64(z + γ)`.
+fn mix(z: u64) -> u64 {
+    stream_u64(z, 0)
 }
 
 /// Mask parameters shared by the mask fill, the apply op and the raw-pointer launchers.
@@ -60,7 +56,7 @@ impl Keep {
         }
         let [k0, k1, k2] = key;
         Ok(Keep {
-            kk: mix64(k0 ^ mix64(k1 ^ mix64(k2))),
+            kk: mix(k0 ^ mix(k1 ^ mix(k2))),
             thresh: (p * (1u64 << 24) as f64).round() as u32,
             scale: (1.0 / (1.0 - p)) as f32,
         })
@@ -74,7 +70,9 @@ impl Keep {
             bail!("lora_dropout: a chunk must start at an even element, got {first}");
         }
         Ok(Keep {
-            kk: self.kk.wrapping_add((first as u64 / 2).wrapping_mul(GAMMA)),
+            kk: self
+                .kk
+                .wrapping_add((first as u64 / 2).wrapping_mul(g4ft_hash::GAMMA)),
             ..self
         })
     }
@@ -82,7 +80,7 @@ impl Keep {
     /// The keep bits of elements `0, 1, 2, …` (endless; zip it with the data).
     fn bits(self) -> impl Iterator<Item = bool> {
         (0u64..).flat_map(move |j| {
-            let h = mix64(self.kk.wrapping_add(j.wrapping_mul(GAMMA)));
+            let h = stream_u64(self.kk, j);
             [
                 ((h >> 32) as u32 >> 8) >= self.thresh,
                 (h as u32 >> 8) >= self.thresh,
@@ -266,10 +264,7 @@ pub(crate) fn cuda_dropout_acc(
 /// Use the per-rank seed (the post's `SEED + rank`) and the global micro-batch counter, so the
 /// recompute of a layer replays the forward's masks.
 pub fn dropout_key(seed: u64, micro_step: u64, module_path: &str) -> [u64; 3] {
-    let id = module_path.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    });
-    [seed, micro_step, id]
+    [seed, micro_step, fnv1a64(module_path.as_bytes())]
 }
 
 /// The keep mask (u8, 1 = keep) of a tensor of `shape` for drop probability `p` in [0, 1) and

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
+use g4ft_hash::Fnv1a64;
 use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
@@ -93,17 +94,14 @@ pub struct TrainerState {
 /// Stable hash (FNV-1a, 64 bit, hex) of the config rows that affect the math, i.e. all but the
 /// run-control fields. Equal fingerprints mean a resume sees the same settings.
 pub fn config_fingerprint(config: &TrainConfig) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = Fnv1a64::default();
     for (k, v) in config.rows() {
         if RUN_CONTROL_FIELDS.contains(&k) {
             continue;
         }
-        for b in k.bytes().chain([b'=']).chain(v.bytes()).chain([b'\n']) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        h.update(format!("{k}={v}\n").as_bytes());
     }
-    format!("{h:016x}")
+    format!("{:016x}", h.finish())
 }
 
 /// Rows of the config as stored in the state.
