@@ -1,9 +1,10 @@
-// Fused AdamW + gradient clip over flat fp32 buffers (CPU reference: src/optim.rs).
-// torch.optim.AdamW (foreach/single-tensor, no amsgrad) with the clip coefficient read from device
+// Fused AdamW over flat fp32 buffers and the L2 norm of clip_grad_norm_ (CPU: src/optim.rs).
+// torch.optim.AdamW (single-tensor, no amsgrad) with the clip coefficient read from device
 // memory (no host sync): g = grad * clip; p *= 1 - lr*wd; m = lerp(m, g, 1 - beta1);
-// v = v*beta2 + (1 - beta2)*g*g; p += -step_size * (m / (sqrt(v) / bc2_sqrt + eps)).
-// Explicit _rn intrinsics stop nvcc from contracting into FMAs, so the result is bit-identical to
-// the CPU reference (sqrt and division are IEEE in both).
+// v = v*beta2 + (1 - beta2)*g*g; p += -step_size * (m / (sqrt(v) / bc2_sqrt + eps)) (torch's CUDA
+// addcdiv order; the CPU divides -step_size*m instead, as torch's CPU addcdiv does).
+// Explicit _rn intrinsics stop nvcc from contracting into FMAs, so the moments are bit-identical to
+// the CPU's (sqrt and division are IEEE in both) and the parameters an ulp apart at most.
 #include "common.cuh"
 
 extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* v, const float* clip,
@@ -24,8 +25,8 @@ extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* 
     }
 }
 
-// clip_grad_norm_ without a host sync: per-block partial sums of g^2 (grid-stride), then one block
-// sums the partials in a fixed order (deterministic) and writes out = {norm, min(1, max/(norm+1e-6))}.
+// The norm of clip_grad_norm_ without a host sync: per-block partial sums of g^2 (grid-stride), then
+// one block sums the partials in a fixed order (deterministic) and writes out[0] = the norm.
 extern "C" __global__ void sumsq_partial_f32(const float* g, float* partial, size_t n) {
     float s = 0.f;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -36,13 +37,9 @@ extern "C" __global__ void sumsq_partial_f32(const float* g, float* partial, siz
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-extern "C" __global__ void clip_finish_f32(const float* partial, int nparts, float* out, float max_norm) {
+extern "C" __global__ void norm_finish_f32(const float* partial, int nparts, float* out) {
     float s = 0.f;
     for (int i = threadIdx.x; i < nparts; i += blockDim.x) s += partial[i];
     s = block_sum(s);
-    if (threadIdx.x == 0) {
-        float norm = sqrtf(s);
-        out[0] = norm;
-        out[1] = fminf(1.f, max_norm / (norm + 1e-6f));
-    }
+    if (threadIdx.x == 0) out[0] = sqrtf(s);
 }

@@ -13,7 +13,7 @@
 //! Ops: [`backward_with_seed`] (SeedGrad), [`linear_frozen`] (FrozenMatmul: d(x) only),
 //! [`lora_linear`] (frozen linear + LoRA branch as one node), [`rms_norm`], [`rope`], [`softmax_last_dim`], [`gelu_tanh_mul`], [`linear_cross_entropy`]
 //! (chunked, loss and d(hidden) in one pass), [`attention`] (causal, sliding window, key mask, GQA,
-//! no (t, t) tensor), [`adamw_step`] + [`clip_coefficient`] (flat fp32 buffers), [`lora_dropout`] /
+//! no (t, t) tensor), [`adamw_step`] + [`l2_norm`] (AdamW and the clip norm over flat fp32 buffers), [`lora_dropout`] /
 //! [`dropout_mask`] (counter-hash mask that replays, identical bits on CPU and CUDA).
 //!
 //! CUDA build: with the `cuda` feature, `build.rs` runs nvcc (`-arch=compute_$CUDA_COMPUTE_CAP`,
@@ -63,7 +63,7 @@ pub use lora_linear::{
     lora_linear, lora_linear_saved, lora_linear_slow, LoraDropout, LoraLinearSaved,
 };
 pub use moe::{grouped_matmul, moe_combine, moe_combine_backward, moe_group, moe_topk, MoeGroups};
-pub use optim::{adamw_step, adamw_step_slow, clip_coefficient, AdamW};
+pub use optim::{adamw_step, l2_norm, AdamWParams, AdamWScalars};
 pub use rms_norm::{
     rms_norm, rms_norm_add, rms_norm_backward, rms_norm_backward_over_input, rms_norm_slow,
 };

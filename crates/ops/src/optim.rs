@@ -1,75 +1,120 @@
-//! Fused multi-tensor AdamW + global-norm clip over flat fp32 buffers (`kernels/adamw.cu`).
+//! AdamW with `torch.optim.AdamW` semantics over flat fp32 buffers (`kernels/adamw.cu`), and
+//! the L2 norm that `clip_grad_norm_` takes. The one definition of the optimizer arithmetic: the
+//! trainer's optimizer (`g4ft_trainer::optim::AdamW`) keeps the moments and the step counter and
+//! calls [`adamw_step`] on every device.
 //!
-//! The trainer keeps every LoRA parameter, its gradient and both moments in four flat fp32 buffers
-//! laid out alike (`docs/design.md`: "AdamW over flat fp32 buffers"); one kernel updates them all.
-//! Semantics are `torch.optim.AdamW` (foreach / single-tensor path, no amsgrad, no maximize) applied
-//! after `clip_grad_norm_`; the clip coefficient stays on the device (no host sync per step).
-//! CUDA: one launch, bit-identical to the CPU reference (no FMA contraction). CPU: three in-place
-//! passes (m, v, then p) with the same per-element arithmetic.
+//! Per element, with `t` the 1-based step and `g` the gradient times the clip coefficient:
+//! ```text
+//! p ← p·(1 − lr·wd)                                  (decoupled weight decay)
+//! m ← lerp(m, g, 1 − β₁) = m + (1 − β₁)·(g − m)      (torch: exp_avg.lerp_(g, 1 − β₁))
+//! v ← v·β₂ + (1 − β₂)·g·g
+//! p ← p − (lr / (1 − β₁ᵗ)) · m / (√v / √(1 − β₂ᵗ) + ε)
+//! ```
+//! This is torch 2.11's single-tensor path (`_single_tensor_adam`, no amsgrad, no maximize): the
+//! bias corrections and the step size in f64 ([`AdamWScalars::new`]), the elementwise work in
+//! f32 in the same operation order, so the CPU result is torch's CPU result bit for bit (checked
+//! against torch by `crates/trainer/tests/golden_optim.rs`). Folding the clip coefficient into
+//! the step (`g·clip`, the same f32 product as `clip_grad_norm_`'s in-place `mul_`) gives exactly
+//! clip-then-step without a pass over the gradients.
+//!
+//! CPU: three in-place passes (m, v, then p). CUDA: one launch with the same per-element
+//! arithmetic (explicit `_rn` intrinsics, no FMA contraction), except the last product: the
+//! kernel forms `−step·(m/denom)` as torch's CUDA `addcdiv` does, the CPU `(−step·m)/denom` as
+//! torch's CPU `addcdiv` does. Moments are bit-identical across devices, parameters agree to an
+//! ulp.
 
 use crate::util::cpu_slice;
 use candle_core::{bail, CpuStorage, DType, InplaceOp3, Layout, Result, Tensor};
 
-/// AdamW hyper-parameters (torch names; `lr` already scheduled for this step).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamW {
-    /// Learning rate of this step.
-    pub lr: f64,
-    /// First-moment decay (torch default 0.9).
+/// AdamW hyper-parameters that stay fixed over a run (the learning rate comes from the schedule
+/// at each step; torch names).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWParams {
+    /// β₁, decay of the first moment (torch default 0.9).
     pub beta1: f64,
-    /// Second-moment decay (torch default 0.999).
+    /// β₂, decay of the second moment (torch default 0.999).
     pub beta2: f64,
-    /// Denominator epsilon (torch default 1e-8).
+    /// ε added to the bias-corrected √v (torch default 1e-8).
     pub eps: f64,
     /// Decoupled weight decay (torch AdamW default 0.01).
     pub weight_decay: f64,
 }
 
-/// The f32 scalars the kernel takes, computed in f64 like torch's Python-side scalars.
-#[derive(Clone, Copy)]
-struct Scalars {
-    decay: f32,
-    w1: f32,
-    beta2: f32,
-    one_m_beta2: f32,
-    eps: f32,
-    step_size: f32,
-    bc2_sqrt: f32,
+impl AdamWParams {
+    /// torch's betas (0.9, 0.999) and eps 1e-8 with the given weight decay.
+    pub fn with_weight_decay(weight_decay: f64) -> Self {
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+        }
+    }
 }
 
-impl Scalars {
-    fn new(hp: &AdamW, step: u64) -> Self {
-        let bc1 = 1.0 - hp.beta1.powi(step as i32);
-        let bc2 = 1.0 - hp.beta2.powi(step as i32);
-        Scalars {
-            decay: (1.0 - hp.lr * hp.weight_decay) as f32,
-            w1: (1.0 - hp.beta1) as f32,
-            beta2: hp.beta2 as f32,
-            one_m_beta2: (1.0 - hp.beta2) as f32,
-            eps: hp.eps as f32,
-            step_size: (hp.lr / bc1) as f32,
-            bc2_sqrt: bc2.sqrt() as f32,
+/// The per-step scalars of one AdamW update, computed in f64 as torch does in Python and used as
+/// f32 by the elementwise code (the CPU passes and the CUDA kernel).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWScalars {
+    /// Multiplier for the weight decay, `1 − lr·wd` (exactly 1 when wd = 0).
+    pub decay: f32,
+    /// `1 − β₁`, the lerp weight of the first moment.
+    pub one_minus_beta1: f32,
+    /// β₂.
+    pub beta2: f32,
+    /// `1 − β₂`.
+    pub one_minus_beta2: f32,
+    /// ε.
+    pub eps: f32,
+    /// `lr / (1 − β₁ᵗ)`.
+    pub step_size: f32,
+    /// `√(1 − β₂ᵗ)`.
+    pub bias_correction2_sqrt: f32,
+}
+
+impl AdamWScalars {
+    /// Scalars for step `step` (1-based, the value after torch's `state_steps += 1`) with
+    /// learning rate `lr`.
+    ///
+    /// # Panics
+    /// If `step` is 0 (the bias correction `1 − β₁⁰` would be 0).
+    pub fn new(p: &AdamWParams, lr: f64, step: u64) -> Self {
+        assert!(step > 0, "AdamW steps are 1-based");
+        let t = step as f64;
+        let bias_correction1 = 1.0 - p.beta1.powf(t);
+        let bias_correction2 = 1.0 - p.beta2.powf(t);
+        Self {
+            decay: (1.0 - lr * p.weight_decay) as f32,
+            one_minus_beta1: (1.0 - p.beta1) as f32,
+            beta2: p.beta2 as f32,
+            one_minus_beta2: (1.0 - p.beta2) as f32,
+            eps: p.eps as f32,
+            step_size: (lr / bias_correction1) as f32,
+            bias_correction2_sqrt: bias_correction2.sqrt() as f32,
         }
     }
 
-    /// torch's `lerp(m, g, w1)` in f32.
+    /// torch's scalar `lerp(m, g, 1 − β₁)` (ATen `Lerp.h`: two forms for accuracy near 0 and 1).
     #[inline]
     fn first_moment(&self, m: f32, g: f32) -> f32 {
-        if self.w1 < 0.5 {
-            m + self.w1 * (g - m)
+        let w = self.one_minus_beta1;
+        if w < 0.5 {
+            m + w * (g - m)
         } else {
-            g - (g - m) * (1.0 - self.w1)
+            g - (g - m) * (1.0 - w)
         }
     }
 
     #[inline]
     fn second_moment(&self, v: f32, g: f32) -> f32 {
-        v * self.beta2 + self.one_m_beta2 * g * g
+        v * self.beta2 + self.one_minus_beta2 * g * g
     }
 
+    /// The decayed parameter plus torch's CPU `addcdiv(p, m, denom, value = −step)`.
     #[inline]
     fn param(&self, p: f32, m: f32, v: f32) -> f32 {
-        p * self.decay + -self.step_size * (m / (v.sqrt() / self.bc2_sqrt + self.eps))
+        let denom = v.sqrt() / self.bias_correction2_sqrt + self.eps;
+        p * self.decay + -self.step_size * m / denom
     }
 }
 
@@ -84,7 +129,7 @@ enum Pass {
     Param,
 }
 
-struct AdamWPass(Scalars, Pass);
+struct AdamWPass(AdamWScalars, Pass);
 
 impl InplaceOp3 for AdamWPass {
     fn name(&self) -> &'static str {
@@ -132,7 +177,7 @@ impl InplaceOp3 for AdamWPass {
 
 #[cfg(feature = "cuda")]
 mod cuda_impl {
-    use super::Scalars;
+    use super::AdamWScalars;
     use crate::cuda::{self, cuda_module, cuda_of, Module};
     use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
@@ -143,7 +188,7 @@ mod cuda_impl {
     /// One launch updating p, m, v. They are written through device pointers taken under read
     /// locks: device memory is never borrowed by Rust, and the kernel runs on candle's stream
     /// after every kernel that produced these buffers.
-    pub(super) fn step(ts: [&Tensor; 5], sc: Scalars, n: usize) -> Result<()> {
+    pub(super) fn step(ts: [&Tensor; 5], sc: &AdamWScalars, n: usize) -> Result<()> {
         let op = "adamw-step";
         let names = ["params", "grads", "m", "v", "clip_coef"];
         let guards = ts.map(|t| t.storage_and_layout());
@@ -164,12 +209,12 @@ mod cuda_impl {
         let (v, _gv) = views[3].device_ptr(&stream);
         let scalars = [
             sc.decay,
-            sc.w1,
+            sc.one_minus_beta1,
             sc.beta2,
-            sc.one_m_beta2,
+            sc.one_minus_beta2,
             sc.eps,
             sc.step_size,
-            sc.bc2_sqrt,
+            sc.bias_correction2_sqrt,
         ];
         let mut b = stream.launch_builder(&f);
         b.arg(&p)
@@ -187,9 +232,9 @@ mod cuda_impl {
         Ok(())
     }
 
-    /// `[norm, coef]` of a contiguous f32 CUDA tensor: two launches, deterministic order.
-    pub(super) fn clip(grads: &Tensor, max_norm: f32) -> Result<Tensor> {
-        let op = "clip-coefficient";
+    /// The L2 norm (0-dim) of a contiguous f32 CUDA tensor: two launches, deterministic order.
+    pub(super) fn l2_norm(grads: &Tensor) -> Result<Tensor> {
+        let op = "l2-norm";
         let (s, l) = grads.storage_and_layout();
         let cs = cuda_of(&s, op, "grads")?;
         let g = cuda::view::<f32>(cs, l, op, "grads")?;
@@ -198,60 +243,52 @@ mod cuda_impl {
         let n = l.shape().elem_count();
         let cfg = cuda::elementwise(n);
         let nparts = cfg.grid_dim.0 as i32;
-        // SAFETY: each block writes its partial; the finish kernel writes both outputs.
+        // SAFETY: each block writes its partial; the finish kernel writes the output.
         let partial = unsafe { dev.alloc::<f32>(nparts as usize)? };
-        let out = unsafe { dev.alloc::<f32>(2)? };
+        let out = unsafe { dev.alloc::<f32>(1)? };
         let f = cuda::func(&dev, &MODULE, "sumsq_partial_f32")?;
         let mut b = stream.launch_builder(&f);
         b.arg(&g).arg(&partial).arg(&n);
         // SAFETY: g holds n f32, partial one per block.
         unsafe { b.launch(cfg) }.w()?;
-        let f = cuda::func(&dev, &MODULE, "clip_finish_f32")?;
+        let f = cuda::func(&dev, &MODULE, "norm_finish_f32")?;
         let mut b = stream.launch_builder(&f);
-        b.arg(&partial).arg(&nparts).arg(&out).arg(&max_norm);
-        // SAFETY: one block reads nparts partials and writes 2 f32.
+        b.arg(&partial).arg(&nparts).arg(&out);
+        // SAFETY: one block reads nparts partials and writes 1 f32.
         unsafe { b.launch(cuda::per_row(1, 1024)) }.w()?;
         Ok(crate::util::tensor_from_storage(
             candle_core::Storage::Cuda(cuda::wrap(out, &dev)),
-            &[2],
+            &[],
         ))
     }
 }
 
 /// One AdamW step, in place on `params`, `m` and `v` (all flat fp32 of the same length, distinct
-/// tensors, contiguous), from `grads` (same length) scaled by `clip_coef` (a 1-element f32 tensor
-/// on the same device, e.g. from [`clip_coefficient`]; pass a tensor holding 1.0 for no clipping).
-/// `step` is the 1-based optimizer step (bias corrections). `grads` is not modified.
+/// tensors, contiguous), from `grads` (same length) times `clip_coef` (a 1-element f32 tensor on
+/// the same device: the clip coefficient, 1.0 for no clipping), with the scalars of this step.
+/// `grads` is not modified.
 pub fn adamw_step(
     params: &Tensor,
     grads: &Tensor,
     m: &Tensor,
     v: &Tensor,
-    hp: &AdamW,
-    step: u64,
+    scalars: &AdamWScalars,
     clip_coef: &Tensor,
 ) -> Result<()> {
-    let n = check(params, grads, m, v, clip_coef, step)?;
-    let sc = Scalars::new(hp, step);
+    let n = check(params, grads, m, v, clip_coef)?;
     let clip = clip_coef.flatten_all()?;
     #[cfg(feature = "cuda")]
     if params.device().is_cuda() {
-        return cuda_impl::step([params, grads, m, v, &clip], sc, n);
+        return cuda_impl::step([params, grads, m, v, &clip], scalars, n);
     }
     let _ = n;
+    let sc = *scalars;
     m.inplace_op3(grads, &clip, &AdamWPass(sc, Pass::First))?;
     v.inplace_op3(grads, &clip, &AdamWPass(sc, Pass::Second))?;
     params.inplace_op3(m, v, &AdamWPass(sc, Pass::Param))
 }
 
-fn check(
-    p: &Tensor,
-    g: &Tensor,
-    m: &Tensor,
-    v: &Tensor,
-    clip: &Tensor,
-    step: u64,
-) -> Result<usize> {
+fn check(p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, clip: &Tensor) -> Result<usize> {
     let n = p.elem_count();
     for (name, t) in [("params", p), ("grads", g), ("m", m), ("v", v)] {
         if t.dtype() != DType::F32 || t.elem_count() != n || !t.is_contiguous() {
@@ -272,97 +309,29 @@ fn check(
     if p.id() == m.id() || p.id() == v.id() || m.id() == v.id() {
         bail!("adamw_step: params, m and v must be distinct tensors");
     }
-    if step == 0 {
-        bail!("adamw_step: step is 1-based (bias correction 1 - beta^step would be 0)");
-    }
     Ok(n)
 }
 
-/// Composite reference for [`adamw_step`]: returns the new `(params, m, v)` computed with tensor ops
-/// (the same f32 arithmetic as torch, without torch's lerp branch for `1 − beta1 >= 0.5`).
-pub fn adamw_step_slow(
-    params: &Tensor,
-    grads: &Tensor,
-    m: &Tensor,
-    v: &Tensor,
-    hp: &AdamW,
-    step: u64,
-    clip_coef: &Tensor,
-) -> Result<(Tensor, Tensor, Tensor)> {
-    check(params, grads, m, v, clip_coef, step)?;
-    let sc = Scalars::new(hp, step);
-    let g = grads.broadcast_mul(&clip_coef.flatten_all()?)?;
-    let m = (m + ((&g - m)? * sc.w1 as f64)?)?;
-    let v = ((v * sc.beta2 as f64)? + ((&g * sc.one_m_beta2 as f64)? * &g)?)?;
-    let denom = ((v.sqrt()? / sc.bc2_sqrt as f64)? + sc.eps as f64)?;
-    let p = ((params * sc.decay as f64)? + ((&m / &denom)? * -(sc.step_size as f64))?)?;
-    Ok((p, m, v))
-}
-
-/// `(total_norm, clip_coef)` of `torch.nn.utils.clip_grad_norm_(grads, max_norm)`: the L2 norm over
-/// all elements and `min(1, max_norm / (norm + 1e-6))`, both 0-dim f32 tensors on the grads' device
-/// (no host sync; on CUDA two launches in a fixed summation order, deterministic). Pass `clip_coef`
-/// to [`adamw_step`]; read `total_norm` for logging later.
-pub fn clip_coefficient(grads: &Tensor, max_norm: f64) -> Result<(Tensor, Tensor)> {
+/// The L2 norm of all elements of `t` as a 0-dim f32 tensor on its device, the per-tensor norm
+/// of `clip_grad_norm_`. CPU: the sum of squares accumulated in f64, rounded once. CUDA (f32):
+/// two launches in a fixed summation order (deterministic, no host sync).
+pub fn l2_norm(t: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if grads.device().is_cuda() && grads.dtype() == DType::F32 {
-        let out = cuda_impl::clip(&grads.contiguous()?, max_norm as f32)?; // (2,): norm, coef
-        return Ok((out.get(0)?, out.get(1)?));
+    if t.device().is_cuda() && t.dtype() == DType::F32 {
+        return cuda_impl::l2_norm(&t.contiguous()?);
     }
-    let norm = grads.to_dtype(DType::F32)?.sqr()?.sum_all()?.sqrt()?;
-    let max = Tensor::new(max_norm as f32, grads.device())?;
-    let coef = max.div(&(&norm + 1e-6)?)?.minimum(1f32)?;
-    Ok((norm, coef))
+    let v = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    let sum_sq: f64 = v.iter().map(|&x| x as f64 * x as f64).sum();
+    Tensor::new(sum_sq.sqrt() as f32, t.device())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{assert_close, randn};
     use candle_core::Device;
 
-    fn hp() -> AdamW {
-        AdamW {
-            lr: 2e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-        }
-    }
-
-    #[test]
-    fn fused_matches_slow_over_steps() -> Result<()> {
-        let dev = Device::Cpu;
-        let n = 37;
-        let p = randn(&[n], DType::F32, 1, &dev)?;
-        let (m, v) = (
-            Tensor::zeros(n, DType::F32, &dev)?,
-            Tensor::zeros(n, DType::F32, &dev)?,
-        );
-        let (mut ps, mut ms, mut vs) = (p.copy()?, m.copy()?, v.copy()?);
-        for step in 1..=3u64 {
-            let g = randn(&[n], DType::F32, 10 + step, &dev)?;
-            let (_, coef) = clip_coefficient(&g, 1.0)?;
-            assert!(
-                coef.to_scalar::<f32>()? < 1.0,
-                "the test grads are large enough to be clipped"
-            );
-            adamw_step(&p, &g, &m, &v, &hp(), step, &coef)?;
-            (ps, ms, vs) = adamw_step_slow(&ps, &g, &ms, &vs, &hp(), step, &coef)?;
-        }
-        assert_close("m", &m, &ms, 0.0, 0.0)?;
-        assert_close("v", &v, &vs, 0.0, 0.0)?;
-        assert_close("p", &p, &ps, 1e-7, 1e-6)?;
-        // the step moved the parameters
-        assert!(
-            (p - randn(&[n], DType::F32, 1, &dev)?)?
-                .abs()?
-                .max_all()?
-                .to_scalar::<f32>()?
-                > 1e-3
-        );
-        Ok(())
+    fn zeros(n: usize) -> Result<Tensor> {
+        Tensor::zeros(n, DType::F32, &Device::Cpu)
     }
 
     #[test]
@@ -372,18 +341,64 @@ mod tests {
         let dev = Device::Cpu;
         let p = Tensor::new(&[1f32, -2.], &dev)?;
         let g = Tensor::new(&[0.5f32, 0.25], &dev)?;
-        let (m, v) = (
-            Tensor::zeros(2, DType::F32, &dev)?,
-            Tensor::zeros(2, DType::F32, &dev)?,
+        let (m, v) = (zeros(2)?, zeros(2)?);
+        let s = AdamWScalars::new(&AdamWParams::with_weight_decay(0.01), 0.1, 1);
+        adamw_step(&p, &g, &m, &v, &s, &Tensor::new(&[1f32], &dev)?)?;
+        let got = p.to_vec1::<f32>()?;
+        for (got, want) in got.iter().zip([0.899f32, -2.098]) {
+            assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn clip_coefficient_is_the_clipped_gradient() -> Result<()> {
+        // Folding the coefficient in equals stepping with g·coef, bit for bit, over steps.
+        let dev = Device::Cpu;
+        let n = 37;
+        let init: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let a = Tensor::new(init.as_slice(), &dev)?;
+        let b = Tensor::new(init.as_slice(), &dev)?;
+        let (ma, va, mb, vb) = (zeros(n)?, zeros(n)?, zeros(n)?, zeros(n)?);
+        let hp = AdamWParams::with_weight_decay(0.1);
+        for step in 1..=3u64 {
+            let g: Vec<f32> = (0..n)
+                .map(|i| (i as f32 * 1.3 + step as f32).cos())
+                .collect();
+            let g = Tensor::new(g.as_slice(), &dev)?;
+            let coef = 0.3f32;
+            let s = AdamWScalars::new(&hp, 1e-2, step);
+            adamw_step(&a, &g, &ma, &va, &s, &Tensor::new(&[coef], &dev)?)?;
+            let clipped = (&g * coef as f64)?;
+            adamw_step(&b, &clipped, &mb, &vb, &s, &Tensor::new(&[1f32], &dev)?)?;
+        }
+        for (x, y) in [(&a, &b), (&ma, &mb), (&va, &vb)] {
+            assert_eq!(x.to_vec1::<f32>()?, y.to_vec1::<f32>()?);
+        }
+        assert_ne!(a.to_vec1::<f32>()?, init, "the steps moved the parameters");
+        Ok(())
+    }
+
+    #[test]
+    fn bad_buffers_are_named() -> Result<()> {
+        let p = zeros(3)?;
+        let s = AdamWScalars::new(&AdamWParams::with_weight_decay(0.0), 1e-3, 1);
+        let one = Tensor::new(&[1f32], &Device::Cpu)?;
+        let err = adamw_step(&p, &zeros(4)?, &zeros(3)?, &zeros(3)?, &s, &one).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("grads must be contiguous f32 with 3"),
+            "{err}"
         );
-        let hp = AdamW { lr: 0.1, ..hp() };
-        adamw_step(&p, &g, &m, &v, &hp, 1, &Tensor::new(&[1f32], &dev)?)?;
-        assert_close(
-            "p",
-            &p,
-            &Tensor::new(&[0.899f32, -2.098], &dev)?,
-            1e-6,
-            1e-6,
-        )
+        let err = adamw_step(&p, &zeros(3)?, &p, &zeros(3)?, &s, &one).unwrap_err();
+        assert!(err.to_string().contains("distinct"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn l2_norm_spans_the_tensor() -> Result<()> {
+        let t = Tensor::new(&[[3f32, 0.0], [0.0, 4.0]], &Device::Cpu)?;
+        assert_eq!(l2_norm(&t)?.to_scalar::<f32>()?, 5.0);
+        Ok(())
     }
 }
