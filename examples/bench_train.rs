@@ -1,6 +1,6 @@
 //! Training-step benchmark: the real LoRA step on a Gemma 4 built from a config with random
 //! weights (`Gemma4Model::random_init`) and random token ids, timed per optimizer step. The
-//! same shape and settings as the PyTorch anchor (`bench/pytorch-reference/train_ddp_anchor.py`):
+//! same shape and settings as the PyTorch + PEFT baseline of `docs/benchmarks.md`:
 //! LoRA r16/α32/dropout 0.05 on the 7 projections of the text decoder (the post's regex), exactly
 //! `--seq` tokens per sample (no padding), `--accum` micro-batches per step, clip 1.0, AdamW
 //! (lr 1e-4, wd 0), cosine schedule with 20 warmup steps, single device (world 1).
@@ -29,9 +29,9 @@
 //! nothing else running (time, algorithm and bus bandwidth, the post's 100 GB/s estimate).
 //!
 //! Peak memory: on CUDA the default memory pool's high-water mark (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`,
-//! reset after the model and adapters are built, as the anchor resets torch's peak stats), with
+//! reset after the model and adapters are built, as the baseline resets torch's peak stats), with
 //! the pool's release threshold raised to `u64::MAX` at startup; on CPU the process's peak RSS.
-//! MFU uses `g4ft_trainer::mfu::FlopsModel` (the anchor's `brief` formula).
+//! MFU uses `g4ft_trainer::mfu::FlopsModel` (the baseline's `brief` formula).
 //!
 //! ```text
 //! cargo run --release --example bench_train -- --config assets/tiny/config.json --seq 64 \
@@ -144,7 +144,7 @@ fn cuda_profiler(_start: bool) -> Result<()> {
     bail!("--cuda-profiler-last-step needs a build with --features cuda")
 }
 
-/// Random ids in `3..vocab` (no pad/eos/bos, as the anchor) for micro-batch `micro`.
+/// Random ids in `3..vocab` (no pad/eos/bos, as the baseline) for micro-batch `micro`.
 fn random_tokens(seed: u64, micro: u64, n: usize, vocab: usize) -> Vec<u32> {
     let key = mix64(seed ^ mix64(micro.wrapping_add(1)));
     (0..n as u64)

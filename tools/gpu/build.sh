@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Builds the CUDA binaries for the GPU machine into .gpu/ (git-ignored), stripped and xz-compressed.
-# Needs the CUDA 13.0 toolchain of ../shared/cuda/setup-cuda-build.sh (nvcc from PyPI wheels).
+# Builds the CUDA binaries for a GPU machine into .gpu/ (git-ignored), stripped and xz-compressed,
+# on a machine without a GPU: the CUDA 13.0 toolchain comes from tools/cuda/setup_toolchain.sh
+# (installed on first use; docs/cuda.md). CUDA_COMPUTE_CAP picks the GPU generation (default 90,
+# H100/H200); CARGO_TARGET_DIR the build folder (default target/cuda, kept apart from the CPU
+# build because the feature set differs).
 # Usage: bash tools/gpu/build.sh            (from the repository root)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-eval "$(bash ../shared/cuda/setup-cuda-build.sh)"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-cuda}"
+eval "$(bash tools/cuda/setup_toolchain.sh)"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/cuda}"
 cargo build --release --features cuda -p g4ft -p g4ft-ddp --examples --bins
 mkdir -p .gpu
 # Test binaries run there: gemma4 parity + layer-wise backward (with G4FT_TEST_DEVICE=cuda; they read
@@ -30,5 +33,6 @@ done
 bench=$(cargo bench --features cuda -p g4ft -p g4ft-ddp --bench allreduce_overlap --no-run --message-format=json \
   | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
 strip -o .gpu/allreduce_overlap "$bench" && xz -6 -f .gpu/allreduce_overlap
-cp ../shared/cuda/device-env.sh .gpu/
+# The test binaries find their fixtures under this checkout's path (run_checks.sh links it).
+pwd > .gpu/source_dir
 ls -la .gpu

@@ -8,7 +8,7 @@ set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 LAYERS="${LAYERS:-6}"; SEQ="${SEQ:-2048}"
 (cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
-source .gpu/device-env.sh
+source tools/cuda/device_env.sh
 NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
 cfg="$OUT/config_${LAYERS}l.json"
 python3 - "$cfg" "$LAYERS" <<'PY'

@@ -33,7 +33,7 @@ with open(sys.argv[3], "w") as out:
 PYEOF
 if [ -d .gpu ]; then
   (cd .gpu && for f in *.xz; do [ -e "$f" ] && xz -dkf "$f"; done; chmod +x ./* 2>/dev/null)
-  [ -f .gpu/device-env.sh ] && source .gpu/device-env.sh
+  source tools/cuda/device_env.sh
 fi
 TRAIN="${TRAIN_DDP:-.gpu/train_ddp}"
 [ -x "$TRAIN" ] || { echo "missing $TRAIN (run tools/gpu/build.sh here and carry .gpu)" >&2; exit 2; }

@@ -11,7 +11,7 @@
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 (cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
-source .gpu/device-env.sh
+source tools/cuda/device_env.sh
 export CRITERION_HOME="${CRITERION_HOME:-/tmp/g4ft-criterion}"
 NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 fail=0

@@ -14,7 +14,7 @@
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 (cd .gpu && for f in *.xz; do [ -e "$f" ] && xz -dkf "$f"; done; chmod +x ./* 2>/dev/null)
-source .gpu/device-env.sh
+source tools/cuda/device_env.sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 WORLDS="${WORLDS:-1 $NGPU}"

@@ -6,7 +6,7 @@
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 (cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
-source .gpu/device-env.sh
+source tools/cuda/device_env.sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 step() { echo; echo "=== $*"; }
 step "bf16 matmul ceiling"

@@ -1,4 +1,4 @@
-//! Self-attention of one decoder layer (`Gemma4TextAttention`, transformers 5.23; spec §4.5).
+//! Self-attention of one decoder layer (`Gemma4TextAttention`, transformers 5.23; `docs/gemma4.md` §4.5).
 //!
 //! `q = rope(q_norm(q_proj(x)))`; own K/V: `k = rope(k_norm(k_proj(x)))`, `v = v_norm(v_proj(x))`
 //! where `v_norm` has no weight and, with `attention_k_eq_v` on full layers, `v_proj(x)` is

@@ -2,7 +2,7 @@
 //!
 //! Mirrors `Gemma4TextConfig.__post_init__` / `kv_sharing_modes` (transformers 5.23,
 //! `models/gemma4/configuration_gemma4.py`) and `Gemma4UnifiedTextConfig`
-//! (`models/gemma4_unified/configuration_gemma4_unified.py`); see `gemma4-text-spec.md` §2.
+//! (`models/gemma4_unified/configuration_gemma4_unified.py`); see `docs/gemma4.md` §2.
 //!
 //! Accepted inputs: the multimodal config (`model_type` `gemma4` or `gemma4_unified`, text settings
 //! in `text_config`) or a bare text config (`gemma4_text` / `gemma4_unified_text`). Both per-layer

@@ -1,4 +1,4 @@
-//! One decoder layer (`Gemma4TextDecoderLayer`, transformers 5.23; spec §4.5).
+//! One decoder layer (`Gemma4TextDecoderLayer`, transformers 5.23; `docs/gemma4.md` §4.5).
 //!
 //! ```text
 //! h = r + post_attention_layernorm(attn(input_layernorm(r)))

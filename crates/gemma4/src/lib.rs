@@ -11,7 +11,7 @@
 //! training path is a differentiable op from `g4ft_ops`.
 //!
 //! Reference: `models/gemma4/modeling_gemma4.py` and `models/gemma4_unified/` of transformers
-//! 5.23.0; the numerical spec is `gemma4-text-spec.md`.
+//! 5.23.0; what we compute and match is described in `docs/gemma4.md`.
 
 pub mod attention;
 mod backward;

@@ -1,4 +1,4 @@
-//! Additive attention masks for full and sliding layers (transformers `masking_utils`, spec §4.3).
+//! Additive attention masks for full and sliding layers (transformers `masking_utils`, `docs/gemma4.md` §4.3).
 //!
 //! `A[b, i, j]` ("query i may attend key j"): causal `j ≤ i`; sliding additionally `i − j < W`
 //! (exactly `W` keys including the query); and the key is not padding. Packed sequences (no
@@ -147,7 +147,7 @@ mod tests {
 
     #[test]
     fn sliding_window_has_exactly_w_keys_including_self() {
-        // Spec §4.3, verified with W=4: row 7 attends keys 4..7.
+        // docs/gemma4.md §4.3, verified with W=4: row 7 attends keys 4..7.
         let m = build_masks((1, 8), None, None, 4, true, &Device::Cpu).unwrap();
         let s = keep(&m.sliding);
         assert_eq!(s[7], vec![0, 0, 0, 0, 1, 1, 1, 1]);

@@ -1,6 +1,6 @@
 //! The Gemma 4 text decoder: embeddings, per-layer embeddings, the layer stack, the tied head and
 //! the transformers causal-LM loss (`Gemma4TextModel` + `ForCausalLMLoss`, transformers 5.23;
-//! spec §4.2, §4.7, §4.8).
+//! `docs/gemma4.md` §4.2, §4.7, §4.8).
 //!
 //! The embedding scale `√H` is rounded to the weight dtype before the multiply; the head is the
 //! tied `embed_tokens` (not scaled) followed by `cap·tanh(x/cap)` in the logits dtype; the loss
@@ -327,7 +327,7 @@ impl Gemma4Model {
         })
     }
 
-    /// PLE inputs `(b, t, L, P)` (spec §4.7).
+    /// PLE inputs `(b, t, L, P)` (`docs/gemma4.md` §4.7).
     fn ple_inputs(
         &self,
         p: &PleGlobal,

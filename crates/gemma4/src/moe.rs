@@ -1,4 +1,4 @@
-//! The mixture-of-experts block of 26B-A4B (`Gemma4TextRouter` + `Gemma4TextExperts`; spec §4.6).
+//! The mixture-of-experts block of 26B-A4B (`Gemma4TextRouter` + `Gemma4TextExperts`; `docs/gemma4.md` §4.6).
 //!
 //! Router on the residual `r`: `z = rmsnorm_noscale(r) · scale · H^-½`, `p = softmax_fp32(proj(z))`,
 //! top-k (descending), renormalised to sum 1, times `per_expert_scale`. Experts on

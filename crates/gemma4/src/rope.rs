@@ -1,4 +1,4 @@
-//! Rotary-embedding tables (`Gemma4TextRotaryEmbedding`, transformers 5.23; spec §4.4).
+//! Rotary-embedding tables (`Gemma4TextRotaryEmbedding`, transformers 5.23; `docs/gemma4.md` §4.4).
 //!
 //! One table per layer type. Angles are `float(pos) · inv_freq` in fp32 (never in the activation
 //! dtype: bf16 cannot hold positions > 256), cos/sin are taken in fp32 and rounded once to the
@@ -77,7 +77,7 @@ mod tests {
 
     #[test]
     fn proportional_inv_freq_matches_spec_example() {
-        // Spec §4.4: d=16, p=0.25, theta=1e6 → [1, 0.17783, 0 × 6].
+        // docs/gemma4.md §4.4: d=16, p=0.25, theta=1e6 → [1, 0.17783, 0 × 6].
         let p = RopeParams {
             rope_type: RopeType::Proportional,
             rope_theta: 1e6,

@@ -1,4 +1,4 @@
-//! Config parsing and derivation against the six release configs (spec §1, §2).
+//! Config parsing and derivation against the six release configs (`docs/gemma4.md` §1, §2).
 
 use g4ft_gemma4::{Config, KvSharing, LayerType, RopeType};
 
@@ -16,7 +16,7 @@ fn lora_params(cfg: &Config, r: u64) -> u64 {
 
 #[test]
 fn parameter_counts_match_transformers() {
-    // (file, text params, LoRA r=16 on q,k,v,o,gate,up,down) from spec §1 (transformers 5.23 / PEFT 0.21).
+    // (file, text params, LoRA r=16 on q,k,v,o,gate,up,down) from `docs/gemma4.md` §1 (transformers 5.23 / PEFT 0.21).
     let table = [
         ("gemma-4-E2B-it.json", 4_628_569_344u64, 24_158_208u64),
         ("gemma-4-E4B-it.json", 7_463_013_376, 34_881_536),

@@ -1,10 +1,10 @@
 //! Trainable-parameter counting from shapes alone: the Gemma 4 12B text model with r = 16 on the
-//! seven projections must give PEFT's 65,568,768 (`gemma4-text-spec.md` §1), whether targeted by
+//! seven projections must give PEFT's 65,568,768 (`docs/gemma4.md` §1), whether targeted by
 //! the blog post's regex or by a suffix list, with full-attention layers lacking v_proj.
 
 use g4ft_lora::{count_trainable, LoraConfig, ParamReport, ProjectionShape, TargetModules};
 
-/// 12B projection shapes (spec §3): 48 layers, hidden 3840; full-attention layers 5, 11, ..., 47
+/// 12B projection shapes (`docs/gemma4.md` §3): 48 layers, hidden 3840; full-attention layers 5, 11, ..., 47
 /// have q (8192, 3840), k (512, 3840), no v_proj, o (3840, 8192); sliding layers q (4096, 3840),
 /// k/v (2048, 3840), o (3840, 4096); every MLP gate/up (15360, 3840), down (3840, 15360).
 fn gemma4_12b_shapes() -> Vec<ProjectionShape> {
@@ -50,7 +50,7 @@ fn gemma4_12b_r16_seven_projections() {
         TargetModules::List(names.iter().map(|s| s.to_string()).collect()),
     );
     assert_eq!(count_trainable(&list, &shapes).unwrap(), 65_568_768);
-    // 11,907,350,272 text parameters (spec §1).
+    // 11,907,350,272 text parameters (`docs/gemma4.md` §1).
     let report = ParamReport::new(&regex, &shapes, 11_907_350_272).unwrap();
     assert_eq!(
         report.to_string(),

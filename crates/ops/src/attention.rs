@@ -8,7 +8,7 @@
 //! head dim 16–256 is one fused kernel instead (`kernels/attention_flash.cu`, FlashAttention-2's
 //! one-pass online softmax on tensor cores).
 //!
-//! Mask semantics (transformers Gemma 4, `gemma4-text-spec.md` §4.3): query i attends key j iff
+//! Mask semantics (transformers Gemma 4, `docs/gemma4.md` §4.3): query i attends key j iff
 //! `j <= i`, `i − j < window` (exactly W keys including itself) and `key_mask[b, j] != 0`. Query head
 //! h uses kv head `h / (nh / nkv)`. Scores, softmax and accumulation in fp32, output rounded to the
 //! input dtype. A query row with no allowed key (only possible with left padding) outputs zeros;

@@ -1,5 +1,5 @@
 //! Fused, chunked linear + softcap + cross-entropy (`kernels/cross_entropy.cu`,
-//! `candle-training-notes.md` §6.3): the loss head never materialises the full (n, v) logits, in
+//! `docs/design.md`, "Candle facts"): the loss head never materialises the full (n, v) logits, in
 //! any dtype. Per chunk of `chunk_rows` rows: one GEMM into a (c, v) logits buffer in the hidden
 //! dtype, one kernel for the per-row loss and log-sum-exp, one kernel that overwrites the logits with
 //! d(logits) in place, one GEMM back to d(hidden). So the loss and d(hidden) come out of the same

@@ -7,7 +7,7 @@
 //! `build.rs` with nvcc) and a `bwd`; beside it sits a `_slow` composite twin built from basic Candle
 //! ops, and the module's tests check fused == slow (forward) and bwd == autograd of slow on the CPU.
 //!
-//! Numerics follow transformers 5.23 (see `gemma4-text-spec.md` §4 and §6): norms and softmax in fp32
+//! Numerics follow transformers 5.23 (`docs/gemma4.md` §4 and §6): norms and softmax in fp32
 //! with one rounding back to the input dtype, RoPE products in the activation dtype.
 //!
 //! Ops: [`backward_with_seed`] (SeedGrad), [`linear_frozen`] (FrozenMatmul: d(x) only),
@@ -17,7 +17,7 @@
 //! [`dropout_mask`] (counter-hash mask that replays, identical bits on CPU and CUDA).
 //!
 //! CUDA build: with the `cuda` feature, `build.rs` runs nvcc (`-arch=compute_$CUDA_COMPUTE_CAP`,
-//! default 90) on each `kernels/<op>.cu` and the PTX is embedded with `include_str!`; the driver
+//! `docs/cuda.md`) on each `kernels/<op>.cu` and the PTX is embedded with `include_str!`; the driver
 //! JIT-compiles it once per process. Chosen over NVRTC because the GPU machine then needs no CUDA
 //! headers or libnvrtc at run time, and kernel compile errors surface at build time. nvcc must match
 //! the driver's PTX ISA (13.0 for driver 580). `src/gpu_tests.rs` checks every CUDA op against

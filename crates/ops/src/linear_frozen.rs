@@ -1,4 +1,4 @@
-//! `x @ wᵀ` for a frozen weight (`FrozenMatmul`, `candle-training-notes.md` §1.4): Candle's matmul
+//! `x @ wᵀ` for a frozen weight (`FrozenMatmul`, `docs/design.md`, "Candle facts"): Candle's matmul
 //! backward always computes a weight-sized `d(w) = xᵀ·g` and keeps it in the `GradStore`; this op's
 //! backward returns only `d(x) = g·w`, halving the base model's backward GEMMs.
 

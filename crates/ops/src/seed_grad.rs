@@ -1,6 +1,6 @@
 //! Backward from an upstream gradient (`SeedGrad`): Candle's `Tensor::backward` always seeds the root
 //! with ones and has no seed argument, so the layer-wise backward applies this op to a layer's output
-//! and calls `backward` on the 1-element result (`candle-training-notes.md` §2.3).
+//! and calls `backward` on the 1-element result (`docs/design.md`, "Candle facts").
 
 use crate::util::with_float_type;
 use candle_core::backprop::GradStore;

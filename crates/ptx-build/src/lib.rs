@@ -3,10 +3,12 @@
 //! does nothing otherwise (CPU-only builds need no CUDA toolchain). The crate embeds the PTX with
 //! `include_str!` and candle loads it once per device (`get_or_load_custom_func`).
 //!
-//! Target: `compute_$CUDA_COMPUTE_CAP` PTX (default 90), JIT-compiled by the driver at first use.
-//! nvcc comes from `$NVCC`, else `$CUDA_HOME/bin/nvcc`, else `PATH`; it must match the GPU machine's
-//! driver (13.0 there: PTX ISA 9.0, see `shared/cuda/README.md`). Chosen over NVRTC because the GPU
-//! machine then needs no CUDA headers or libnvrtc at run time, and kernel errors surface at build time.
+//! Target: `compute_$CUDA_COMPUTE_CAP` PTX, JIT-compiled by the driver at first use. Without
+//! `CUDA_COMPUTE_CAP` the first GPU that `nvidia-smi` reports is used, else 90 (H100/H200). nvcc
+//! comes from `$NVCC`, else `$CUDA_HOME/bin/nvcc`, else `PATH`; its PTX version must be one the
+//! GPU machine's driver loads (nvcc 13.0 for a CUDA 13.0 driver; `docs/cuda.md`). Chosen over NVRTC
+//! because the GPU machine then needs no CUDA headers or libnvrtc at run time, and kernel errors
+//! surface at build time.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -22,7 +24,7 @@ pub fn compile_kernels(crate_name: &str, kernels: &[&str]) {
         return;
     }
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".to_string());
+    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| compute_cap_of_this_gpu());
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| match std::env::var("CUDA_HOME") {
         Ok(home) => format!("{home}/bin/nvcc"),
         Err(_) => "nvcc".to_string(),
@@ -37,10 +39,26 @@ pub fn compile_kernels(crate_name: &str, kernels: &[&str]) {
             .arg("-o")
             .arg(&dst)
             .status()
-            .unwrap_or_else(|e| panic!("{crate_name} build.rs: cannot run `{nvcc}` for {src}: {e} (hint: eval \"$(bash ../shared/cuda/setup-cuda-build.sh)\")"));
+            .unwrap_or_else(|e| panic!("{crate_name} build.rs: cannot run `{nvcc}` for {src}: {e} (see docs/cuda.md; without a system CUDA: eval \"$(bash tools/cuda/setup_toolchain.sh)\")"));
         assert!(
             status.success(),
             "{crate_name} build.rs: nvcc failed on {src} ({status})"
         );
     }
+}
+
+/// The compute capability of the first GPU `nvidia-smi` lists (`"8.0"` → `"80"`), or `"90"` when
+/// there is none (a build machine without a GPU builds for H100/H200 unless told otherwise).
+fn compute_cap_of_this_gpu() -> String {
+    let detected = Command::new("nvidia-smi")
+        .args(["--query-gpu=compute_cap", "--format=csv,noheader"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            let cap = text.lines().next()?.trim().replace('.', "");
+            (!cap.is_empty() && cap.bytes().all(|b| b.is_ascii_digit())).then_some(cap)
+        });
+    detected.unwrap_or_else(|| "90".to_string())
 }

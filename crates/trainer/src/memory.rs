@@ -88,7 +88,7 @@ mod cuda_pool {
 
     impl Pool {
         /// Looks the pool up and raises its release threshold to `u64::MAX` so freed blocks stay
-        /// mapped across synchronisations (candle-training-notes §5).
+        /// mapped across synchronisations (`docs/design.md`, "Candle facts").
         pub fn new(dev: &CudaDevice) -> Result<Self> {
             let stream = dev.cuda_stream();
             let ctx = stream.context();

@@ -1,6 +1,6 @@
 //! Model FLOPs per token and MFU for frozen-base LoRA training with per-layer recompute, using
-//! exactly the convention of the PyTorch reference (`bench/pytorch-reference/train_ddp_anchor.py`,
-//! `flops_per_token(...)["brief"]`), so our MFU and theirs compare.
+//! exactly the convention of the PyTorch + PEFT baseline we compare against (its
+//! `flops_per_token(...)["brief"]`, `docs/benchmarks.md`), so our MFU and theirs compare.
 //!
 //! Per token, with `N_lin` the frozen linear weights of the decoder layers (q, k, v, o, gate, up,
 //! down; Gemma 4's global layers have no `v_proj`), `N_routed` the other frozen matrices a token
@@ -138,7 +138,7 @@ pub fn device_peak_tflops(device: &candle_core::Device) -> Option<f64> {
 mod tests {
     use super::*;
 
-    /// Gemma 4 12B text decoder (bench/pytorch-reference/gemma4_12b_text_config.json): 48 layers,
+    /// Gemma 4 12B text decoder (`crates/gemma4/tests/configs/gemma-4-12B-it.json`): 48 layers,
     /// every sixth full attention (head_dim 512, 1 kv head, no v_proj), others sliding 1024
     /// (head_dim 256, 8 kv heads); hidden 3840, intermediate 15360, 16 heads, vocab 262144.
     fn gemma4_12b() -> FlopsModel {
@@ -173,11 +173,11 @@ mod tests {
 
     #[test]
     fn gemma4_12b_matches_the_pytorch_reference() {
-        // README of bench/pytorch-reference: 74.53 GFLOP/token at seq 2048.
+        // The PyTorch baseline's count: 74.53 GFLOP/token at seq 2048.
         let f = gemma4_12b().flops_per_token(2048);
         assert!((f.brief / 1e9 - 74.53).abs() < 0.005, "{}", f.brief / 1e9);
         assert!((f.brief - f.exact - 2.0 * 262144.0 * 3840.0).abs() < 1.0);
-        // README: 2,478 tok/s on one H200 against 714.6 TFLOP/s is 25.8% MFU.
+        // The baseline's reported example: 2,478 tok/s on one H200 at 714.6 TFLOP/s is 25.8% MFU.
         let m = mfu(2478.0, f.brief, 714.6);
         assert!((m - 0.258).abs() < 0.0005, "{m}");
     }

@@ -1,7 +1,7 @@
 //! NCCL backend (feature `cuda`): one communicator per process, bound to a dedicated
 //! highest-priority stream, ordered against Candle's compute stream with events.
 //!
-//! Design (`candle-training-notes.md` §3.4): everything is issued from the one host thread that
+//! Design (`docs/design.md`, "Candle facts"): everything is issued from the one host thread that
 //! owns the Candle device (`Comm` is `!Send`). Per tensor collective: record an event on the
 //! compute stream, make the comm stream wait on it, enqueue NCCL on the comm stream, record `done`
 //! there; [`CudaWork::wait`] makes the compute stream wait on `done` and bounds the wait on the
