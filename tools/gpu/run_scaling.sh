@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Issue 8 scaling run on a machine with N GPUs, from the repository root after tools/gpu/build.sh
+# The multi-GPU scaling benchmark (docs/benchmarks.md) on a machine with N GPUs, from the repository root after tools/gpu/build.sh
 # (carry .gpu). Logs go to $OUT. Same 12B shape and settings as tools/gpu/run_speed.sh (seq 2048,
 # micro-batch 1 per GPU, accum 8, LoRA r16 on 7 projections, dropout 0.05):
 #  1. the bf16 matmul ceiling (for MFU);
 #  2. ours: bench_train under ddprun for each world size in WORLDS (default "1 N"); the largest
 #     world also runs --overlap (one more step: the all-reduce the backward did not hide, and the
 #     buckets' all-reduce alone with algorithm / bus bandwidth);
-#  3. the PyTorch script (.gpu/pyref/train_ddp_anchor.py) under torchrun for the same world sizes;
+#  3. the PyTorch + PEFT baseline (.gpu/pyref/train_ddp_anchor.py, not part of this repository) under
+#     torchrun for the same world sizes;
 #  4. tools/gpu/scaling_table.py: tokens/s, s/step, peak GB, MFU and scaling efficiency
 #     tokens_per_s(N) / (N x tokens_per_s(1)) for both.
 # Settings: WORLDS, STEPS (5, first discarded), ANCHOR_STEPS (5, first two discarded), ANCHOR=0
@@ -22,7 +23,7 @@ LARGEST=$(echo "$WORLDS" | tr ' ' '\n' | sort -n | tail -1)
 step() { echo; echo "=== $*"; }
 step "gpus and topology"; nvidia-smi -L; nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 step "bf16 matmul ceiling"
-python3 .gpu/pyref/bench_matmul.py /tmp/peak_tflops 2>&1 | tail -1
+python3 tools/gpu/matmul_ceiling.py /tmp/peak_tflops 2>&1 | tail -1
 P=$(cat /tmp/peak_tflops)
 for n in $WORLDS; do
   step "ours: bench_train, 12B shape, world $n"
