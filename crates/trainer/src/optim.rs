@@ -320,16 +320,12 @@ mod tests {
         let dev = Device::Cpu;
         let p = vec![Var::from_slice(&[1.0f32, 2.0, 3.0], 3, &dev).unwrap()];
         let g = Tensor::from_slice(&[0.1f32, -0.2, 0.3], 3, &dev).unwrap();
+        let bucket = [FlatBucket {
+            params: &p,
+            grads: &g,
+        }];
         let mut opt = AdamW::new(AdamWParams::with_weight_decay(0.0), &[3], &dev).unwrap();
-        opt.step(
-            1e-2,
-            1.0,
-            &[FlatBucket {
-                params: &p,
-                grads: &g,
-            }],
-        )
-        .unwrap();
+        opt.step(1e-2, 1.0, &bucket).unwrap();
         let saved: HashMap<String, Tensor> = opt.state_tensors().into_iter().collect();
         let mut fresh = AdamW::new(AdamWParams::with_weight_decay(0.0), &[3], &dev).unwrap();
         fresh.load_state(opt.step_count(), &saved).unwrap();
@@ -339,16 +335,7 @@ mod tests {
         }
         // The restored moments are the optimizer's own: stepping it leaves the saved ones alone.
         let before = saved["exp_avg.0"].to_vec1::<f32>().unwrap();
-        fresh
-            .step(
-                1e-2,
-                1.0,
-                &[FlatBucket {
-                    params: &p,
-                    grads: &g,
-                }],
-            )
-            .unwrap();
+        fresh.step(1e-2, 1.0, &bucket).unwrap();
         assert_eq!(saved["exp_avg.0"].to_vec1::<f32>().unwrap(), before);
         let mut short = HashMap::new();
         short.insert(

@@ -66,20 +66,8 @@ fn train(env: DistEnv) -> Result<()> {
 
     // 2. LoRA r=8 on the attention and MLP projections, initialised as PEFT does; the same seed
     //    gives the same adapter on every rank.
-    let targets = [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    ];
-    let lora = LoraConfig::new(
-        8,
-        16.0,
-        TargetModules::List(targets.map(String::from).into()),
-    );
+    let targets = TargetModules::Regex(r".*\.(q|k|v|o|gate|up|down)_proj".into());
+    let lora = LoraConfig::new(8, 16.0, targets);
     attach(&lora, model.projections_mut(), 0)?;
 
     // 3. DDP over the adapter parameters: rank 0's values are broadcast, gradients live in
