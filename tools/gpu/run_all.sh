@@ -10,7 +10,7 @@ OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 (cd .gpu && for f in *.xz; do [ -e "$f" ] && xz -dkf "$f"; done; chmod +x ./* 2>/dev/null)
 source tools/cuda/device_env.sh
 # The test binaries read their fixtures through the path of the checkout they were built in.
-src=$(cat .gpu/source_dir); [ -e "$src" ] || { mkdir -p "$(dirname "$src")" && ln -sfn "$PWD" "$src"; }
+if [ -f .gpu/source_dir ]; then src=$(cat .gpu/source_dir); [ -e "$src" ] || { mkdir -p "$(dirname "$src")" && ln -sfn "$PWD" "$src"; }; fi
 NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 PARTS="${PARTS:-checks nccl multi scaling}"
 has() { [[ " $PARTS " == *" $1 "* ]]; }

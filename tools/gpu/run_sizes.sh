@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Every Gemma 4 size on one H200: our LoRA step (bench_train) and the PyTorch + PEFT script
-# (the post's train_ddp.py with random weights, carried in .gpu/pyref) back to back per size,
+# (the post's train_ddp.py with random weights, .gpu/pyref, not part of this repository; see
+# docs/benchmarks.md) back to back per size,
 # then the table (tools/gpu/sizes_table.py). Run on the GPU machine from the repository root after
 # tools/gpu/build.sh. Settings: SIZES ("E2B E4B 12B 26B-A4B 31B"), STEPS (4), ANCHOR_STEPS (5),
 # OURS_ONLY=1 skips the script. Logs and the table go to $OUT.
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 (cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
-source .gpu/device-env.sh
+source tools/cuda/device_env.sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 .gpu/pyref/bench_matmul.py /tmp/peak_tflops 2>&1 | tail -1
+python3 tools/gpu/matmul_ceiling.py /tmp/peak_tflops 2>&1 | tail -1
 P=$(cat /tmp/peak_tflops)
 declare -A OURS=([E2B]=gemma-4-E2B-it [E4B]=gemma-4-E4B-it [12B]=gemma-4-12B-it [26B-A4B]=gemma-4-26B-A4B-it [31B]=gemma-4-31B-it)
 declare -A REF=([E2B]=e2b_text [E4B]=e4b_text [12B]=12b_text [26B-A4B]=26b_a4b_text [31B]=31b_text)
