@@ -294,7 +294,10 @@ fn gpu_kernels_table() -> Result<()> {
                     let rows = x[1].index_select(&groups.token, 0)?;
                     let y1 = grouped_matmul(&rows, &x[2], &groups, true)?; // (m, 2I)
                     let y2 = grouped_matmul(&y1, &x[2], &groups, false)?; // (m, h)
-                    let w = probs.gather(&idx, 1)?.flatten_all()?.index_select(&groups.order, 0)?;
+                    let w = probs
+                        .gather(&idx, 1)?
+                        .flatten_all()?
+                        .index_select(&groups.order, 0)?;
                     let out = moe_combine(&y2, Some(&w), &groups)?;
                     let (dy, dw) = moe_combine_backward(&x[3], &y2, &w, &groups)?;
                     let back = moe_combine(&dy, None, &groups)?;

@@ -21,7 +21,13 @@ fn as_i32(x: usize, what: &str) -> Result<i32> {
 }
 
 /// Top-k indices `(n, k)` u32 of the probabilities `(n, e)` f32.
-pub(super) fn topk(s: &CudaStorage, l: &Layout, n: usize, e: usize, k: usize) -> Result<CudaStorage> {
+pub(super) fn topk(
+    s: &CudaStorage,
+    l: &Layout,
+    n: usize,
+    e: usize,
+    k: usize,
+) -> Result<CudaStorage> {
     if e > TOPK_MAX_EXPERTS || k > 32 {
         bail!("moe_topk: at most {TOPK_MAX_EXPERTS} experts and k <= 32 on CUDA, got {e} and {k}");
     }
@@ -40,7 +46,13 @@ pub(super) fn topk(s: &CudaStorage, l: &Layout, n: usize, e: usize, k: usize) ->
 }
 
 /// `[order | token | slot_pos | offsets]` of the `(n, k)` indices (`m = n·k` of them).
-pub(super) fn group(s: &CudaStorage, l: &Layout, m: usize, e: usize, k: usize) -> Result<CudaStorage> {
+pub(super) fn group(
+    s: &CudaStorage,
+    l: &Layout,
+    m: usize,
+    e: usize,
+    k: usize,
+) -> Result<CudaStorage> {
     let dev = s.device().clone();
     let idx = cuda::view::<u32>(s, l, "moe_group", "indices")?;
     // SAFETY: every element is written: each slot once in each of the three tables, each offset once.
