@@ -4,16 +4,13 @@
 //! add (same roundings).
 
 use candle_core::{DType, Device, Result, Tensor, Var};
+use g4ft_hash::stream_unit_f64;
 use g4ft_ops::*;
 
 fn randn(dims: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
     let n: usize = dims.iter().product();
-    let v: Vec<f32> = (0..n)
-        .map(|i| {
-            let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                ^ seed.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            ((h >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
-        })
+    let v: Vec<f32> = (0..n as u64)
+        .map(|i| (stream_unit_f64(seed, i) * 2.0 - 1.0) as f32)
         .collect();
     Tensor::from_vec(v, dims, &Device::Cpu)?.to_dtype(dtype)
 }
