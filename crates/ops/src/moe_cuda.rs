@@ -216,7 +216,8 @@ pub(super) fn combine(
     match w {
         Some(w) => cuda::with_cuda_storage(w, op, "w", |sw, lw| {
             let wv = cuda::view::<f32>(sw, lw, op, "w")?;
-            launch(wv.device_ptr(&stream).0)
+            let ptr = wv.device_ptr(&stream).0;
+            launch(ptr)
         }),
         None => launch(0),
     }
