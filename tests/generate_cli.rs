@@ -6,12 +6,18 @@
 #[allow(dead_code)]
 #[path = "../examples/generate.rs"]
 mod generate;
+#[allow(dead_code)]
+#[path = "../examples/merge.rs"]
+mod merge;
 
 use std::path::PathBuf;
 
+use candle_core::{DType, Device};
 use clap::Parser;
 use g4ft::data::{Encoder, Message};
+use g4ft::gemma4::Gemma4Model;
 use g4ft::generate::GenerationConfig;
+use g4ft::lora::{attach, save_adapter, InitLoraWeights, LoraConfig, TargetModules};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -21,8 +27,12 @@ fn tiny() -> String {
 
 /// Runs the example with `flags` (after `--model assets/tiny`) and `stdin`; returns stdout.
 fn run(flags: &[&str], stdin: &str) -> anyhow::Result<String> {
-    let model = tiny();
-    let argv = ["generate", "--model", &model]
+    run_model(&tiny(), flags, stdin)
+}
+
+/// [`run`] with another `--model`.
+fn run_model(model: &str, flags: &[&str], stdin: &str) -> anyhow::Result<String> {
+    let argv = ["generate", "--model", model]
         .into_iter()
         .chain(flags.iter().copied());
     let args = generate::Args::try_parse_from(argv)?;
@@ -261,4 +271,104 @@ fn bad_input_is_named() {
         "conflicting flags"
     );
     assert!(run(&[], "").is_err(), "an input is required");
+}
+
+/// `merge` then `generate --model MERGED` gives the tokens of `generate --adapter`; a bf16 merge
+/// writes bf16 tensors, says so in config.json and copies the tokenizer and chat template.
+#[test]
+fn a_merged_model_generates_what_the_adapter_generates() {
+    let tmp = std::env::temp_dir().join(format!("g4ft-merge-tiny-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let mut m = Gemma4Model::load(&tiny(), DType::F32, &Device::Cpu).unwrap();
+    let mut cfg = LoraConfig::new(
+        4,
+        32.0,
+        TargetModules::Regex(
+            r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)".into(),
+        ),
+    );
+    cfg.init_lora_weights = InitLoraWeights::Random;
+    attach(&cfg, m.projections_mut(), 17).unwrap();
+    let adapter = tmp.join("adapter");
+    save_adapter(&adapter, &cfg, m.projections()).unwrap();
+    let merge_to = |dir: &str, dtype: Option<&str>| {
+        let out = tmp.join(dir);
+        let args = merge::Args {
+            model: tiny(),
+            adapter: adapter.clone(),
+            out: out.clone(),
+            dtype: dtype.map(str::to_string),
+            max_shard_bytes: 200_000,
+        };
+        let report = merge::run(&args).unwrap();
+        assert_eq!(
+            report.merged,
+            m.projections().filter(|p| p.adapter().is_some()).count()
+        );
+        out.display().to_string()
+    };
+    let merged = merge_to("merged", None);
+
+    let path = ids_file("merged", &token_rows(&[33, 20]));
+    let flags = [
+        "--input-ids",
+        path.as_str(),
+        "--max-new-tokens",
+        "12",
+        "--ignore-eos",
+    ];
+    let adapter_s = adapter.display().to_string();
+    let with_adapter =
+        output_ids(&run(&[&flags[..], &["--adapter", &adapter_s]].concat(), "").unwrap());
+    assert_ne!(
+        with_adapter,
+        output_ids(&run(&flags, "").unwrap()),
+        "the adapter changes the reply"
+    );
+    assert_eq!(
+        output_ids(&run_model(&merged, &flags, "").unwrap()),
+        with_adapter
+    );
+
+    let bf16 = PathBuf::from(merge_to("merged-bf16", Some("bf16")));
+    assert!(
+        bf16.join("model.safetensors.index.json").exists(),
+        "sharded"
+    );
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+    ] {
+        assert_eq!(
+            std::fs::read(bf16.join(f)).unwrap(),
+            std::fs::read(PathBuf::from(tiny()).join(f)).unwrap(),
+            "{f} copied"
+        );
+    }
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(bf16.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["dtype"], "bfloat16");
+    for shard in std::fs::read_dir(&bf16).unwrap() {
+        let p = shard.unwrap().path();
+        if p.extension().is_some_and(|e| e == "safetensors") {
+            let ts = candle_core::safetensors::load(&p, &Device::Cpu).unwrap();
+            assert!(
+                ts.values().all(|t| t.dtype() == DType::BF16),
+                "{}",
+                p.display()
+            );
+        }
+    }
+    let out = output_ids(
+        &run_model(
+            bf16.to_str().unwrap(),
+            &[&flags[..], &["--dtype", "bf16"]].concat(),
+            "",
+        )
+        .unwrap(),
+    );
+    assert!(out.iter().all(|r| r.len() == 12));
+    let _ = std::fs::remove_dir_all(&tmp);
 }
