@@ -21,6 +21,7 @@ mod backward;
 pub mod config;
 pub mod decoder_layer;
 pub mod error;
+pub mod gguf_names;
 pub mod kv_cache;
 pub mod loader;
 pub mod mask;
