@@ -6,6 +6,8 @@
 //!
 //! Also: the cached decode gives the logits of the uncached training forward on the same
 //! sequence (f32 and bf16), so the cache, not only the end result, is checked.
+//!
+//! Runs on the CPU; `G4FT_TEST_DEVICE=cuda` (CUDA build) runs the models on the GPU.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -22,9 +24,18 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+fn device() -> Device {
+    match std::env::var("G4FT_TEST_DEVICE").as_deref() {
+        Ok("cuda") => {
+            Device::new_cuda(0).expect("G4FT_TEST_DEVICE=cuda needs a CUDA build and GPU")
+        }
+        _ => Device::Cpu,
+    }
+}
+
 fn model(v: &str, adapter: bool, dtype: DType) -> Gemma4Model {
     let dir = root().join(format!("tests/golden/gemma4-{v}"));
-    let mut m = Gemma4Model::load(dir.to_str().unwrap(), dtype, &Device::Cpu).unwrap();
+    let mut m = Gemma4Model::load(dir.to_str().unwrap(), dtype, &device()).unwrap();
     if adapter {
         let a = root().join(format!("tools/reference/lora/fixtures/gemma4-{v}/adapter"));
         load_adapter(&a, m.projections_mut()).unwrap();
@@ -75,7 +86,10 @@ fn greedy_tokens_and_step_logits_match_transformers() {
                 let mut worst = (0f64, 0f64); // (max|diff|, max|want|)
                 let out = generate(&m, &prompts(&g, case), &opts, &LoraContext::EVAL, |s| {
                     let want = want_logits.i(s.index)?;
-                    let diff = (s.logits - &want)?.abs()?.max_all()?.to_scalar::<f32>()? as f64;
+                    let diff = (s.logits.to_device(&Device::Cpu)? - &want)?
+                        .abs()?
+                        .max_all()?
+                        .to_scalar::<f32>()? as f64;
                     let max = want.abs()?.max_all()?.to_scalar::<f32>()? as f64;
                     worst = (worst.0.max(diff), worst.1.max(max));
                     Ok::<(), GenerateError>(())
