@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Generation speed on the GPU machine (issue 19), from the repository root after tools/gpu/build.sh (carry
-# .gpu): greedy parity on CUDA, then prefill / decode tokens/s and KV-cache memory of ours
-# (examples/bench_generate) and of transformers' generate (tools/reference/generate/bench_hf.py) in the same
-# call, 12B shape with random weights. Logs go to $OUT. Settings: PROMPT (512), NEW (128), BATCHES ("1,8"),
+# Generation speed on one GPU, from the repository root after tools/gpu/build.sh (carry .gpu): greedy
+# parity on CUDA, then prefill / decode tokens/s and KV-cache memory of ours (examples/bench_generate)
+# and of transformers' generate (tools/reference/generate/bench_hf.py) in the same call, 12B shape with
+# random weights. Logs go to $OUT. Settings: PROMPT (512), NEW (128), BATCHES ("1,8"),
 # LORA (0: no adapter; e.g. 16 for an unmerged rank-16 adapter on the seven projections).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 (cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
-source .gpu/device-env.sh
+source tools/cuda/device_env.sh
+# The test binaries read their fixtures through the path of the checkout they were built in.
+if [ -f .gpu/source_dir ]; then src=$(cat .gpu/source_dir); [ -e "$src" ] || { mkdir -p "$(dirname "$src")" && ln -sfn "$PWD" "$src"; }; fi
 export PYTHONUNBUFFERED=1
 CFG=crates/gemma4/tests/configs/gemma-4-12B-it.json
 step() { echo; echo "=== $*"; }

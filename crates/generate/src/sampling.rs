@@ -7,12 +7,11 @@
 //!   probability is `<= 1 − p` are removed, the most likely token always kept;
 //! - then one draw from the softmax of the remaining scores.
 //!
-//! The draws come from ChaCha8 seeded with the seed, one uniform per row per step (rows in
-//! order): the same seed gives the same text on every machine. They do not reproduce PyTorch's
-//! `multinomial` stream.
+//! Draw `n` (one per row per step, rows in order) is element `n` of `g4ft-hash`'s SplitMix64
+//! stream keyed on the seed: the same seed gives the same text on every machine and device. It
+//! does not reproduce PyTorch's `multinomial` stream.
 
-use rand_chacha::rand_core::{RngCore, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use g4ft_hash::{stream_key, stream_unit_f64};
 
 use crate::error::{GenerateError, Result};
 
@@ -64,7 +63,8 @@ impl SamplingParams {
 #[derive(Debug, Clone)]
 pub struct Sampler {
     params: SamplingParams,
-    rng: ChaCha8Rng,
+    key: u64,
+    draws: u64,
 }
 
 impl Sampler {
@@ -73,7 +73,8 @@ impl Sampler {
         params.validate()?;
         Ok(Sampler {
             params,
-            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            key: stream_key(&[params.seed]),
+            draws: 0,
         })
     }
 
@@ -109,7 +110,8 @@ impl Sampler {
     /// Draws a token from `logits` (one row).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let probs = self.probabilities(logits);
-        let u = (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+        let u = stream_unit_f64(self.key, self.draws);
+        self.draws += 1;
         let mut cum = 0.0;
         let mut last = 0;
         for (i, &q) in probs.iter().enumerate() {
