@@ -2,6 +2,7 @@
 pub use g4ft_data as data;
 pub use g4ft_ddp as ddp;
 pub use g4ft_gemma4 as gemma4;
+pub use g4ft_generate as generate;
 pub use g4ft_hash as hash;
 pub use g4ft_lora as lora;
 pub use g4ft_ops as ops;

@@ -2,14 +2,17 @@
 //! (fixtures: `tools/reference/lora/make_gemma4_fixtures.py`): PEFT-saved adapters (non-zero B,
 //! the post's regex on all seven projections) load, and logits, loss and the gradient of every
 //! lora_A/lora_B match — through the full graph and through the layer-wise backward — including
-//! k_eq_v layers (no v_proj) and KV-shared layers (no k/v_proj). Also: merging gives the adapted
-//! logits, Rust-made adapters are exported for `tools/reference/lora/check_rust_gemma4.py`, and
+//! k_eq_v layers (no v_proj) and KV-shared layers (no k/v_proj). Also: merging (`examples/merge.rs`)
+//! gives the adapted logits, Rust-made adapters are exported for `tools/reference/lora/check_rust_gemma4.py`, and
 //! after one optimiser step every LoRA parameter has a non-zero gradient.
 //!
 //! Tolerance: the f32 bar, max|diff| <= 1e-4·max|want| per tensor.
 
 #[path = "../crates/lora/tests/common/mod.rs"]
 mod common;
+#[allow(dead_code)]
+#[path = "../examples/merge.rs"]
+mod merge;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -18,9 +21,8 @@ use candle_core::{DType, Device, Tensor};
 use common::Checks;
 use g4ft::gemma4::{Gemma4Model, TokenBatch};
 use g4ft::lora::{
-    attach, count_trainable, load_adapter, lora_parameters, merge_adapter_dir, save_adapter,
-    InitLoraWeights, LoraConfig, LoraContext, MergeOptions, ProjectionShape, TargetModules,
-    KEY_PREFIX,
+    attach, count_trainable, load_adapter, lora_parameters, save_adapter, InitLoraWeights,
+    LoraConfig, LoraContext, ProjectionShape, TargetModules, KEY_PREFIX,
 };
 
 const VARIANTS: [&str; 4] = ["a-unified-keqv", "b-ple-kvshare", "c-moe", "d-dense-keqv"];
@@ -219,25 +221,33 @@ fn targeting_skips_absent_modules_like_peft() {
     }
 }
 
+/// Through `examples/merge.rs` (sharded): the merged checkpoint gives PEFT's adapted logits. The
+/// directories are what `tools/reference/lora/check_rust_gemma4.py` loads in transformers.
 #[test]
 fn merged_checkpoint_gives_adapted_logits() {
     let mut checks = Checks::default();
     for v in VARIANTS {
         let merged_dir = export_dir(v).join("merged");
         let _ = std::fs::remove_dir_all(&merged_dir);
-        let report = merge_adapter_dir(
-            &base_dir(v),
-            &fixture_dir(v).join("adapter"),
-            &merged_dir,
-            MergeOptions {
-                max_shard_bytes: 100_000,
-            },
-        )
-        .unwrap();
+        let args = merge::Args {
+            model: base_dir(v).display().to_string(),
+            adapter: fixture_dir(v).join("adapter"),
+            out: merged_dir.clone(),
+            dtype: None,
+            max_shard_bytes: 100_000,
+        };
+        let report = merge::run(&args).unwrap();
         assert!(
             report.shards.len() > 1 && merged_dir.join("model.safetensors.index.json").exists(),
             "{v}: sharded"
         );
+        for f in ["config.json", "generation_config.json"] {
+            assert_eq!(
+                std::fs::read(merged_dir.join(f)).unwrap(),
+                std::fs::read(base_dir(v).join(f)).unwrap(),
+                "{v}: {f} copied"
+            );
+        }
         let golden = load(&fixture_dir(v).join("golden.safetensors"));
         let batch = Batch::load(v);
         let logits = model(&merged_dir)
@@ -250,6 +260,19 @@ fn merged_checkpoint_gives_adapted_logits() {
             RTOL,
         );
     }
+    // A merge never writes into a directory that holds something.
+    let err = merge::run(&merge::Args {
+        model: base_dir(VARIANTS[0]).display().to_string(),
+        adapter: fixture_dir(VARIANTS[0]).join("adapter"),
+        out: base_dir(VARIANTS[0]),
+        dtype: None,
+        max_shard_bytes: 100_000,
+    })
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("is not an empty directory"),
+        "{err}"
+    );
     checks.finish();
 }
 

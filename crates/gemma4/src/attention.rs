@@ -29,21 +29,22 @@ pub struct KvPair {
 
 /// Composite scaled-dot-product attention with GQA, scale 1.0, dense additive mask.
 ///
-/// `q`: `(b, nh, t, d)`; `k`, `v`: `(b, kv, t, d)` with `nh % kv == 0` (query head `h` uses kv head
-/// `h / (nh/kv)`); `mask`: additive fp32 `(b, 1, t, t)`. Same numerics as the fused
+/// `q`: `(b, nh, t, d)`; `k`, `v`: `(b, kv, s, d)` with `nh % kv == 0` (query head `h` uses kv head
+/// `h / (nh/kv)`); `mask`: additive fp32 `(b, 1, t, s)`. Same numerics as the fused
 /// `g4ft_ops::attention` (and HF sdpa): fp32 scores, softmax and `P·V`, one rounding at the end.
-/// Used only for packed or bidirectional batches. Returns `(b, nh, t, d)`.
+/// Used for packed or bidirectional batches, and for decoding against a KV cache (`s` keys for `t`
+/// new queries). Returns `(b, nh, t, d)`.
 pub fn attention_dense(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let (b, nh, t, d) = q.dims4()?;
-    let kv = k.dim(1)?;
+    let (kv, s) = (k.dim(1)?, k.dim(2)?);
     let rep = nh / kv;
     let f32_ = |x: &Tensor| x.to_dtype(DType::F32);
     // Group the query heads of each kv head: (b, kv, rep·t, d) — no repeat_kv copy of K/V.
     let qg = f32_(q)?.reshape((b, kv, rep * t, d))?;
-    let scores = qg.matmul(&f32_(k)?.t()?)?; // (b, kv, rep·t, t)
-    let scores = scores.reshape((b, nh, t, t))?.broadcast_add(mask)?;
+    let scores = qg.matmul(&f32_(k)?.t()?)?; // (b, kv, rep·t, s)
+    let scores = scores.reshape((b, nh, t, s))?.broadcast_add(mask)?;
     let probs = softmax_last_dim(&scores)?;
-    let out = probs.reshape((b, kv, rep * t, t))?.matmul(&f32_(v)?)?; // (b, kv, rep·t, d)
+    let out = probs.reshape((b, kv, rep * t, s))?.matmul(&f32_(v)?)?; // (b, kv, rep·t, d)
     Ok(out.reshape((b, nh, t, d))?.to_dtype(q.dtype())?)
 }
 

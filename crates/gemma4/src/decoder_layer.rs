@@ -22,6 +22,7 @@ use crate::moe::Moe;
 use crate::rope::RopeTable;
 use crate::weights::Weights;
 
+mod cached;
 pub(crate) mod explicit;
 
 /// Per-layer-embedding weights of one layer (E2B/E4B).
@@ -168,9 +169,18 @@ impl DecoderLayer {
             .self_attn
             .attend(&x, kv, rope_t, &inputs.bias, kind, ctx)?;
         let a = rms_norm(&a, Some(&self.post_attention_layernorm), self.eps)?;
-        let xs = (residual + a)?;
-        // --- feed-forward ---
-        let residual = &xs;
+        Ok((self.feed_forward(&(residual + a)?, inputs, ctx)?, own))
+    }
+
+    /// Everything after the attention block: the MLP (and MoE) branch, the per-layer embedding and
+    /// `layer_scalar`, on the residual stream `xs (b, t, h)` after attention.
+    pub(crate) fn feed_forward(
+        &self,
+        xs: &Tensor,
+        inputs: &LayerInputs,
+        ctx: &LoraContext,
+    ) -> Result<Tensor> {
+        let residual = xs;
         let x = rms_norm(residual, Some(&self.pre_feedforward_layernorm), self.eps)?;
         let mut m = self.mlp.forward(&x, ctx)?;
         if let Some(moe) = &self.moe {
@@ -196,7 +206,7 @@ impl DecoderLayer {
         if self.layer_scalar != 1.0 {
             xs = xs.affine(self.layer_scalar, 0.0)?;
         }
-        Ok((xs, own))
+        Ok(xs)
     }
 
     /// Projections in model order: q, k, v, o, gate, up, down (those the layer has).

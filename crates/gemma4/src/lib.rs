@@ -4,9 +4,12 @@
 //! directory or Hub cache, memory-mapped, text tensors only), the training forward without KV
 //! cache (sliding/full attention, proportional RoPE, `attention_k_eq_v`, KV sharing, per-layer
 //! embeddings, MoE, final softcap), the transformers loss, and a layer-wise backward with
-//! per-layer recompute whose per-layer gradients are reported as soon as they are final.
+//! per-layer recompute whose per-layer gradients are reported as soon as they are final, and the
+//! generation forward: a [`KvCache`] (full layers keep every position, sliding layers a ring of
+//! the last `window`, KV consumers read their producer's), [`Gemma4Model::prefill`] of left-padded
+//! prompts and [`Gemma4Model::decode_step`] of one token per row.
 //!
-//! What is not: generation / KV cache, vision and audio towers, multimodal masks. Every
+//! What is not: decoding strategies (`g4ft-generate`), vision and audio towers, multimodal masks. Every
 //! projection is a [`g4ft_lora::LoraLinear`] named by its checkpoint path, and every op on the
 //! training path is a differentiable op from `g4ft_ops`.
 //!
@@ -18,6 +21,8 @@ mod backward;
 pub mod config;
 pub mod decoder_layer;
 pub mod error;
+pub mod gguf_names;
+pub mod kv_cache;
 pub mod loader;
 pub mod mask;
 pub mod mlp;
@@ -32,5 +37,6 @@ pub use config::{
     Config, KvSharing, LayerConfig, LayerType, MoeConfig, ProjectionShape, RopeParams, RopeType,
 };
 pub use error::{Error, Result};
+pub use kv_cache::KvCache;
 pub use loader::{Checkpoint, ModelFiles};
 pub use model::{shift_labels, Gemma4Model, LossOutput, TokenBatch};

@@ -20,6 +20,8 @@ use crate::numerics::{mul_scalar, round_to_dtype};
 use crate::rope::RopeTable;
 use crate::weights::Weights;
 
+mod cached;
+
 /// A batch of token rows, row-major `(batch, seq_len)`, right padded.
 #[derive(Debug, Clone, Copy)]
 pub struct TokenBatch<'a> {

@@ -10,7 +10,8 @@
 //! - [`lora_dropout`]: replayable dropout masks keyed on `(seed, micro_step, module)`;
 //! - [`count_trainable`], [`ParamReport`]: `print_trainable_parameters` from shapes alone;
 //! - [`save_adapter`], [`load_adapter`]: PEFT's `adapter_config.json` + `adapter_model.safetensors`;
-//! - [`merge_adapter_dir`], [`merge_projections`]: a merged full HF checkpoint.
+//! - [`merge_adapter_dir`], [`merge_projections`]: a merged full HF checkpoint;
+//! - [`write_gguf_adapter`]: the adapter as a llama.cpp LoRA GGUF.
 //!
 //! Left out on purpose: DoRA, adapter biases, embedding LoRA, `modules_to_save`, quantised bases;
 //! configs asking for them are rejected with an error naming the field.
@@ -20,6 +21,7 @@ mod config;
 mod count;
 mod dropout;
 mod error;
+mod gguf;
 mod init;
 mod io;
 mod linear;
@@ -31,6 +33,7 @@ pub use config::{InitLoraWeights, LoraConfig, TargetModules};
 pub use count::{count_trainable, ParamReport};
 pub use dropout::{dropout_key, lora_dropout};
 pub use error::{LoraError, Result};
+pub use gguf::{write_gguf_adapter, GgufReport};
 pub use init::init_adapter_values;
 pub use io::{
     load_adapter, peft_key, read_adapter, save_adapter, AdapterWeights, CONFIG_NAME, KEY_PREFIX,

@@ -45,12 +45,17 @@ pub struct MergeOptions {
     /// Largest shard in bytes before a new one is started (a larger single tensor gets its own
     /// shard). Default 5 GB (`5_000_000_000`), the size most Hub checkpoints use.
     pub max_shard_bytes: u64,
+    /// Floating-point dtype of the output (`F32`, `BF16` or `F16`); `None` keeps each tensor's.
+    /// Weights are cast before the delta is added, as `from_pretrained(dtype=...)` followed by
+    /// `merge_and_unload` does, and `dtype` / `torch_dtype` in `config.json` are set to match.
+    pub dtype: Option<DType>,
 }
 
 impl Default for MergeOptions {
     fn default() -> Self {
         Self {
             max_shard_bytes: 5_000_000_000,
+            dtype: None,
         }
     }
 }
@@ -119,6 +124,12 @@ pub fn merge_deltas(
     deltas: &[MergeDelta],
     opts: MergeOptions,
 ) -> Result<MergeReport> {
+    if let Some(dt) = opts.dtype {
+        torch_dtype_name(dt).ok_or_else(|| LoraError::Safetensors {
+            path: out_dir.to_path_buf(),
+            msg: format!("merge dtype must be f32, bf16 or f16, got {dt:?}"),
+        })?;
+    }
     let inputs = input_shards(base_dir)?;
     // SAFETY: the base checkpoint files must not be modified while the merge runs (the mmaps
     // would change under us); they are only read.
@@ -127,10 +138,22 @@ pub fn merge_deltas(
             path: base_dir.to_path_buf(),
             msg: e.to_string(),
         })?;
+    let out_bytes = |view: &safetensors::tensor::TensorView| -> u64 {
+        let n = view.data().len() as u64;
+        match (opts.dtype, DType::try_from(view.dtype())) {
+            (Some(dt), Ok(src)) if src.is_float() => {
+                n / src.size_in_bytes() as u64 * dt.size_in_bytes() as u64
+            }
+            _ => n,
+        }
+    };
     let mut sizes: Vec<(String, u64)> = base
         .tensors()
         .into_iter()
-        .map(|(name, view)| (name, view.data().len() as u64))
+        .map(|(name, view)| {
+            let n = out_bytes(&view);
+            (name, n)
+        })
         .collect();
     sizes.sort();
     let by_key: BTreeMap<String, &MergeDelta> = deltas
@@ -168,6 +191,12 @@ pub fn merge_deltas(
             let w = base
                 .load(name, &Device::Cpu)
                 .ctx(|| format!("{}: {name}", base_dir.display()))?;
+            let w = match opts.dtype {
+                Some(dt) if w.dtype().is_float() && w.dtype() != dt => w
+                    .to_dtype(dt)
+                    .ctx(|| format!("{}: {name} to {dt:?}", base_dir.display()))?,
+                _ => w,
+            };
             let w = match by_key.get(name.as_str()) {
                 Some(d) => {
                     report.merged += 1;
@@ -188,7 +217,48 @@ pub fn merge_deltas(
         write_json(&out_dir.join(INDEX_NAME), &index)?;
     }
     copy_side_files(base_dir, out_dir)?;
+    if let Some(dt) = opts.dtype {
+        set_config_dtype(&out_dir.join("config.json"), dt)?;
+    }
     Ok(report)
+}
+
+/// transformers' name of a floating dtype.
+fn torch_dtype_name(dt: DType) -> Option<&'static str> {
+    match dt {
+        DType::F32 => Some("float32"),
+        DType::BF16 => Some("bfloat16"),
+        DType::F16 => Some("float16"),
+        _ => None,
+    }
+}
+
+/// Sets `dtype` / `torch_dtype` wherever `config.json` has them (top level and nested configs
+/// such as `text_config`); a directory without `config.json` is left alone.
+fn set_config_dtype(path: &Path, dt: DType) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    let mut v: Value = serde_json::from_str(&text).map_err(|e| LoraError::Json {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    })?;
+    let name = torch_dtype_name(dt).expect("checked before the merge");
+    fn visit(v: &mut Value, name: &str) {
+        if let Value::Object(map) = v {
+            for (k, x) in map.iter_mut() {
+                if (k == "dtype" || k == "torch_dtype") && x.is_string() {
+                    *x = Value::from(name);
+                } else {
+                    visit(x, name);
+                }
+            }
+        }
+    }
+    visit(&mut v, name);
+    write_json(path, &v)
 }
 
 /// `W + ((B @ A)·scale).to(W.dtype)`, checking shapes.

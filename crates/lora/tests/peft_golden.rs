@@ -112,7 +112,10 @@ fn merge_matches_peft_merge_and_unload() {
                 &fixtures().join("base"),
                 &fixtures().join(case).join("adapter"),
                 &out,
-                MergeOptions { max_shard_bytes },
+                MergeOptions {
+                    max_shard_bytes,
+                    ..Default::default()
+                },
             )
             .unwrap();
             let n_merged = golden.keys().filter(|k| k.starts_with("merged.")).count();

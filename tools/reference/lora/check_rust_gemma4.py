@@ -7,7 +7,7 @@ For every variant directory written by tests/lora_gemma4.rs:
   rust_adapter/   adapter saved by g4ft_lora::save_adapter (post regex, rsLoRA, rank_pattern, random B)
                   + rust_logits.safetensors: loaded with PeftModel.from_pretrained on the tiny base
                   model (tests/golden/gemma4-<v>), PEFT's logits must equal Rust's;
-  merged/         checkpoint written by g4ft_lora::merge_adapter_dir from the PEFT fixture adapter:
+  merged/         checkpoint written by examples/merge.rs (g4ft_lora::merge_adapter_dir) from the PEFT fixture adapter:
                   loaded with AutoModelForImageTextToText.from_pretrained, logits must equal PEFT's
                   adapted logits (fixtures/gemma4-<v>/golden.safetensors).
 Prints PASS/FAIL per check and exits non-zero on any failure.
