@@ -1,26 +1,30 @@
-//! Pre-tokenizes chat JSONL with a model's tokenizer and chat template (only those files of the
-//! model directory are read) and writes `{"input_ids": [...], "labels": [...]}` per row.
+//! Pre-tokenizes a data file (JSONL or Parquet; chat, ShareGPT, prompt/completion, text or token
+//! rows) with a model's tokenizer and chat template (only those files of the model directory are
+//! read) and writes `{"input_ids": [...], "labels": [...]}` per row.
 //!
 //! ```bash
 //! cargo run --release --example prepare -- --model assets/tiny --data assets/sample/chat.jsonl \
 //!     --out assets/sample/tokens.jsonl --max-len 256 --labels assistant_only
 //! ```
-//! Prints rows, tokens, trainable tokens, truncated rows and throughput (rows/s, tokens/s).
+//! Prints the dataset report (rows, skipped rows per reason, truncated rows, tokens, trainable
+//! tokens, length percentiles), a warning per skipped row, and throughput (rows/s, tokens/s).
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use g4ft::data::{tokenize_file, Encoder, LabelMode, PrepareOptions};
+use g4ft::data::source::DEFAULT_MAX_LINE_BYTES;
+use g4ft::data::{tokenize_file, Encoder, Format, LabelMode, PrepareOptions};
 
 #[derive(Parser, Debug)]
-#[command(about = "Tokenize chat JSONL into pre-tokenized JSONL")]
+#[command(about = "Tokenize a data file into pre-tokenized JSONL")]
 struct Args {
-    /// Model directory with tokenizer.json and chat_template.jinja (or tokenizer_config.json).
+    /// Model directory with tokenizer.json and chat_template.jinja (or tokenizer_config.json);
+    /// not needed for token rows.
     #[arg(long)]
-    model: PathBuf,
-    /// Chat JSONL input.
+    model: Option<PathBuf>,
+    /// Input: JSONL or Parquet.
     #[arg(long)]
     data: PathBuf,
     /// Pre-tokenized JSONL output.
@@ -29,9 +33,15 @@ struct Args {
     /// Truncation length in tokens.
     #[arg(long, default_value_t = 2048)]
     max_len: usize,
-    /// full | assistant_only
-    #[arg(long, default_value = "full")]
+    /// auto | full | assistant_only
+    #[arg(long, default_value = "auto")]
     labels: LabelMode,
+    /// chat | sharegpt | prompt_completion | text | tokens (default: detect from the first row).
+    #[arg(long)]
+    data_format: Option<Format>,
+    /// JSONL lines longer than this are bad rows, skipped without being parsed.
+    #[arg(long, default_value_t = DEFAULT_MAX_LINE_BYTES)]
+    max_line_bytes: usize,
     /// Skip bad lines (and list them) instead of failing.
     #[arg(long)]
     skip_bad_lines: bool,
@@ -42,21 +52,30 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let mut encoder = Encoder::from_model_dir(&args.model)?;
-    if args.enable_thinking {
-        encoder = encoder.with_enable_thinking(true);
-    }
+    let encoder = match &args.model {
+        Some(dir) => {
+            let encoder = Encoder::from_model_dir(dir)?;
+            Some(if args.enable_thinking {
+                encoder.with_enable_thinking(true)
+            } else {
+                encoder
+            })
+        }
+        None => None,
+    };
     let opts = PrepareOptions {
         max_len: args.max_len,
         label_mode: args.labels,
         skip_bad_lines: args.skip_bad_lines,
         vocab_size: None,
+        format: args.data_format,
+        max_line_bytes: args.max_line_bytes,
     };
     let tmp = args.out.with_extension("jsonl.tmp");
     let file =
         std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let mut out = std::io::BufWriter::new(file);
-    let result = tokenize_file(&args.data, Some(&encoder), &opts, |_, row| {
+    let result = tokenize_file(&args.data, encoder.as_ref(), &opts, |_, row| {
         serde_json::to_writer(
             &mut out,
             &serde_json::json!({"input_ids": row.input_ids, "labels": row.labels}),
@@ -79,10 +98,16 @@ fn main() -> anyhow::Result<()> {
         .with_context(|| format!("renaming to {}", args.out.display()))?;
     for bad in &report.bad_lines {
         eprintln!(
-            "skipped {}:{}: {}",
-            args.data.display(),
-            bad.line,
+            "warning: {}: skipped ({}): {}",
+            bad.location(&args.data),
+            bad.kind.as_str(),
             bad.reason
+        );
+    }
+    if report.mostly_truncated() {
+        eprintln!(
+            "warning: {} of {} rows are longer than --max-len {} and were truncated",
+            report.truncated_rows, report.rows, args.max_len
         );
     }
     let secs = report.seconds.max(1e-9);
@@ -90,11 +115,9 @@ fn main() -> anyhow::Result<()> {
     println!("{:<18} {}", "out", args.out.display());
     println!("{:<18} {}", "labels", args.labels.as_str());
     println!("{:<18} {}", "max_len", args.max_len);
-    println!("{:<18} {}", "rows", report.rows);
-    println!("{:<18} {}", "skipped lines", report.bad_lines.len());
-    println!("{:<18} {}", "tokens", report.tokens);
-    println!("{:<18} {}", "trainable tokens", report.trainable_tokens);
-    println!("{:<18} {}", "truncated rows", report.truncated_rows);
+    for line in report.lines() {
+        println!("{line}");
+    }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("{:<18} {:.3} s ({threads} threads)", "time", report.seconds);
     println!("{:<18} {:.0}", "rows/s", report.rows as f64 / secs);

@@ -29,8 +29,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
 use clap::Parser;
 use g4ft::data::{
-    Batch, DataLoader, DatasetOptions, Encoder, LabelMode, LoaderConfig, PrepareOptions,
-    TokenDataset,
+    detect_format, Batch, Batching, DataLoader, DatasetOptions, Encoder, Format, LabelMode,
+    LoaderConfig, PrepareOptions, TokenDataset,
 };
 use g4ft::ddp::{DdpError, DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
 use g4ft::gemma4::{Gemma4Model, ModelFiles};
@@ -165,11 +165,11 @@ fn train_in_group(
 
     // 5. Data: DistributedSampler(seed, drop_last) + loader with drop_last on every rank. Opened
     //    before the first collective, so that bad data is every rank's own error.
-    let loader = open_loader(cfg, &cfg.data, rank, world_size, true)?;
+    let loader = open_loader(cfg, model.config(), &cfg.data, rank, world_size, true)?;
     let eval_loader = cfg
         .eval_data
         .as_ref()
-        .map(|p| open_loader(cfg, p, rank, world_size, false))
+        .map(|p| open_loader(cfg, model.config(), p, rank, world_size, false))
         .transpose()?;
 
     // 6. DDP wrap: checks names/shapes on every rank, broadcasts rank 0's values, builds the
@@ -259,13 +259,21 @@ fn train_in_group(
             model: step::flops_model(model.config(), model.prefix()),
             peak_tflops,
         });
-        Some(MetricsLogger::new(
+        let mut logger = MetricsLogger::new(
             run_steps,
             world_size,
             Some(&cfg.output.join("metrics.jsonl")),
             mfu,
             true,
-        )?)
+        )?;
+        let splits = [("train", Some(&loader))].into_iter();
+        for (split, l) in splits.chain([("eval", eval_loader.as_ref())]) {
+            if let Some(l) = l {
+                let ds = l.dataset();
+                logger.log_dataset(split, ds.data_path(), ds.report().to_json())?;
+            }
+        }
+        Some(logger)
     } else {
         None
     };
@@ -466,34 +474,65 @@ struct Position {
 
 /// The post's `ChatJsonl` + `DistributedSampler` + `DataLoader(collate_fn=PadCollate)`.
 /// Every rank opens (and tokenizes, or reuses the cache of) the file before any collective.
+/// Pre-tokenized data needs no tokenizer: the pad id and vocabulary come from the model config.
+/// Rank 0 prints the dataset report and a warning per skipped row.
 fn open_loader(
     cfg: &TrainConfig,
+    model: &g4ft::gemma4::Config,
     path: &Path,
     rank: usize,
     world_size: usize,
     train: bool,
 ) -> Result<DataLoader> {
-    let files = ModelFiles::resolve(&cfg.model)?;
-    let model_dir = files
-        .config
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let encoder = Encoder::from_model_dir(&model_dir)?;
-    let opts = DatasetOptions {
-        prepare: PrepareOptions {
-            max_len: cfg.max_len,
-            label_mode: match cfg.labels {
-                LabelsKind::Full => LabelMode::Full,
-                LabelsKind::AssistantOnly => LabelMode::AssistantOnly,
-            },
-            skip_bad_lines: cfg.skip_bad_lines,
-            vocab_size: None,
+    let prepare = PrepareOptions {
+        max_len: cfg.max_len,
+        label_mode: match cfg.labels {
+            LabelsKind::Auto => LabelMode::Auto,
+            LabelsKind::Full => LabelMode::Full,
+            LabelsKind::AssistantOnly => LabelMode::AssistantOnly,
         },
+        skip_bad_lines: cfg.skip_bad_lines,
+        vocab_size: Some(model.vocab_size),
+        format: cfg.data_format,
+        max_line_bytes: cfg.max_line_bytes,
+    };
+    let encoder = match detect_format(path, &prepare)? {
+        Format::Tokens => None,
+        _ => {
+            let files = ModelFiles::resolve(&cfg.model)?;
+            let model_dir = files
+                .config
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| PathBuf::from("."));
+            let encoder = Encoder::from_model_dir(&model_dir)?;
+            Some(match cfg.enable_thinking {
+                Some(on) => encoder.with_enable_thinking(on),
+                None => encoder,
+            })
+        }
+    };
+    let opts = DatasetOptions {
+        prepare,
         cache_dir: Some(cfg.output.join(".token-cache")),
+        pad_id: Some(model.pad_token_id),
         ..Default::default()
     };
-    let dataset = Arc::new(TokenDataset::open(path, Some(&encoder), &opts)?);
+    let dataset = Arc::new(TokenDataset::open(path, encoder.as_ref(), &opts)?);
+    if rank == 0 {
+        print_dataset_report(&dataset);
+    }
+    let batching = if cfg.packing {
+        Batching::Packed {
+            pack_len: cfg.max_len,
+        }
+    } else if cfg.group_by_length {
+        Batching::GroupByLength {
+            mega_batch_mult: 50,
+        }
+    } else {
+        Batching::Plain
+    };
     let loader = DataLoader::new(
         dataset,
         LoaderConfig {
@@ -504,10 +543,47 @@ fn open_loader(
             seed: cfg.seed,
             drop_last: train,
             drop_last_batch: train,
+            batching,
             ..Default::default()
         },
     )?;
     Ok(loader)
+}
+
+/// The dataset report, a warning per skipped row, and one when most rows were truncated.
+fn print_dataset_report(ds: &TokenDataset) {
+    let report = ds.report();
+    println!(
+        "dataset {}{}",
+        ds.data_path().display(),
+        if ds.from_cache() {
+            " (token cache)"
+        } else {
+            ""
+        }
+    );
+    for line in report.lines() {
+        println!("  {line}");
+    }
+    for bad in &report.bad_lines {
+        eprintln!(
+            "warning: {}: skipped ({}): {}",
+            bad.location(ds.data_path()),
+            bad.kind.as_str(),
+            bad.reason
+        );
+    }
+    if report.mostly_truncated() {
+        eprintln!(
+            "warning: {}: {} of {} rows are longer than max_len {} and were truncated \
+             (p50 {} tokens after truncation); raise --max-len or shorten the data",
+            ds.data_path().display(),
+            report.truncated_rows,
+            report.rows,
+            ds.max_len(),
+            report.lengths.p50
+        );
+    }
 }
 
 /// What every checkpoint of the run shares: the group, the settings, the model whose adapters

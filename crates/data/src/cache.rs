@@ -1,4 +1,5 @@
-//! The token cache: one binary file per (data file, tokenizer, template, max_len, label mode).
+//! The token cache: one binary file per (data file, format, tokenizer, template, max_len, label
+//! mode, line limit).
 //!
 //! Ranks and restarts reuse it. Every rank calls [`crate::TokenDataset::open`] itself before any
 //! collective: the first process to create `<cache>.lock` (O_EXCL) tokenizes and renames a
@@ -24,7 +25,7 @@ use crate::prepare::PrepareReport;
 const MAGIC: &[u8; 8] = b"G4FTTOK1";
 const END_MAGIC: &[u8; 8] = b"G4FTTOKE";
 /// Bumped when the layout or the encoding rules change.
-pub const CACHE_VERSION: u32 = 1;
+pub const CACHE_VERSION: u32 = 2;
 
 /// Everything the cached tokens depend on. Two opens share a cache file iff their keys are equal.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -35,7 +36,9 @@ pub struct CacheKey {
     pub data_hash: String,
     /// Data file size in bytes.
     pub data_len: u64,
-    /// Encoder fingerprint (tokenizer, template, special tokens, options) for chat files.
+    /// Row format (`chat`, `tokens`, ...).
+    pub format: String,
+    /// Encoder fingerprint (tokenizer, template, special tokens, options); `None` for tokens.
     pub encoder: Option<String>,
     /// Truncation length.
     pub max_len: usize,
@@ -43,6 +46,8 @@ pub struct CacheKey {
     pub label_mode: String,
     /// Vocabulary bound checked on pre-tokenized ids.
     pub vocab_size: Option<usize>,
+    /// JSONL line-size limit (longer lines are skipped).
+    pub max_line_bytes: usize,
 }
 
 /// Metadata stored in the cache file.
@@ -316,10 +321,12 @@ mod tests {
                 version: CACHE_VERSION,
                 data_hash: "0".into(),
                 data_len: 0,
+                format: "tokens".into(),
                 encoder: None,
                 max_len: 8,
                 label_mode: "full".into(),
                 vocab_size: None,
+                max_line_bytes: 1 << 20,
             },
             report: PrepareReport::default(),
         }

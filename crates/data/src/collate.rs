@@ -2,25 +2,35 @@
 //!
 //! Mirrors the post's `PadCollate`: right padding to the longest row with the pad id,
 //! `attention_mask` 1 on tokens and 0 on padding, labels -100 on padding (labels are not
-//! shifted: the model shifts, as transformers does). Packed rows concatenate samples; their
-//! `position_ids` restart at 0 for every sample (the model builds the block-diagonal mask from
-//! the restarts, as transformers does for packed sequences), the first label of every sample
-//! is -100 (as transformers' `DataCollatorWithFlattening`), so no sample learns from the previous
-//! one, and the padding tail gets its own restarting positions.
+//! shifted: the model shifts, as transformers does). Packed rows concatenate samples (see
+//! [`Batch`] for their representation); the first label of every sample is -100 (as
+//! transformers' `DataCollatorWithFlattening`), so no sample learns from the previous one.
 
 use crate::dataset::Sample;
 use crate::labels::IGNORE;
 
 /// A collated batch, row-major `(batch, seq_len)`.
+///
+/// **Packed batches** (`position_ids` is `Some`): a row holds whole samples back to back, then
+/// its padding. Each sample, and the padding tail, is a *segment*; `position_ids` restart at 0
+/// at the first token of every segment and count up within it, so column `c` of a row belongs to
+/// the segment that starts at column `c - position_ids[c]`. A token attends to the columns
+/// `c - position_ids[c] ..= c` of its row (on sliding layers also at most `window` back): never
+/// to another sample. RoPE uses the same positions, so every sample sees positions `0..len`, as
+/// it would alone (transformers' packed path: `position_ids` and no attention mask). The model
+/// gets these positions and **no attention mask** (a mask would make it ignore the
+/// segments); [`Batch::cu_seqlens`] gives the same boundaries as flash-attention's varlen
+/// offsets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Batch {
     /// Token ids, pad id on padding.
     pub input_ids: Vec<u32>,
-    /// 1 on tokens, 0 on padding.
+    /// 1 on tokens, 0 on padding (for packed batches: informational, not passed to the model).
     pub attention_mask: Vec<u32>,
     /// Unshifted labels, -100 where ignored.
     pub labels: Vec<i64>,
-    /// Per-sample positions for packed rows; `None` means `0..seq_len` in every row.
+    /// Packed batches: the positions that restart at every segment; `None`: unpacked, positions
+    /// `0..seq_len` in every row.
     pub position_ids: Option<Vec<u32>>,
     /// Rows.
     pub batch: usize,
@@ -32,6 +42,26 @@ pub struct Batch {
     pub n_label_tokens: usize,
     /// Dataset indices of the samples, row by row.
     pub samples: Vec<usize>,
+}
+
+impl Batch {
+    /// Whether rows hold several samples (see the type's doc).
+    pub fn is_packed(&self) -> bool {
+        self.position_ids.is_some()
+    }
+
+    /// Segment boundaries of a packed batch as offsets into the flattened `batch * seq_len`
+    /// tokens (flash-attention's `cu_seqlens`: every segment start, then the total); `None` for an
+    /// unpacked batch.
+    pub fn cu_seqlens(&self) -> Option<Vec<u32>> {
+        let pos = self.position_ids.as_ref()?;
+        let mut cu: Vec<u32> = (0..pos.len())
+            .filter(|&i| pos[i] == 0 || i % self.seq_len == 0)
+            .map(|i| i as u32)
+            .collect();
+        cu.push(pos.len() as u32);
+        Some(cu)
+    }
 }
 
 /// Right-pads rows with `pad_id`.
@@ -152,5 +182,14 @@ mod tests {
         );
         assert_eq!(b.attention_mask, vec![1, 1, 1, 1, 1, 1, 1, 0, 0, 0]);
         assert_eq!((b.n_tokens, b.n_label_tokens), (7, 4));
+        assert!(b.is_packed());
+        // segments: [0,2) [2,5) in row 0; [5,7) and the padding [7,10) in row 1
+        assert_eq!(b.cu_seqlens(), Some(vec![0, 2, 5, 7, 10]));
+        assert_eq!(
+            PadCollate { pad_id: 0 }
+                .collate(&[(0, s(&[2, 5], &[2, 5]))])
+                .cu_seqlens(),
+            None
+        );
     }
 }

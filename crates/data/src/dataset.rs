@@ -1,4 +1,4 @@
-//! `TokenDataset`: a JSONL file (chat or pre-tokenized), tokenized once into a token cache and
+//! `TokenDataset`: a data file (JSONL or Parquet, any [`Format`]), tokenized once into a token cache and
 //! read by index — the post's `ChatJsonl`, without holding the file in memory.
 //!
 //! `open` hashes the file, looks for the cache keyed by (file contents, encoder fingerprint,
@@ -63,19 +63,21 @@ pub struct TokenDataset {
 impl TokenDataset {
     /// Opens `path`, tokenizing it (in parallel) unless a matching cache exists.
     pub fn open(path: &Path, encoder: Option<&Encoder>, opts: &DatasetOptions) -> Result<Self> {
-        let format = prepare::detect_format(path)?;
+        let format = prepare::detect_format(path, &opts.prepare)?;
         let (data_hash, data_len) = hash_file(path)?;
         let key = CacheKey {
             version: cache::CACHE_VERSION,
             data_hash: format!("{data_hash:016x}"),
             data_len,
+            format: format.as_str().into(),
             encoder: match format {
-                Format::Chat => encoder.map(|e| format!("{:016x}", e.fingerprint())),
                 Format::Tokens => None,
+                _ => encoder.map(|e| format!("{:016x}", e.fingerprint())),
             },
             max_len: opts.prepare.max_len,
             label_mode: opts.prepare.label_mode.as_str().into(),
             vocab_size: opts.prepare.vocab_size.or(encoder.map(Encoder::vocab_size)),
+            max_line_bytes: opts.prepare.max_line_bytes,
         };
         let cache_path = cache_path(path, opts.cache_dir.as_deref(), &key)?;
         let mut from_cache = true;
@@ -134,7 +136,7 @@ impl TokenDataset {
         Ok(Sample { input_ids, labels })
     }
 
-    /// 1-based line of sample `i` in the data file.
+    /// 1-based line (Parquet: row) of sample `i` in the data file.
     pub fn line_of(&self, i: usize) -> u64 {
         self.cache.lines[i]
     }
@@ -147,6 +149,11 @@ impl TokenDataset {
     /// Counts and skipped lines of the tokenization pass that built the cache.
     pub fn report(&self) -> &PrepareReport {
         &self.cache.meta.report
+    }
+
+    /// The truncation length the samples were encoded with.
+    pub fn max_len(&self) -> usize {
+        self.cache.meta.key.max_len
     }
 
     /// The data file.

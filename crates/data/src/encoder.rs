@@ -1,29 +1,36 @@
-//! Chat row -> token ids and labels: template rendering, tokenization, labels, truncation.
+//! Rows -> token ids and labels: template rendering, tokenization, labels, truncation.
 //!
-//! Mirrors the post's `ChatJsonl.__getitem__`: `apply_chat_template(messages, tokenize=False)`,
-//! then `tokenizer(text, add_special_tokens=False, truncation=True, max_length=max_len)` (the
-//! template already emits `<bos>`; exactly one BOS per sequence). Labels are computed on the
-//! full rendering and truncated with the ids. An `Encoder` is `Sync`: rows encode in parallel.
+//! Conversations mirror the post's `ChatJsonl.__getitem__`: `apply_chat_template(messages,
+//! tools=tools, tokenize=False)`, then `tokenizer(text, add_special_tokens=False)` (the template
+//! already emits `<bos>`; exactly one BOS per sequence). Text rows follow TRL's language-modeling
+//! convention: `bos_token + text + eos_token` (no EOS added when the text already ends with it);
+//! a string prompt/completion pair is one text, `prompt + completion`. Labels are computed on the
+//! full sequence, then ids and labels are truncated to `max_len` together. An `Encoder` is
+//! `Sync`: rows encode in parallel.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use tokenizers::Tokenizer;
 
-use crate::error::{DataError, Result};
+use crate::error::{DataError, Result, RowError, SkipReason};
 use crate::hash::Fnv64;
 use crate::labels::{self, LabelMode, TurnMarkers, IGNORE};
-use crate::template::{ChatTemplate, Message, RenderOptions};
+use crate::rows::{ChatRow, Row, TextRow, TokenRow};
+use crate::template::{self, ChatTemplate, Conversation, RenderOptions};
 
 /// Byte span `(start, end)` of each token in the tokenized text.
 pub type ByteOffsets = Vec<(usize, usize)>;
 
-/// Tokenizer + chat template of a model directory.
+/// Tokenizer, special tokens and chat template of a model directory.
 pub struct Encoder {
     tokenizer: Tokenizer,
-    template: ChatTemplate,
+    template: Option<ChatTemplate>,
     render: RenderOptions,
     markers: TurnMarkers,
     pad_id: u32,
+    bos: Option<(String, u32)>,
+    eos: Option<(String, u32)>,
     fingerprint: u64,
     dir: PathBuf,
 }
@@ -50,8 +57,9 @@ pub struct Encoded {
 }
 
 impl Encoder {
-    /// Loads `tokenizer.json`, the chat template and the special tokens of `dir`. The pad id is
-    /// `pad_token` of `tokenizer_config.json`, else `<pad>`, else 0 (Gemma 4's).
+    /// Loads `tokenizer.json`, the special tokens of `tokenizer_config.json` and the chat
+    /// template (optional: only conversations need it) of `dir`. The pad id is `pad_token`,
+    /// else `<pad>`, else 0 (Gemma 4's).
     pub fn from_model_dir(dir: &Path) -> Result<Self> {
         let tok_path = dir.join("tokenizer.json");
         let bytes = std::fs::read(&tok_path).map_err(|e| DataError::io(&tok_path, e))?;
@@ -60,21 +68,31 @@ impl Encoder {
             msg: e.to_string(),
         })?;
         let template = ChatTemplate::from_model_dir(dir)?;
-        let pad_token = template
-            .special_tokens()
-            .iter()
-            .find(|(k, _)| *k == "pad_token")
-            .map(|(_, v)| v.as_str())
-            .unwrap_or("<pad>");
-        let pad_id = tokenizer.token_to_id(pad_token).unwrap_or(0);
+        let specials = template::special_tokens(dir)?;
+        let special = |key: &str| {
+            specials
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.clone())
+        };
+        let with_id = |key: &str| {
+            let s = special(key)?;
+            tokenizer.token_to_id(&s).map(|id| (s, id))
+        };
+        let pad_token = special("pad_token").unwrap_or_else(|| "<pad>".into());
+        let pad_id = tokenizer.token_to_id(&pad_token).unwrap_or(0);
         let mut h = Fnv64::default();
         h.field(&bytes);
-        h.field(template.source().as_bytes());
-        for (k, v) in template.special_tokens() {
+        if let Some(t) = &template {
+            h.field(t.source().as_bytes());
+        }
+        for (k, v) in &specials {
             h.field(k.as_bytes());
             h.field(v.as_bytes());
         }
         Ok(Encoder {
+            bos: with_id("bos_token"),
+            eos: with_id("eos_token"),
             tokenizer,
             template,
             render: RenderOptions::default(),
@@ -85,7 +103,8 @@ impl Encoder {
         })
     }
 
-    /// Sets the `enable_thinking` template kwarg for every row (default: not passed).
+    /// Sets the `enable_thinking` template kwarg for every row that does not set its own
+    /// (default: not passed).
     pub fn with_enable_thinking(mut self, on: bool) -> Self {
         self.render.enable_thinking = Some(on);
         self
@@ -115,66 +134,173 @@ impl Encoder {
         &self.tokenizer
     }
 
-    /// The chat template.
-    pub fn template(&self) -> &ChatTemplate {
-        &self.template
+    /// The chat template, or an error naming the model directory when it has none.
+    pub fn template(&self) -> Result<&ChatTemplate> {
+        self.template.as_ref().ok_or_else(|| DataError::Template {
+            path: self.dir.join("tokenizer_config.json"),
+            msg: "no chat_template.jinja beside it and no `chat_template` in it \
+                  (conversations need the model's chat template)"
+                .into(),
+        })
     }
 
     /// Renders a conversation (no generation prompt) with this encoder's options.
-    pub fn render(&self, messages: &[Message]) -> Result<String, String> {
-        self.template.render(messages, self.render)
+    pub fn render(&self, conv: &Conversation) -> Result<String, RowError> {
+        let template = self
+            .template()
+            .map_err(|e| RowError::new(SkipReason::Template, e.to_string()))?;
+        template
+            .render(conv, self.render)
+            .map_err(|e| RowError::new(SkipReason::Template, format!("chat template: {e}")))
     }
 
     /// Tokenizes text without adding special tokens; returns ids and byte offsets.
-    pub fn tokenize(&self, text: &str) -> Result<(Vec<u32>, ByteOffsets), String> {
+    pub fn tokenize(&self, text: &str) -> Result<(Vec<u32>, ByteOffsets), RowError> {
         let enc = self
             .tokenizer
             .encode(text, false)
-            .map_err(|e| format!("tokenizer: {e}"))?;
+            .map_err(|e| RowError::new(SkipReason::Tokenizer, format!("tokenizer: {e}")))?;
         Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
     }
 
-    /// Encodes one conversation. Errors are row-level reasons (the caller adds file and line):
-    /// a render failure, assistant spans that do not match the assistant messages, or no
-    /// trainable target left after masking and truncation to `max_len`.
-    pub fn encode_chat(
-        &self,
-        messages: &[Message],
-        max_len: usize,
-        mode: LabelMode,
-    ) -> Result<Encoded, String> {
-        let text = self.render(messages)?;
-        let (mut ids, offsets) = self.tokenize(&text)?;
-        let mut labels = match mode {
-            LabelMode::Full => ids.iter().map(|&i| i as i32).collect(),
-            LabelMode::AssistantOnly => {
-                let spans = labels::assistant_spans(&text, &self.markers);
-                let want = messages.iter().filter(|m| m.role == "assistant").count();
-                if spans.len() != want {
-                    return Err(format!(
-                        "assistant_only: found {} model turn span(s) in the rendering, expected {want} \
-                         (one per assistant message); the template must write Gemma 4 turn markers \
-                         and contents must not contain them",
-                        spans.len()
+    /// Encodes one row. Errors are row-level (the caller adds file and line): a render failure,
+    /// model turns that do not match the assistant messages, labels the mode needs and the row
+    /// lacks, or no trainable target left after masking and truncation to `max_len`.
+    pub fn encode(&self, row: &Row, max_len: usize, mode: LabelMode) -> Result<Encoded, RowError> {
+        let (ids, labels) = match row {
+            Row::Chat(chat) => self.chat(chat, mode)?,
+            Row::Text(text) => self.text(text, mode)?,
+            Row::Tokens(_) => return encode_tokens(row, max_len, mode),
+        };
+        truncate(ids, labels, max_len)
+    }
+
+    fn chat(&self, row: &ChatRow, mode: LabelMode) -> Result<(Vec<u32>, Vec<i32>), RowError> {
+        let text = self.render(&row.conversation)?;
+        let (ids, offsets) = self.tokenize(&text)?;
+        let trained_from = match (mode, &row.prompt) {
+            (LabelMode::Full, _) | (LabelMode::Auto, None) => return Ok(all_trained(ids)),
+            (_, None) => 0,
+            (_, Some(prompt)) => {
+                let prompt_text = self.render(prompt)?;
+                if !text.starts_with(&prompt_text) {
+                    return Err(RowError::new(
+                        SkipReason::LabelSpans,
+                        "the prompt's rendering is not a prefix of the whole conversation's, \
+                         so the completion cannot be located",
                     ));
                 }
-                labels::mask_by_spans(&ids, &offsets, &spans)
+                prompt_text.len()
             }
         };
-        let truncated = ids.len() > max_len;
-        ids.truncate(max_len);
-        labels.truncate(max_len);
-        check_trainable(&labels, max_len, truncated)?;
-        Ok(Encoded {
-            input_ids: ids,
-            labels,
-            truncated,
-        })
+        let found = labels::model_spans(&text, &self.markers);
+        if found.turns != row.model_turns {
+            return Err(RowError::new(
+                SkipReason::LabelSpans,
+                format!(
+                    "{}: found {} model turn(s) (`{}` headers) in the rendering, expected {} \
+                     (one per run of assistant messages); the template must write Gemma 4 turn \
+                     markers and message text must not contain them",
+                    mode.as_str(),
+                    found.turns,
+                    self.markers.model_header.escape_debug(),
+                    row.model_turns
+                ),
+            ));
+        }
+        let spans = clip(&found.spans, trained_from);
+        let labels = labels::mask_by_spans(&ids, &offsets, &spans);
+        Ok((ids, labels))
+    }
+
+    fn text(&self, row: &TextRow, mode: LabelMode) -> Result<(Vec<u32>, Vec<i32>), RowError> {
+        let missing = |what: &str| {
+            RowError::new(
+                SkipReason::Tokenizer,
+                format!(
+                    "text rows need `{what}` in {} with a token of the tokenizer",
+                    self.dir.join("tokenizer_config.json").display()
+                ),
+            )
+        };
+        let (_, bos) = self.bos.as_ref().ok_or_else(|| missing("bos_token"))?;
+        let (eos_text, _) = self.eos.as_ref().ok_or_else(|| missing("eos_token"))?;
+        let prompt = row.prompt.as_deref().unwrap_or("");
+        let mut text = format!("{prompt}{}", row.text);
+        if !text.ends_with(eos_text.as_str()) {
+            text.push_str(eos_text);
+        }
+        let (mut ids, mut offsets) = self.tokenize(&text)?;
+        if ids.first() != Some(bos) {
+            ids.insert(0, *bos);
+            offsets.insert(0, (0, 0));
+        }
+        let labels =
+            match (mode, &row.prompt) {
+                (LabelMode::Full, _) | (LabelMode::Auto, None) => return Ok(all_trained(ids)),
+                (LabelMode::AssistantOnly, None) => return Err(RowError::field(
+                    "--labels assistant_only: a text row has no assistant part (use auto or full)",
+                )),
+                (_, Some(_)) => {
+                    let completion = prompt.len()..text.len();
+                    labels::mask_by_spans(&ids, &offsets, std::slice::from_ref(&completion))
+                }
+            };
+        Ok((ids, labels))
     }
 }
 
+/// Encodes a pre-tokenized row (no tokenizer needed); other rows are an error.
+pub fn encode_tokens(row: &Row, max_len: usize, mode: LabelMode) -> Result<Encoded, RowError> {
+    let Row::Tokens(tokens) = row else {
+        return Err(RowError::field("this row needs a tokenizer"));
+    };
+    let (ids, labels) = token_labels(tokens, mode)?;
+    truncate(ids, labels, max_len)
+}
+
+/// Labels of a pre-tokenized row: its own (`auto`, `assistant_only`) or its ids (`full`, and
+/// `auto` without labels).
+fn token_labels(row: &TokenRow, mode: LabelMode) -> Result<(Vec<u32>, Vec<i32>), RowError> {
+    let ids = row.input_ids.clone();
+    match (mode, &row.labels) {
+        (LabelMode::Full, _) | (LabelMode::Auto, None) => Ok(all_trained(ids)),
+        (_, Some(labels)) => Ok((ids, labels.clone())),
+        (LabelMode::AssistantOnly, None) => Err(RowError::field(
+            "labels: missing; --labels assistant_only needs pre-tokenized rows that carry their \
+             labels (-100 on prompt tokens), or use --labels auto/full to train every token",
+        )),
+    }
+}
+
+fn all_trained(ids: Vec<u32>) -> (Vec<u32>, Vec<i32>) {
+    let labels = ids.iter().map(|&i| i as i32).collect();
+    (ids, labels)
+}
+
+/// The parts of `spans` at or after byte `from`.
+fn clip(spans: &[Range<usize>], from: usize) -> Vec<Range<usize>> {
+    spans
+        .iter()
+        .filter(|r| r.end > from)
+        .map(|r| r.start.max(from)..r.end)
+        .collect()
+}
+
+fn truncate(mut ids: Vec<u32>, mut labels: Vec<i32>, max_len: usize) -> Result<Encoded, RowError> {
+    let truncated = ids.len() > max_len;
+    ids.truncate(max_len);
+    labels.truncate(max_len);
+    check_trainable(&labels, max_len, truncated)?;
+    Ok(Encoded {
+        input_ids: ids,
+        labels,
+        truncated,
+    })
+}
+
 /// Errors when no label after position 0 is trained (nothing for the shifted loss to learn).
-pub fn check_trainable(labels: &[i32], max_len: usize, truncated: bool) -> Result<(), String> {
+pub fn check_trainable(labels: &[i32], max_len: usize, truncated: bool) -> Result<(), RowError> {
     if labels::count_targets(labels) == 0 {
         let why = if truncated {
             format!(" after truncation to max_len {max_len}")
@@ -183,7 +309,10 @@ pub fn check_trainable(labels: &[i32], max_len: usize, truncated: bool) -> Resul
         } else {
             " (a target needs at least 2 tokens)".to_string()
         };
-        return Err(format!("no trainable token{why}"));
+        return Err(RowError::new(
+            SkipReason::NoTrainableToken,
+            format!("no trainable token{why}"),
+        ));
     }
     Ok(())
 }

@@ -5,13 +5,103 @@
 
 use std::path::PathBuf;
 
-/// One rejected JSONL line: its 1-based line number and why it was rejected.
+/// Why a row was rejected (the dataset report counts rows per reason).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// A JSONL line longer than the line-size limit (not parsed).
+    LineTooLong,
+    /// Not UTF-8.
+    InvalidUtf8,
+    /// Not JSON, or not a JSON object.
+    InvalidJson,
+    /// A field is missing or has the wrong type or value.
+    BadField,
+    /// The chat template raised or failed to render.
+    Template,
+    /// The rendering's model turns do not match the assistant messages (assistant-only labels).
+    LabelSpans,
+    /// Nothing left to train after masking and truncation.
+    NoTrainableToken,
+    /// The tokenizer failed.
+    Tokenizer,
+}
+
+impl SkipReason {
+    /// Every reason, in report order.
+    pub const ALL: [SkipReason; 8] = [
+        SkipReason::LineTooLong,
+        SkipReason::InvalidUtf8,
+        SkipReason::InvalidJson,
+        SkipReason::BadField,
+        SkipReason::Template,
+        SkipReason::LabelSpans,
+        SkipReason::NoTrainableToken,
+        SkipReason::Tokenizer,
+    ];
+
+    /// The snake_case name used in reports and `metrics.jsonl`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::LineTooLong => "line_too_long",
+            SkipReason::InvalidUtf8 => "invalid_utf8",
+            SkipReason::InvalidJson => "invalid_json",
+            SkipReason::BadField => "bad_field",
+            SkipReason::Template => "template",
+            SkipReason::LabelSpans => "label_spans",
+            SkipReason::NoTrainableToken => "no_trainable_token",
+            SkipReason::Tokenizer => "tokenizer",
+        }
+    }
+}
+
+/// A row-level failure: its reason class and the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowError {
+    /// The class counted in the report.
+    pub kind: SkipReason,
+    /// What is wrong, e.g. `messages[1].role: unknown role "bot" (expected ...)`.
+    pub reason: String,
+}
+
+impl RowError {
+    /// A row error of `kind`.
+    pub fn new(kind: SkipReason, reason: impl Into<String>) -> Self {
+        RowError {
+            kind,
+            reason: reason.into(),
+        }
+    }
+
+    /// A missing or mistyped field.
+    pub fn field(reason: impl Into<String>) -> Self {
+        Self::new(SkipReason::BadField, reason)
+    }
+}
+
+/// One rejected row: where it is, why, and the message.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BadLine {
-    /// 1-based line number in the data file.
+    /// 1-based line number of a JSONL file, or 1-based row number of a Parquet file.
     pub line: u64,
-    /// What is wrong with it, e.g. `unknown role "bot" in messages[1] (expected system, developer, user or assistant)`.
+    /// The Parquet row group holding the row (0-based); `None` for JSONL.
+    pub row_group: Option<u64>,
+    /// The reason class.
+    pub kind: SkipReason,
+    /// What is wrong with it, e.g. `messages[1].role: unknown role "bot" (expected system, developer, user, assistant or tool)`.
     pub reason: String,
+}
+
+impl BadLine {
+    /// Where the row is: `file:LINE` for JSONL, `file: row N (row group G)` for Parquet.
+    pub fn location(&self, path: &std::path::Path) -> String {
+        match self.row_group {
+            None => format!("{}:{}", path.display(), self.line),
+            Some(g) => format!("{}: row {} (row group {g})", path.display(), self.line),
+        }
+    }
 }
 
 /// Errors raised while reading, tokenizing, caching, sampling or batching data.
@@ -25,8 +115,8 @@ pub enum DataError {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// Bad lines in a data file (reported when `skip_bad_lines` is off).
-    #[error("{path}: {} bad line(s): {}{}\n  hint: fix the data or set skip_bad_lines (--skip-bad-lines) to skip and report them",
+    /// Bad rows in a data file (reported when `skip_bad_lines` is off).
+    #[error("{path}: {} bad row(s):{}{}\n  hint: fix the data or set skip_bad_lines (--skip-bad-lines) to skip and report them",
         lines.len(), format_bad_lines(path, lines), if lines.len() > 10 { "\n  ..." } else { "" })]
     BadLines {
         /// The data file.
@@ -34,15 +124,23 @@ pub enum DataError {
         /// Every bad line, in file order.
         lines: Vec<BadLine>,
     },
-    /// The file's format could not be detected from its first non-blank line.
-    #[error("{path}:{line}: cannot detect the data format: {reason}\n  hint: expected chat JSONL ({{\"messages\": [...]}}) or pre-tokenized JSONL ({{\"input_ids\": [...]}})")]
+    /// The file's format could not be detected from its first row.
+    #[error("{path}:{line}: cannot detect the data format: {reason}\n  hint: rows must have `messages` (chat), `conversations` (ShareGPT), `prompt` and `completion`, `text`, or `input_ids` (pre-tokenized); or pass --data-format")]
     Format {
         /// The data file.
         path: PathBuf,
-        /// 1-based line number of the first non-blank line (0 when the file is empty).
+        /// 1-based line (or Parquet row) of the first row (0 when the file is empty).
         line: u64,
         /// What was found.
         reason: String,
+    },
+    /// A Parquet file could not be read (its footer, schema, a page or its compression).
+    #[error("{path}: parquet: {msg}")]
+    Parquet {
+        /// The data file.
+        path: PathBuf,
+        /// What went wrong, with the row group when known.
+        msg: String,
     },
     /// The tokenizer could not be loaded or failed.
     #[error("{path}: tokenizer: {msg}")]
@@ -95,6 +193,6 @@ fn format_bad_lines(path: &std::path::Path, lines: &[BadLine]) -> String {
     lines
         .iter()
         .take(10)
-        .map(|b| format!("\n  {}:{}: {}", path.display(), b.line, b.reason))
+        .map(|b| format!("\n  {}: {}", b.location(path), b.reason))
         .collect()
 }

@@ -1,16 +1,27 @@
-//! Label modes and the assistant spans of a rendered Gemma 4 conversation.
+//! Label modes and the trained spans of a rendered Gemma 4 conversation.
 //!
-//! `full` trains every token (the post's `labels = input_ids` before padding). `assistant_only`
-//! trains the tokens of assistant turns including their `<turn|>` end token; everything else is
-//! -100. Gemma 4's template has no `{% generation %}` markers, and its generation prompt
-//! (`<|turn>model\n<|channel>thought\n<channel|>` with thinking off) is not a prefix of the
-//! rendered conversation, so the spans are found in the full rendering: each `<|turn>model\n`
-//! header opens a span that ends after the next `<turn|>`; when the template continues the same
-//! model turn (consecutive assistant messages share one header), the text after `<turn|>\n`
-//! that does not start a new `<|turn>` is another span. The newline after `<turn|>` is not
-//! trained (generation stops at `<turn|>`). A token is trained when its byte span overlaps a
-//! span. The number of spans must equal the number of assistant messages, otherwise the row is
-//! rejected (a template without these markers, or user text containing them).
+//! `auto` (the default) trains what the format implies: every token of chat, ShareGPT and text
+//! rows (the post's `labels = input_ids`), the completion of prompt/completion rows, the labels of
+//! pre-tokenized rows. `full` trains every token of every row. `assistant_only` trains the model
+//! turns of conversations (for prompt/completion rows: those of the completion), the completion
+//! of string prompt/completion rows, and the labels pre-tokenized rows carry (rows without labels
+//! are an error); plain text has no assistant part and is rejected.
+//!
+//! Gemma 4's template has no `{% generation %}` markers, and its generation prompt is not a
+//! prefix of the rendered conversation (the big models add an empty thought channel), so the
+//! model's spans are found in the full rendering from its turn markers (docs/data.md states the
+//! rule with examples). A model turn starts after each `<|turn>model\n` header. Trained: from
+//! there up to and including the token that ends the model's segment: the `<turn|>` that closes
+//! the turn, or, after a tool call, the `<|tool_response>` the model emits to hand over. Not
+//! trained: the tool-response payload the template inserts after it (`response:...` through
+//! `<tool_response|>`, and any further `<|tool_response>...<tool_response|>` blocks right after);
+//! the model's text after the payload is trained again up to its `<turn|>`; a turn left open
+//! after a payload (the next `<|turn>` follows, or the text ends) has nothing trained after it.
+//! The newline after `<turn|>` is never trained (generation stops at `<turn|>`); when the same
+//! turn continues after it (consecutive assistant messages share one header), the continuation is
+//! trained. A token is trained when its byte span overlaps a trained span. The number of model
+//! headers must equal the number of assistant-message runs, otherwise the row is rejected (a
+//! template without these markers, or message text containing them).
 
 use std::ops::Range;
 
@@ -21,10 +32,12 @@ pub const IGNORE: i32 = -100;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LabelMode {
-    /// Every token (as in the post).
+    /// What the format implies (see the module doc).
     #[default]
+    Auto,
+    /// Every token.
     Full,
-    /// Only assistant-turn tokens, including their end-of-turn token.
+    /// The model's turns (or completion) only, including their end-of-turn token.
     AssistantOnly,
 }
 
@@ -32,19 +45,21 @@ impl std::str::FromStr for LabelMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "auto" => Ok(LabelMode::Auto),
             "full" => Ok(LabelMode::Full),
             "assistant_only" => Ok(LabelMode::AssistantOnly),
             other => Err(format!(
-                "unknown label mode {other:?} (expected full or assistant_only)"
+                "unknown label mode {other:?} (expected auto, full or assistant_only)"
             )),
         }
     }
 }
 
 impl LabelMode {
-    /// `full` or `assistant_only`.
+    /// `auto`, `full` or `assistant_only`.
     pub fn as_str(self) -> &'static str {
         match self {
+            LabelMode::Auto => "auto",
             LabelMode::Full => "full",
             LabelMode::AssistantOnly => "assistant_only",
         }
@@ -60,6 +75,10 @@ pub struct TurnMarkers {
     pub model_header: String,
     /// Ends a turn: `<turn|>`.
     pub turn_end: String,
+    /// Opens a tool response; the model emits it to hand over after a tool call.
+    pub response_start: String,
+    /// Ends a tool response.
+    pub response_end: String,
 }
 
 impl Default for TurnMarkers {
@@ -68,30 +87,92 @@ impl Default for TurnMarkers {
             turn_start: "<|turn>".into(),
             model_header: "<|turn>model\n".into(),
             turn_end: "<turn|>".into(),
+            response_start: "<|tool_response>".into(),
+            response_end: "<tool_response|>".into(),
         }
     }
 }
 
-/// Byte ranges of trained assistant text (content through `<turn|>`) in a rendering.
-pub fn assistant_spans(text: &str, m: &TurnMarkers) -> Vec<Range<usize>> {
+/// The trained byte ranges of a rendering and the number of model turns they came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSpans {
+    /// Trained byte ranges, in order, not overlapping.
+    pub spans: Vec<Range<usize>>,
+    /// `<|turn>model\n` headers found.
+    pub turns: usize,
+}
+
+/// What ends a trained stretch of a model turn.
+enum Stop {
+    TurnEnd,
+    Handover,
+    NextTurn,
+}
+
+/// The trained spans of a rendering (see the module doc for the rule).
+pub fn model_spans(text: &str, m: &TurnMarkers) -> ModelSpans {
     let mut spans = Vec::new();
+    let mut turns = 0;
     let mut pos = 0;
+    let push = |spans: &mut Vec<Range<usize>>, r: Range<usize>| {
+        if !r.is_empty() {
+            spans.push(r);
+        }
+    };
     while let Some(h) = text[pos..].find(&m.model_header) {
+        turns += 1;
         let mut start = pos + h + m.model_header.len();
         loop {
-            let end = text[start..]
-                .find(&m.turn_end)
-                .map_or(text.len(), |e| start + e + m.turn_end.len());
-            spans.push(start..end);
-            pos = end;
-            let rest = text[end..].strip_prefix('\n').unwrap_or(&text[end..]);
-            if rest.is_empty() || rest.starts_with(&m.turn_start) {
+            let rest = &text[start..];
+            let next = [
+                (rest.find(&m.turn_end), Stop::TurnEnd),
+                (rest.find(&m.response_start), Stop::Handover),
+                (rest.find(&m.turn_start), Stop::NextTurn),
+            ]
+            .into_iter()
+            .filter_map(|(at, stop)| at.map(|a| (a, stop)))
+            .min_by_key(|(a, _)| *a);
+            let Some((at, stop)) = next else {
+                push(&mut spans, start..text.len()); // unterminated turn (truncated text)
+                pos = text.len();
                 break;
+            };
+            let after = match stop {
+                Stop::NextTurn => {
+                    push(&mut spans, start..start + at);
+                    pos = start + at;
+                    break;
+                }
+                Stop::TurnEnd => {
+                    let end = start + at + m.turn_end.len();
+                    push(&mut spans, start..end);
+                    end + usize::from(text[end..].starts_with('\n'))
+                }
+                Stop::Handover => {
+                    let end = start + at + m.response_start.len();
+                    push(&mut spans, start..end);
+                    let mut p = past(text, end, &m.response_end);
+                    while text[p..].starts_with(&m.response_start) {
+                        p = past(text, p + m.response_start.len(), &m.response_end);
+                    }
+                    p
+                }
+            };
+            pos = after;
+            if after == text.len() || text[after..].starts_with(&m.turn_start) {
+                break; // the turn ended, or was left open after a payload
             }
-            start = text.len() - rest.len(); // same model turn continues without a header
+            start = after; // the same model turn goes on
         }
     }
-    spans
+    ModelSpans { spans, turns }
+}
+
+/// The position right after the next `marker` at or after `from` (the end when there is none).
+fn past(text: &str, from: usize, marker: &str) -> usize {
+    text[from..]
+        .find(marker)
+        .map_or(text.len(), |i| from + i + marker.len())
 }
 
 /// Labels for token byte `offsets`: the token id where the token overlaps a span, else -100.
@@ -123,7 +204,8 @@ mod tests {
     use super::*;
 
     fn spans_text(text: &str) -> Vec<&str> {
-        assistant_spans(text, &TurnMarkers::default())
+        model_spans(text, &TurnMarkers::default())
+            .spans
             .into_iter()
             .map(|r| &text[r])
             .collect()
@@ -133,12 +215,50 @@ mod tests {
     fn finds_model_turns_and_continuations() {
         let t = "<bos><|turn>user\nq<turn|>\n<|turn>model\na<turn|>\nb<turn|>\n<|turn>user\nr<turn|>\n<|turn>model\n<turn|>\n";
         assert_eq!(spans_text(t), vec!["a<turn|>", "b<turn|>", "<turn|>"]);
+        assert_eq!(model_spans(t, &TurnMarkers::default()).turns, 2);
+    }
+
+    #[test]
+    fn tool_payloads_are_not_trained() {
+        let call = "<|tool_call>call:f{x:1}<tool_call|>";
+        // call, two responses, then the answer in the same turn
+        let t = format!(
+            "<|turn>user\nq<turn|>\n<|turn>model\n{call}<|tool_response>response:f{{v:1}}<tool_response|>\
+             <|tool_response>response:g{{v:2}}<tool_response|>It is 1.<turn|>\n"
+        );
+        assert_eq!(
+            spans_text(&t),
+            vec![
+                format!("{call}<|tool_response>").as_str(),
+                "It is 1.<turn|>"
+            ]
+        );
+        // a turn left open after the payload: nothing after it is trained
+        let t = format!(
+            "<|turn>model\n{call}<|tool_response>response:f{{}}<tool_response|><|turn>user\nok<turn|>\n"
+        );
+        assert_eq!(
+            spans_text(&t),
+            vec![format!("{call}<|tool_response>").as_str()]
+        );
+        // a second call after the first payload, and a payload that is never closed
+        let t = format!(
+            "<|turn>model\n{call}<|tool_response>r<tool_response|>{call}<|tool_response>r2"
+        );
+        assert_eq!(
+            spans_text(&t),
+            vec![
+                format!("{call}<|tool_response>"),
+                format!("{call}<|tool_response>")
+            ]
+        );
     }
 
     #[test]
     fn unterminated_turn_runs_to_end() {
         assert_eq!(spans_text("<|turn>model\nabc"), vec!["abc"]);
         assert!(spans_text("<|turn>user\nabc<turn|>\n").is_empty());
+        assert_eq!(spans_text("<|turn>model\nab<|turn>user\n"), vec!["ab"]);
     }
 
     #[test]
@@ -160,6 +280,7 @@ mod tests {
             "assistant_only".parse::<LabelMode>(),
             Ok(LabelMode::AssistantOnly)
         );
+        assert_eq!("auto".parse::<LabelMode>(), Ok(LabelMode::Auto));
         assert!("all".parse::<LabelMode>().is_err());
     }
 }

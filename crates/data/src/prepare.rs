@@ -1,20 +1,22 @@
-//! Streaming, parallel tokenization of a JSONL file (chat or pre-tokenized).
+//! Streaming, parallel tokenization of a data file (JSONL or Parquet, any [`Format`]).
 //!
-//! The file is read line by line (never slurped) in chunks of `CHUNK` rows; each chunk is
-//! encoded on rayon's pool and handed to a sink in file order, so memory stays bounded and the
-//! output order is the file order. Blank lines are ignored. Bad lines are collected with their
-//! 1-based line numbers: with `skip_bad_lines` off, the result is an error listing all of them.
+//! The file is read row by row (never slurped; JSONL lines bounded in size) in chunks of `CHUNK`
+//! rows; each chunk is parsed and encoded on rayon's pool and handed to a sink in file order, so
+//! memory stays bounded and the output order is the file order. Blank lines are ignored. Bad rows
+//! are collected with their location and reason: with `skip_bad_lines` off, the result is an
+//! error listing them. The format comes from the first row's keys unless it is given.
 
-use std::io::BufRead;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
 use rayon::prelude::*;
 
-use crate::encoder::{check_trainable, Encoded, Encoder};
-use crate::error::{BadLine, DataError, Result};
+use crate::encoder::{Encoded, Encoder};
+use crate::error::{BadLine, DataError, Result, RowError, SkipReason};
 use crate::labels::{self, LabelMode};
 use crate::rows::{self, Format};
+use crate::source::{Location, RawRow, Source, DEFAULT_MAX_LINE_BYTES};
 
 /// Rows per parallel chunk.
 const CHUNK: usize = 4096;
@@ -24,30 +26,76 @@ const CHUNK: usize = 4096;
 pub struct PrepareOptions {
     /// Rows longer than this many tokens are truncated (the post's `MAX_LEN`, 2048).
     pub max_len: usize,
-    /// Labels of chat rows (pre-tokenized rows keep theirs, or train every token).
+    /// Which tokens are trained (see [`LabelMode`]).
     pub label_mode: LabelMode,
-    /// Skip bad lines and report them instead of failing.
+    /// Skip bad rows and report them instead of failing.
     pub skip_bad_lines: bool,
     /// Reject pre-tokenized ids `>= vocab_size` (taken from the tokenizer when there is one).
     pub vocab_size: Option<usize>,
+    /// The row format; `None` detects it from the first row.
+    pub format: Option<Format>,
+    /// JSONL lines longer than this many bytes are bad rows, skipped unparsed.
+    pub max_line_bytes: usize,
 }
 
 impl Default for PrepareOptions {
     fn default() -> Self {
         PrepareOptions {
             max_len: 2048,
-            label_mode: LabelMode::Full,
+            label_mode: LabelMode::Auto,
             skip_bad_lines: false,
             vocab_size: None,
+            format: None,
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
         }
     }
 }
 
-/// Counts of one tokenization pass (stored in the token cache and printed by `prepare`).
+/// Token-count percentiles of the kept rows (after truncation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LengthStats {
+    /// Shortest row.
+    pub min: u64,
+    /// Median (nearest rank).
+    pub p50: u64,
+    /// 90th percentile.
+    pub p90: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// Longest row.
+    pub max: u64,
+    /// Mean.
+    pub mean: f64,
+}
+
+impl LengthStats {
+    /// Nearest-rank percentiles of `lengths` (zeros when empty).
+    pub fn of(lengths: &[u64]) -> Self {
+        if lengths.is_empty() {
+            return Self::default();
+        }
+        let mut v = lengths.to_vec();
+        v.sort_unstable();
+        let rank = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        LengthStats {
+            min: v[0],
+            p50: rank(0.50),
+            p90: rank(0.90),
+            p99: rank(0.99),
+            max: v[v.len() - 1],
+            mean: v.iter().sum::<u64>() as f64 / v.len() as f64,
+        }
+    }
+}
+
+/// What one tokenization pass found (stored in the token cache, printed at the start of a run
+/// and written to `metrics.jsonl`).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PrepareReport {
-    /// Detected format.
+    /// Detected or given format.
     pub format: Option<Format>,
+    /// Rows read (kept and skipped; blank lines are not rows).
+    pub rows_read: u64,
     /// Rows kept.
     pub rows: u64,
     /// Tokens in kept rows (after truncation).
@@ -56,50 +104,122 @@ pub struct PrepareReport {
     pub trainable_tokens: u64,
     /// Kept rows that `max_len` cut.
     pub truncated_rows: u64,
-    /// Skipped lines (only non-empty with `skip_bad_lines`).
+    /// Token counts of the kept rows.
+    pub lengths: LengthStats,
+    /// Every rejected row, in file order.
     pub bad_lines: Vec<BadLine>,
     /// Wall time of the pass in seconds.
     pub seconds: f64,
 }
 
-/// Reads the first non-blank line: `(line number, text)`, or `None` for an empty file.
-pub fn first_row(path: &Path) -> Result<Option<(u64, String)>> {
-    let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
-    let mut reader = std::io::BufReader::new(file);
-    let mut buf = Vec::new();
-    let mut line_no = 0;
-    loop {
-        buf.clear();
-        let n = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|e| DataError::io(path, e))?;
-        if n == 0 {
-            return Ok(None);
+impl PrepareReport {
+    /// Rejected rows per reason.
+    pub fn skipped(&self) -> BTreeMap<SkipReason, u64> {
+        let mut m = BTreeMap::new();
+        for b in &self.bad_lines {
+            *m.entry(b.kind).or_default() += 1;
         }
-        line_no += 1;
-        let text = String::from_utf8_lossy(&buf);
-        if !text.trim().is_empty() {
-            return Ok(Some((line_no, text.into_owned())));
-        }
+        m
+    }
+
+    /// Whether most kept rows were truncated (worth a warning: `max_len` is probably too small).
+    pub fn mostly_truncated(&self) -> bool {
+        self.rows > 0 && 2 * self.truncated_rows > self.rows
+    }
+
+    /// The report as lines of `key  value` for a terminal.
+    pub fn lines(&self) -> Vec<String> {
+        let l = &self.lengths;
+        let skipped: Vec<String> = self
+            .skipped()
+            .iter()
+            .map(|(k, n)| format!("{} {n}", k.as_str()))
+            .collect();
+        let pct = |n: u64, of: u64| 100.0 * n as f64 / of.max(1) as f64;
+        vec![
+            format!(
+                "format             {}",
+                self.format.map_or("-", Format::as_str)
+            ),
+            format!("rows read          {}", self.rows_read),
+            format!("rows kept          {}", self.rows),
+            format!(
+                "rows skipped       {}{}",
+                self.bad_lines.len(),
+                if skipped.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", skipped.join(", "))
+                }
+            ),
+            format!(
+                "rows truncated     {} ({:.1}%)",
+                self.truncated_rows,
+                pct(self.truncated_rows, self.rows)
+            ),
+            format!("tokens             {}", self.tokens),
+            format!(
+                "trainable tokens   {} ({:.1}%)",
+                self.trainable_tokens,
+                pct(self.trainable_tokens, self.tokens)
+            ),
+            format!(
+                "row length         min {} p50 {} p90 {} p99 {} max {} mean {:.1}",
+                l.min, l.p50, l.p90, l.p99, l.max, l.mean
+            ),
+        ]
+    }
+
+    /// The report as one JSON object (the `dataset` record of `metrics.jsonl`).
+    pub fn to_json(&self) -> serde_json::Value {
+        let skipped: serde_json::Map<String, serde_json::Value> = self
+            .skipped()
+            .into_iter()
+            .map(|(k, n)| (k.as_str().to_string(), n.into()))
+            .collect();
+        serde_json::json!({
+            "format": self.format.map(Format::as_str),
+            "rows_read": self.rows_read,
+            "rows": self.rows,
+            "rows_skipped": self.bad_lines.len(),
+            "skipped": skipped,
+            "truncated_rows": self.truncated_rows,
+            "tokens": self.tokens,
+            "trainable_tokens": self.trainable_tokens,
+            "length": self.lengths,
+        })
     }
 }
 
-/// Detects the format of a file from its first non-blank line.
-pub fn detect_format(path: &Path) -> Result<Format> {
-    let (line, text) = first_row(path)?.ok_or_else(|| DataError::Format {
-        path: path.to_path_buf(),
-        line: 0,
-        reason: "the file has no rows".into(),
-    })?;
-    rows::detect(&text).map_err(|reason| DataError::Format {
+/// The first row of a file and its location, or `None` for a file without rows.
+fn first_row(path: &Path, max_line_bytes: usize) -> Result<Option<(Location, RawRow)>> {
+    let mut source = Source::open(path, max_line_bytes)?;
+    source.next_row()
+}
+
+/// The format of a file: `opts.format`, else detected from its first row.
+pub fn detect_format(path: &Path, opts: &PrepareOptions) -> Result<Format> {
+    if let Some(f) = opts.format {
+        return Ok(f);
+    }
+    let bad = |line, reason| DataError::Format {
         path: path.to_path_buf(),
         line,
         reason,
-    })
+    };
+    let Some((loc, raw)) = first_row(path, opts.max_line_bytes)? else {
+        return Err(bad(0, "the file has no rows".into()));
+    };
+    let value = match raw {
+        RawRow::Json(text) => rows::parse_json(&text).map_err(|e| bad(loc.line, e.reason))?,
+        RawRow::Value(v) => v,
+        RawRow::Bad(e) => return Err(bad(loc.line, e.reason)),
+    };
+    rows::detect(&value).map_err(|reason| bad(loc.line, reason))
 }
 
 /// Encodes every row of `path` and passes `(line, row)` to `sink` in file order.
-/// Chat files need `encoder`; pre-tokenized files use it only for `vocab_size` when set.
+/// Conversations and text need `encoder`; pre-tokenized files use it only for `vocab_size`.
 pub fn tokenize_file(
     path: &Path,
     encoder: Option<&Encoder>,
@@ -116,78 +236,68 @@ pub fn tokenize_file(
         });
     }
     let start = Instant::now();
-    let format = detect_format(path)?;
-    if format == Format::Chat && encoder.is_none() {
-        return Err(DataError::Config {
-            field: "model",
-            msg: format!(
-                "{} is chat JSONL: it needs a tokenizer and chat template (a model directory)",
-                path.display()
-            ),
-        });
-    }
+    let format = detect_format(path, opts)?;
+    check_format(path, format, encoder, opts.label_mode)?;
     let vocab_size = opts.vocab_size.or(encoder.map(Encoder::vocab_size));
-    let encode = |text: &str| -> Result<Encoded, String> {
-        match format {
-            Format::Chat => {
-                let enc = encoder.expect("checked above: chat files have an encoder");
-                enc.encode_chat(&rows::parse_chat(text)?, opts.max_len, opts.label_mode)
+    let encode = |raw: &RawRow| -> Result<Encoded, RowError> {
+        let parsed;
+        let value = match raw {
+            RawRow::Json(text) => {
+                parsed = rows::parse_json(text)?;
+                &parsed
             }
-            Format::Tokens => encode_tokens(rows::parse_tokens(text, vocab_size)?, opts.max_len),
+            RawRow::Value(v) => v,
+            RawRow::Bad(e) => return Err(e.clone()),
+        };
+        let row = rows::parse(value, format, vocab_size)?;
+        match encoder {
+            Some(enc) => enc.encode(&row, opts.max_len, opts.label_mode),
+            None => crate::encoder::encode_tokens(&row, opts.max_len, opts.label_mode),
         }
     };
-    let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+    let mut source = Source::open(path, opts.max_line_bytes)?;
     let mut report = PrepareReport {
         format: Some(format),
         ..Default::default()
     };
-    let mut line_no = 0u64;
-    let mut chunk: Vec<(u64, Result<String, String>)> = Vec::with_capacity(CHUNK);
-    let mut done = false;
-    while !done {
+    let mut lengths = Vec::new();
+    let mut chunk: Vec<(Location, RawRow)> = Vec::with_capacity(CHUNK);
+    loop {
         chunk.clear();
         while chunk.len() < CHUNK {
-            let mut buf = Vec::new();
-            if reader
-                .read_until(b'\n', &mut buf)
-                .map_err(|e| DataError::io(path, e))?
-                == 0
-            {
-                done = true;
-                break;
-            }
-            line_no += 1;
-            match String::from_utf8(buf) {
-                Ok(s) if s.trim().is_empty() => {}
-                Ok(s) => chunk.push((line_no, Ok(s))),
-                Err(e) => chunk.push((line_no, Err(format!("invalid UTF-8: {}", e.utf8_error())))),
+            match source.next_row()? {
+                Some(row) => chunk.push(row),
+                None => break,
             }
         }
-        let encoded: Vec<(u64, Result<Encoded, String>)> = chunk
+        if chunk.is_empty() {
+            break;
+        }
+        let encoded: Vec<(Location, Result<Encoded, RowError>)> = chunk
             .par_iter()
-            .map(|(line, text)| {
-                let row = match text {
-                    Ok(t) => encode(t),
-                    Err(e) => Err(e.clone()),
-                };
-                (*line, row)
-            })
+            .map(|(loc, raw)| (*loc, encode(raw)))
             .collect();
-        for (line, row) in encoded {
+        for (loc, row) in encoded {
+            report.rows_read += 1;
             match row {
                 Ok(enc) => {
                     report.rows += 1;
                     report.tokens += enc.input_ids.len() as u64;
                     report.trainable_tokens += labels::count_targets(&enc.labels) as u64;
                     report.truncated_rows += u64::from(enc.truncated);
-                    sink(line, enc)?;
+                    lengths.push(enc.input_ids.len() as u64);
+                    sink(loc.line, enc)?;
                 }
-                Err(reason) => report.bad_lines.push(BadLine { line, reason }),
+                Err(e) => report.bad_lines.push(BadLine {
+                    line: loc.line,
+                    row_group: loc.row_group,
+                    kind: e.kind,
+                    reason: e.reason,
+                }),
             }
         }
     }
-    // With every line bad there is nothing to skip to: list them even with skip_bad_lines.
+    // With every row bad there is nothing to skip to: list them even with skip_bad_lines.
     if (!opts.skip_bad_lines || report.rows == 0) && !report.bad_lines.is_empty() {
         return Err(DataError::BadLines {
             path: path.to_path_buf(),
@@ -201,22 +311,43 @@ pub fn tokenize_file(
             reason: "the file has no rows".into(),
         });
     }
+    report.lengths = LengthStats::of(&lengths);
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
 }
 
-fn encode_tokens(row: rows::TokenRow, max_len: usize) -> Result<Encoded, String> {
-    let mut labels = row
-        .labels
-        .unwrap_or_else(|| row.input_ids.iter().map(|&i| i as i32).collect());
-    let mut input_ids = row.input_ids;
-    let truncated = input_ids.len() > max_len;
-    input_ids.truncate(max_len);
-    labels.truncate(max_len);
-    check_trainable(&labels, max_len, truncated)?;
-    Ok(Encoded {
-        input_ids,
-        labels,
-        truncated,
-    })
+/// File-level checks before any row: what the format needs, and label modes it cannot have.
+fn check_format(
+    path: &Path,
+    format: Format,
+    encoder: Option<&Encoder>,
+    mode: LabelMode,
+) -> Result<()> {
+    let config = |field, msg: String| Err(DataError::Config { field, msg });
+    match (format, encoder) {
+        (Format::Tokens, _) => {}
+        (_, None) => {
+            return config(
+                "model",
+                format!(
+                "{} is {format} data: it needs a tokenizer (a model directory with tokenizer.json)",
+                path.display()
+            ),
+            )
+        }
+        (Format::Chat | Format::ShareGpt, Some(enc)) => {
+            enc.template()?;
+        }
+        _ => {}
+    }
+    if format == Format::Text && mode == LabelMode::AssistantOnly {
+        return config(
+            "labels",
+            format!(
+                "{} is plain text: it has no assistant turns for --labels assistant_only (use auto or full)",
+                path.display()
+            ),
+        );
+    }
+    Ok(())
 }

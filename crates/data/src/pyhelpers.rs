@@ -1,14 +1,20 @@
-//! The Python-side helpers that Hugging Face chat templates call, for minijinja.
+//! The Python side of Hugging Face chat templates, for minijinja.
 //!
-//! Mirrors transformers' `render_jinja_template` environment (5.23): `raise_exception(msg)`,
-//! `strftime_now(fmt)` and the `tojson` filter, which transformers overrides to
-//! `json.dumps(x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)`
-//! (so `{"a": 1}`, with Python's default separators, not minijinja's compact `{"a":1}`).
-//! String methods (`.strip()`, `.split()`, `dict.get()`, ...) come from `minijinja_contrib::pycompat`.
-//! Known gap: floats print in Rust's shortest form (`1e20`), Python prints `1e+20`.
-
-use minijinja::value::{Kwargs, Value};
-use minijinja::{Error, ErrorKind};
+//! transformers 5.23 renders templates with Jinja2 in Python: values print as Python prints
+//! them, tests follow Python's data model, and the environment supplies `raise_exception(msg)`,
+//! `strftime_now(fmt)` and a `tojson` filter that is `json.dumps(x, ensure_ascii=False,
+//! indent=indent, separators=separators, sort_keys=sort_keys)`. minijinja (with
+//! `minijinja_contrib::pycompat` for `.strip()`, `.split()`, `dict.get()`, ...) covers the rest of
+//! the language; what it does differently is supplied here through its extension API:
+//! * [`formatter`]: `{{ x }}` writes `str(x)`: `1e+20`, `1e-05`, `['a', 'b']`, `{'k': None}`;
+//! * the `string` filter returns `str(x)`;
+//! * the `sequence` test is true for strings, lists, dicts and undefined values, as Jinja2's.
+//!
+//! Known differences that remain (no template we know of depends on them): the `~` operator and
+//! `join` format numbers and containers the minijinja way, and printf-style `'%s' % x` is not
+//! supported.
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{escape_formatter, Error, ErrorKind, Output, State};
 
 /// `raise_exception(message)`: fails the render with the template's message, as transformers does.
 pub fn raise_exception(message: String) -> Result<Value, Error> {
@@ -104,13 +110,152 @@ fn strftime(unix_secs: u64, format: &str) -> Result<String, Error> {
     Ok(out)
 }
 
-/// The `tojson` filter with Python `json.dumps` output (`ensure_ascii=False`), supporting the
-/// `indent`, `separators` and `sort_keys` keyword arguments transformers accepts.
+/// `str(value)` as Python writes it (strings unquoted; undefined is empty).
+pub fn py_str(value: &Value) -> String {
+    match value.kind() {
+        ValueKind::String => value.as_str().unwrap_or_default().to_string(),
+        ValueKind::Undefined => String::new(),
+        _ => py_repr(value),
+    }
+}
+
+/// `repr(value)` as Python writes it: `None`, `True`, `1.5e-07`, `'it\'s'`, `[1, 'a']`, `{'k': 2}`.
+pub fn py_repr(value: &Value) -> String {
+    match value.kind() {
+        ValueKind::Undefined => String::new(),
+        ValueKind::None => "None".into(),
+        ValueKind::Bool => if value.is_true() { "True" } else { "False" }.into(),
+        ValueKind::Number if value.is_integer() => value.to_string(),
+        ValueKind::Number => {
+            f64::try_from(value.clone()).map_or_else(|_| value.to_string(), py_float)
+        }
+        ValueKind::String => py_quote(value.as_str().unwrap_or_default()),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<String> = value
+                .try_iter()
+                .map(|it| it.map(|v| py_repr(&v)).collect())
+                .unwrap_or_default();
+            format!("[{}]", items.join(", "))
+        }
+        ValueKind::Map => {
+            let items: Vec<String> = value
+                .try_iter()
+                .map(|keys| {
+                    keys.map(|k| {
+                        let v = value.get_item(&k).unwrap_or_default();
+                        format!("{}: {}", py_repr(&k), py_repr(&v))
+                    })
+                    .collect()
+                })
+                .unwrap_or_default();
+            format!("{{{}}}", items.join(", "))
+        }
+        _ => value.to_string(),
+    }
+}
+
+/// Python's `repr(float)`: the shortest round-trip digits, positional for exponents -4..16,
+/// else scientific with a signed two-digit exponent (`1e+16`, `1.5e-05`); `inf`, `nan`.
+pub fn py_float(x: f64) -> String {
+    if x.is_nan() {
+        return "nan".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    let sci = format!("{x:e}"); // shortest digits: "-1.5e-7", "1e20"
+    let (mantissa, exp) = sci.split_once('e').expect("`{:e}` writes an exponent");
+    let exp: i32 = exp.parse().expect("`{:e}` writes an integer exponent");
+    if (-4..16).contains(&exp) {
+        let fixed = format!("{x}");
+        if fixed.contains('.') {
+            fixed
+        } else {
+            fixed + ".0"
+        }
+    } else {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exp.abs())
+    }
+}
+
+/// Python's `repr(str)`: single quotes unless the text has `'` and no `"`; backslash escapes for
+/// the quote, `\`, `\n`, `\r`, `\t` and characters Python does not print (controls, separators).
+fn py_quote(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if !py_printable(c) => {
+                let n = c as u32;
+                if n < 0x100 {
+                    out.push_str(&format!("\\x{n:02x}"));
+                } else if n < 0x10000 {
+                    out.push_str(&format!("\\u{n:04x}"));
+                } else {
+                    out.push_str(&format!("\\U{n:08x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+/// `str.isprintable()` for the characters that occur in text: not controls, not format
+/// characters, not separators other than the space.
+fn py_printable(c: char) -> bool {
+    !(c.is_control()
+        || matches!(c, '\u{a0}' | '\u{ad}' | '\u{1680}' | '\u{2000}'..='\u{200f}' | '\u{2028}'..='\u{202f}' | '\u{205f}'..='\u{2064}' | '\u{3000}' | '\u{feff}'))
+}
+
+/// The output formatter: `{{ x }}` writes [`py_str`] of `x` (strings and undefined as minijinja
+/// writes them, so auto-escaping still applies).
+pub fn formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
+    match value.kind() {
+        ValueKind::String | ValueKind::Undefined => escape_formatter(out, state, value),
+        _ => out
+            .write_str(&py_str(value))
+            .map_err(|e| Error::new(ErrorKind::WriteFailure, "formatter").with_source(e)),
+    }
+}
+
+/// The `string` filter: `str(value)`.
+pub fn string(value: &Value) -> String {
+    py_str(value)
+}
+
+/// The `sequence` test as Jinja2 has it: anything with a length and item access (strings,
+/// lists, dicts) and, as in Jinja2, undefined values.
+pub fn is_sequence(value: &Value) -> bool {
+    matches!(
+        value.kind(),
+        ValueKind::String | ValueKind::Seq | ValueKind::Map | ValueKind::Undefined
+    )
+}
+
+/// The `tojson` filter with Python `json.dumps` output, supporting the `indent`, `separators`,
+/// `sort_keys` and `ensure_ascii` keyword arguments transformers accepts. Dicts keep their
+/// order; floats are written as Python writes them.
 pub fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let separators: Option<Vec<String>> = kwargs.get("separators")?;
-    let _: Option<bool> = kwargs.get("ensure_ascii")?; // accepted; output is never ASCII-escaped
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
     let (item_sep, key_sep) = match separators {
         Some(s) if s.len() == 2 => (s[0].clone(), s[1].clone()),
@@ -123,22 +268,22 @@ pub fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
         None if indent.is_some() => (",".to_string(), ": ".to_string()),
         None => (", ".to_string(), ": ".to_string()),
     };
-    let json = serde_json::to_value(&value)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let style = Style {
         indent,
         sort_keys: sort_keys.unwrap_or(false),
+        ensure_ascii: ensure_ascii.unwrap_or(false),
         item_sep,
         key_sep,
     };
     let mut out = String::new();
-    style.write(&json, 0, &mut out);
+    style.write(&value, 0, &mut out)?;
     Ok(Value::from_safe_string(out))
 }
 
 struct Style {
     indent: Option<usize>,
     sort_keys: bool,
+    ensure_ascii: bool,
     item_sep: String,
     key_sep: String,
 }
@@ -151,43 +296,94 @@ impl Style {
         }
     }
 
-    fn write(&self, v: &serde_json::Value, level: usize, out: &mut String) {
-        use serde_json::Value as J;
-        match v {
-            J::Array(items) if !items.is_empty() => {
+    fn string(&self, s: &str, out: &mut String) {
+        let json = serde_json::to_string(s).expect("a string serializes");
+        if !self.ensure_ascii {
+            out.push_str(&json);
+            return;
+        }
+        for c in json.chars() {
+            if c.is_ascii() {
+                out.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+        }
+    }
+
+    fn write(&self, v: &Value, level: usize, out: &mut String) -> Result<(), Error> {
+        let unsupported = || {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: {} is not JSON serializable", v.kind()),
+            )
+        };
+        match v.kind() {
+            ValueKind::None | ValueKind::Undefined => out.push_str("null"),
+            ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+            ValueKind::Number if v.is_integer() => out.push_str(&v.to_string()),
+            ValueKind::Number => {
+                let x = f64::try_from(v.clone()).map_err(|_| unsupported())?;
+                out.push_str(&match x {
+                    x if x.is_nan() => "NaN".into(),
+                    x if x.is_infinite() => if x > 0.0 { "Infinity" } else { "-Infinity" }.into(),
+                    x => py_float(x),
+                });
+            }
+            ValueKind::String => self.string(v.as_str().unwrap_or_default(), out),
+            ValueKind::Seq | ValueKind::Iterable => {
+                let items: Vec<Value> = v.try_iter()?.collect();
                 out.push('[');
                 for (i, item) in items.iter().enumerate() {
                     if i > 0 {
                         out.push_str(&self.item_sep);
                     }
                     self.newline(level + 1, out);
-                    self.write(item, level + 1, out);
+                    self.write(item, level + 1, out)?;
                 }
-                self.newline(level, out);
+                if !items.is_empty() {
+                    self.newline(level, out);
+                }
                 out.push(']');
             }
-            J::Object(map) if !map.is_empty() => {
-                let mut entries: Vec<_> = map.iter().collect();
+            ValueKind::Map => {
+                let mut entries: Vec<(String, Value)> = v
+                    .try_iter()?
+                    .map(|k| {
+                        let item = v.get_item(&k).unwrap_or_default();
+                        let key = match k.kind() {
+                            ValueKind::String => k.as_str().unwrap_or_default().to_string(),
+                            ValueKind::None => "null".into(),
+                            ValueKind::Bool => if k.is_true() { "true" } else { "false" }.into(),
+                            _ => py_str(&k),
+                        };
+                        (key, item)
+                    })
+                    .collect();
                 if self.sort_keys {
-                    entries.sort_by(|a, b| a.0.cmp(b.0));
+                    entries.sort_by(|a, b| a.0.cmp(&b.0));
                 }
                 out.push('{');
-                for (i, (k, item)) in entries.into_iter().enumerate() {
+                for (i, (k, item)) in entries.iter().enumerate() {
                     if i > 0 {
                         out.push_str(&self.item_sep);
                     }
                     self.newline(level + 1, out);
-                    out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                    self.string(k, out);
                     out.push_str(&self.key_sep);
-                    self.write(item, level + 1, out);
+                    self.write(item, level + 1, out)?;
                 }
-                self.newline(level, out);
+                if !entries.is_empty() {
+                    self.newline(level, out);
+                }
                 out.push('}');
             }
-            J::Bool(true) => out.push_str("true"),
-            J::Bool(false) => out.push_str("false"),
-            other => out.push_str(&other.to_string()),
+            _ => return Err(unsupported()),
         }
+        Ok(())
     }
 }
 
@@ -207,6 +403,44 @@ mod tests {
     }
 
     #[test]
+    fn values_print_as_python_prints_them() {
+        // Python: repr(x) for each
+        for (x, want) in [
+            (420.5, "420.5"),
+            (2.0, "2.0"),
+            (1e20, "1e+20"),
+            (1e16, "1e+16"),
+            (1e15, "1000000000000000.0"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (-1.5e-7, "-1.5e-07"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+            (f64::INFINITY, "inf"),
+        ] {
+            assert_eq!(py_float(x), want);
+        }
+        let v: Value = serde_json::from_str(
+            r#"{"b": [1, -3, "it's", "a\"b'c", "\u00e9\u0001\n\\", null, true], "a": {}}"#,
+        )
+        .unwrap();
+        // Python: str({'b': [1, -3, "it's", 'a"b\'c', 'é\x01\n\\', None, True], 'a': {}})
+        assert_eq!(
+            py_str(&v),
+            r#"{'b': [1, -3, "it's", 'a"b\'c', 'é\x01\n\\', None, True], 'a': {}}"#
+        );
+        assert_eq!(py_str(&Value::from("plain")), "plain");
+    }
+
+    #[test]
+    fn sequence_is_true_for_strings_lists_and_dicts() {
+        let seq = |json: &str| is_sequence(&serde_json::from_str::<Value>(json).unwrap());
+        assert!(seq("\"s\"") && seq("[1]") && seq("{\"a\": 1}"));
+        assert!(!seq("1") && !seq("null") && !seq("true"));
+        assert!(is_sequence(&Value::UNDEFINED));
+    }
+
+    #[test]
     fn tojson_matches_python_json_dumps() {
         let env = minijinja::Environment::new();
         let mut env = env;
@@ -220,6 +454,18 @@ mod tests {
             render("{{ x | tojson(sort_keys=true) }}"),
             r#"{"a": true, "b": [1, "é\n"], "c": {}}"#
         );
+        assert_eq!(
+            render("{{ x | tojson(sort_keys=true, ensure_ascii=true, separators=[',', ':']) }}"),
+            r#"{"a":true,"b":[1,"\u00e9\n"],"c":{}}"#
+        );
+        // dicts keep their order (Python's insertion order), floats print as Python's
+        let ordered: Value = serde_json::from_str(r#"{"z": 1e20, "a": 0.5}"#).unwrap();
+        let out = tojson(
+            ordered,
+            Kwargs::from_iter(std::iter::empty::<(&str, Value)>()),
+        )
+        .unwrap();
+        assert_eq!(out.as_str(), Some(r#"{"z": 1e+20, "a": 0.5}"#));
         assert_eq!(
             render("{{ x | tojson(indent=2, sort_keys=true) }}"),
             "{\n  \"a\": true,\n  \"b\": [\n    1,\n    \"é\\n\"\n  ],\n  \"c\": {}\n}"

@@ -4,26 +4,31 @@
 //! `chat_template.jinja`, else from `chat_template` in `tokenizer_config.json` (a string, or a
 //! list of `{name, template}` where `default` is used); the environment has `trim_blocks` and
 //! `lstrip_blocks` on, loop controls, Python string/dict methods (pycompat), `raise_exception`,
-//! `strftime_now` and transformers' `tojson`. The context holds `messages`, `tools=None`,
-//! `documents=None`, `add_generation_prompt`, the special tokens of `tokenizer_config.json`
+//! `strftime_now` and transformers' `tojson`. The context holds `messages` (each message's full JSON
+//! object), the row's `tools` (else `None`), `documents=None`, `add_generation_prompt`, the special tokens of `tokenizer_config.json`
 //! (`bos_token`, `eos_token`, `pad_token`, `unk_token`, `mask_token`), and `enable_thinking` only
-//! when it was set (templates test `enable_thinking is defined`).
+//! when it was set (templates test `enable_thinking is defined`). Values print as Python prints
+//! them (see [`crate::pyhelpers`]).
 
 use std::path::{Path, PathBuf};
 
 use minijinja::{Environment, Value};
-use serde::Serialize;
 
 use crate::error::{DataError, Result};
 use crate::pyhelpers;
 
-/// One chat message, as in the JSONL rows (`role` is system, developer, user or assistant).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Message {
-    /// `system`, `developer`, `user` or `assistant`.
-    pub role: String,
-    /// The text; the Gemma 4 template trims it, and strips thinking-channel spans from assistants.
-    pub content: String,
+/// One conversation as the template sees it: every message as its full JSON object (`role`,
+/// `content` as a string or a list of parts, `tool_calls`, `tool_call_id`, `name`, `reasoning`,
+/// ... with reasoning fields aliased as transformers does), the row's `tools` and its
+/// `enable_thinking`. Built by [`crate::rows::parse`].
+#[derive(Debug, Clone)]
+pub struct Conversation {
+    /// The messages, a list of maps in their JSON key order.
+    pub messages: Value,
+    /// The row's tool declarations (OpenAI function schemas), `None` when it has none.
+    pub tools: Option<Value>,
+    /// The row's `enable_thinking`, overriding the run's.
+    pub enable_thinking: Option<bool>,
 }
 
 /// Options that change the rendering (transformers' `add_generation_prompt` and template kwargs).
@@ -31,7 +36,8 @@ pub struct Message {
 pub struct RenderOptions {
     /// Append the prompt that opens a model turn (never used for training rows).
     pub add_generation_prompt: bool,
-    /// `enable_thinking` template kwarg; `None` leaves it undefined, as when not passed.
+    /// `enable_thinking` template kwarg; `None` leaves it undefined, as when not passed. A row's
+    /// own `enable_thinking` wins.
     pub enable_thinking: Option<bool>,
 }
 
@@ -60,32 +66,47 @@ const SPECIAL_TOKEN_KEYS: [&str; 5] = [
     "mask_token",
 ];
 
+/// The special tokens of `tokenizer_config.json` (`bos_token`, `eos_token`, ...); a missing file
+/// has none. Errors name the file.
+pub fn special_tokens(dir: &Path) -> Result<Vec<(&'static str, String)>> {
+    let config = tokenizer_config(dir)?;
+    Ok(SPECIAL_TOKEN_KEYS
+        .iter()
+        .filter_map(|&k| special_token(&config, k).map(|v| (k, v)))
+        .collect())
+}
+
+fn tokenizer_config(dir: &Path) -> Result<serde_json::Value> {
+    let config_path = dir.join("tokenizer_config.json");
+    match std::fs::read_to_string(&config_path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| DataError::Template {
+            path: config_path.clone(),
+            msg: format!("invalid JSON: {e}"),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(serde_json::Value::Null),
+        Err(e) => Err(DataError::io(&config_path, e)),
+    }
+}
+
 impl ChatTemplate {
     /// Loads the template and special tokens of a model directory (see the module doc for the
-    /// search order). Errors name the file and say what is missing or fails to compile.
-    pub fn from_model_dir(dir: &Path) -> Result<Self> {
+    /// search order); `None` when the directory has none (a base model: fine for text and token
+    /// data). Errors name the file that is unreadable or fails to compile.
+    pub fn from_model_dir(dir: &Path) -> Result<Option<Self>> {
         let config_path = dir.join("tokenizer_config.json");
-        let config: serde_json::Value = match std::fs::read_to_string(&config_path) {
-            Ok(text) => serde_json::from_str(&text).map_err(|e| DataError::Template {
-                path: config_path.clone(),
-                msg: format!("invalid JSON: {e}"),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::Value::Null,
-            Err(e) => return Err(DataError::io(&config_path, e)),
-        };
+        let config = tokenizer_config(dir)?;
         let jinja_path = dir.join("chat_template.jinja");
         let (source, path) = match std::fs::read_to_string(&jinja_path) {
             Ok(text) => (text, jinja_path),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                (template_from_config(&config, &config_path)?, config_path)
+                match template_from_config(&config, &config_path)? {
+                    Some(text) => (text, config_path),
+                    None => return Ok(None),
+                }
             }
             Err(e) => return Err(DataError::io(&jinja_path, e)),
         };
-        let special_tokens = SPECIAL_TOKEN_KEYS
-            .iter()
-            .filter_map(|&k| special_token(&config, k).map(|v| (k, v)))
-            .collect();
-        Self::new(source, path, special_tokens)
+        Self::new(source, path, special_tokens(dir)?).map(Some)
     }
 
     /// Compiles `source` (named `path` in errors) with the given special-token strings,
@@ -98,10 +119,14 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_debug(false); // errors are one line: the message and the template line
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_formatter(pyhelpers::formatter);
         env.add_function("raise_exception", pyhelpers::raise_exception);
         env.add_function("strftime_now", pyhelpers::strftime_now);
         env.add_filter("tojson", pyhelpers::tojson);
+        env.add_filter("string", pyhelpers::string);
+        env.add_test("sequence", pyhelpers::is_sequence);
         env.add_template_owned("chat", source.clone())
             .map_err(|e| DataError::Template {
                 path: path.clone(),
@@ -120,18 +145,24 @@ impl ChatTemplate {
         &self.source
     }
 
+    /// The file the template came from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The special-token strings the template is rendered with.
     pub fn special_tokens(&self) -> &[(&'static str, String)] {
         &self.special_tokens
     }
 
-    /// Renders a conversation to text. The error is the template's message (e.g. from
-    /// `raise_exception`), without a location, so callers can attach the JSONL line.
-    pub fn render(&self, messages: &[Message], opts: RenderOptions) -> Result<String, String> {
+    /// Renders a conversation to text, as `apply_chat_template(messages, tools=tools,
+    /// tokenize=False, **kwargs)`. The error is the template's message (e.g. from
+    /// `raise_exception`) with the template line, so callers can attach the data row.
+    pub fn render(&self, conv: &Conversation, opts: RenderOptions) -> Result<String, String> {
         let tmpl = self.env.get_template("chat").map_err(|e| e.to_string())?;
         let mut ctx: Vec<(&str, Value)> = vec![
-            ("messages", Value::from_serialize(messages)),
-            ("tools", Value::from(())),
+            ("messages", conv.messages.clone()),
+            ("tools", conv.tools.clone().unwrap_or(Value::from(()))),
             ("documents", Value::from(())),
             (
                 "add_generation_prompt",
@@ -141,7 +172,7 @@ impl ChatTemplate {
         for (k, v) in &self.special_tokens {
             ctx.push((k, Value::from(v.as_str())));
         }
-        if let Some(t) = opts.enable_thinking {
+        if let Some(t) = conv.enable_thinking.or(opts.enable_thinking) {
             ctx.push(("enable_thinking", Value::from(t)));
         }
         let ctx: Value = ctx.into_iter().collect();
@@ -157,22 +188,18 @@ impl ChatTemplate {
     }
 }
 
-fn template_from_config(config: &serde_json::Value, path: &Path) -> Result<String> {
-    let missing = || DataError::Template {
-        path: path.to_path_buf(),
-        msg: "no chat_template.jinja beside it and no `chat_template` in it".into(),
-    };
+fn template_from_config(config: &serde_json::Value, path: &Path) -> Result<Option<String>> {
     match config.get("chat_template") {
-        Some(serde_json::Value::String(s)) => Ok(s.clone()),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
         Some(serde_json::Value::Array(named)) => named
             .iter()
             .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-            .and_then(|t| t.get("template")?.as_str().map(str::to_string))
+            .and_then(|t| t.get("template")?.as_str().map(|s| Some(s.to_string())))
             .ok_or_else(|| DataError::Template {
                 path: path.to_path_buf(),
                 msg: "`chat_template` is a list without a `default` entry".into(),
             }),
-        _ => Err(missing()),
+        _ => Ok(None),
     }
 }
 
@@ -198,48 +225,60 @@ mod tests {
         .unwrap()
     }
 
+    fn conv(json: &str) -> Conversation {
+        Conversation {
+            messages: serde_json::from_str(json).unwrap(),
+            tools: None,
+            enable_thinking: None,
+        }
+    }
+
     #[test]
     fn python_helpers_and_loop_controls() {
         let t = tmpl(
             "{{ bos_token }}{% for m in messages %}{% if loop.index0 == 1 %}{% break %}{% endif %}\
              {{ m.content.strip().split(' ')[0] }}|{{ m.get('missing', 'd') }}{% endfor %}",
         );
-        let msgs = [
-            Message {
-                role: "user".into(),
-                content: "  hi there ".into(),
-            },
-            Message {
-                role: "user".into(),
-                content: "second".into(),
-            },
-        ];
+        let c = conv(
+            r#"[{"role": "user", "content": "  hi there "}, {"role": "user", "content": "second"}]"#,
+        );
+        assert_eq!(t.render(&c, RenderOptions::default()).unwrap(), "<s>hi|d");
+    }
+
+    #[test]
+    fn messages_keep_every_field_in_order() {
+        let t = tmpl("{% for k, v in messages[0].items() %}{{ k }}={{ v }};{% endfor %}");
+        let c = conv(r#"[{"role": "assistant", "z": 1.5e-7, "content": null, "a": [true, "x"]}]"#);
         assert_eq!(
-            t.render(&msgs, RenderOptions::default()).unwrap(),
-            "<s>hi|d"
+            t.render(&c, RenderOptions::default()).unwrap(),
+            "role=assistant;z=1.5e-07;content=None;a=[True, 'x'];"
         );
     }
 
     #[test]
     fn raise_exception_message_surfaces() {
-        let t = tmpl("{{ raise_exception('bad role: ' ~ messages[0].role) }}");
-        let msgs = [Message {
-            role: "bot".into(),
-            content: String::new(),
-        }];
-        let err = t.render(&msgs, RenderOptions::default()).unwrap_err();
-        assert!(err.contains("bad role: bot"), "{err}");
+        let t = tmpl("\n{{ raise_exception('bad role: ' ~ messages[0].role) }}");
+        let err = t
+            .render(&conv(r#"[{"role": "bot"}]"#), RenderOptions::default())
+            .unwrap_err();
+        assert!(
+            err.contains("bad role: bot") && err.contains("chat:2"),
+            "{err}"
+        );
     }
 
     #[test]
-    fn enable_thinking_is_undefined_unless_set() {
-        let t = tmpl("{{ 'yes' if enable_thinking is defined else 'no' }}");
+    fn enable_thinking_is_undefined_unless_set_and_a_row_overrides_it() {
+        let t = tmpl("{{ enable_thinking if enable_thinking is defined else 'no' }}");
         let on = RenderOptions {
             enable_thinking: Some(false),
             ..Default::default()
         };
-        assert_eq!(t.render(&[], RenderOptions::default()).unwrap(), "no");
-        assert_eq!(t.render(&[], on).unwrap(), "yes");
+        let mut c = conv("[]");
+        assert_eq!(t.render(&c, RenderOptions::default()).unwrap(), "no");
+        assert_eq!(t.render(&c, on).unwrap(), "False");
+        c.enable_thinking = Some(true);
+        assert_eq!(t.render(&c, on).unwrap(), "True");
     }
 
     #[test]

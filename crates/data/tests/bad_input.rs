@@ -1,4 +1,5 @@
-//! Every kind of bad line fails the open with file and line, or is skipped and reported.
+//! Every kind of bad chat line fails the open with file and line, or is skipped and reported
+//! (the other formats' bad input is in tests/formats.rs).
 
 mod common;
 
@@ -12,7 +13,7 @@ fn opts(dir: &std::path::Path, skip: bool, mode: LabelMode, max_len: usize) -> D
             max_len,
             label_mode: mode,
             skip_bad_lines: skip,
-            vocab_size: None,
+            ..Default::default()
         },
         cache_dir: Some(dir.join("cache")),
         ..Default::default()
@@ -31,11 +32,11 @@ fn each_bad_chat_line_is_named() {
         (r#"{"text": "hello"}"#, "missing `messages`"),
         (
             r#"{"messages": [{"role": "bot", "content": "x"}]}"#,
-            "unknown role \"bot\"",
+            "messages[0].role: unknown role \"bot\"",
         ),
         (
             r#"{"messages": [{"role": "user", "content": ["x"]}]}"#,
-            "content must be a string, got an array",
+            "messages[0].content[0]: expected a content part object, got a string",
         ),
         (r#"{"messages": []}"#, "empty conversation"),
         (
@@ -44,7 +45,7 @@ fn each_bad_chat_line_is_named() {
         ),
         (
             r#"{"messages": [{"role": "user", "content": "a <|turn>model\nfake"}, {"role": "assistant", "content": "x"}]}"#,
-            "found 2 model turn span(s)",
+            "found 2 model turn(s)",
         ),
         ("\u{fffd}", "invalid JSON"),
     ];
@@ -58,6 +59,7 @@ fn each_bad_chat_line_is_named() {
         .unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, DataError::BadLines { .. }), "{msg}");
+        assert!(msg.contains("1 bad row(s)"), "{msg}");
         assert!(
             msg.contains(&format!("c{k}.jsonl:3: ")) && msg.contains(want),
             "case {k}: {msg}"
@@ -69,8 +71,13 @@ fn each_bad_chat_line_is_named() {
         )
         .unwrap();
         assert_eq!(ds.len(), 2, "case {k}");
-        assert_eq!(ds.report().bad_lines.len(), 1);
-        assert_eq!(ds.report().bad_lines[0].line, 3);
+        let report = ds.report();
+        assert_eq!(
+            (report.bad_lines.len(), report.rows_read, report.rows),
+            (1, 3, 2)
+        );
+        assert_eq!(report.bad_lines[0].line, 3);
+        assert_eq!(report.skipped().values().sum::<u64>(), 1);
         assert_eq!((ds.line_of(0), ds.line_of(1)), (1, 4));
     }
 }
@@ -95,18 +102,14 @@ fn truncation_that_leaves_no_target_is_an_error() {
     let ds = TokenDataset::open(&path, Some(&enc), &opts(&dir, false, LabelMode::Full, 8)).unwrap();
     assert_eq!(ds.sample_len(0), 8);
     assert_eq!(ds.report().truncated_rows, 1);
+    assert!(ds.report().mostly_truncated());
 }
 
 #[test]
 fn bad_pretokenized_lines_and_formats() {
     let dir = common::scratch("bad-tokens");
-    let o = DatasetOptions {
-        prepare: PrepareOptions {
-            vocab_size: Some(512),
-            ..Default::default()
-        },
-        ..opts(&dir, false, LabelMode::Full, 64)
-    };
+    let mut o = opts(&dir, false, LabelMode::Auto, 64);
+    o.prepare.vocab_size = Some(512);
     let path = common::write_jsonl(
         &dir,
         "p.jsonl",
@@ -120,7 +123,7 @@ fn bad_pretokenized_lines_and_formats() {
     let msg = TokenDataset::open(&path, None, &o).unwrap_err().to_string();
     for want in [
         "p.jsonl:2: input_ids[1] = 600 is out of range 0..=511",
-        "p.jsonl:3: `labels` has 1 entries",
+        "p.jsonl:3: labels: 1 entries, `input_ids` has 2",
         "p.jsonl:4: no trainable token",
     ] {
         assert!(msg.contains(want), "{want} in {msg}");
@@ -128,7 +131,7 @@ fn bad_pretokenized_lines_and_formats() {
     let chat = common::write_jsonl(&dir, "chat.jsonl", &[GOOD]);
     let err = TokenDataset::open(&chat, None, &o).unwrap_err().to_string();
     assert!(err.contains("needs a tokenizer"), "{err}");
-    let unknown = common::write_jsonl(&dir, "u.jsonl", &["", r#"{"text": "x"}"#]);
+    let unknown = common::write_jsonl(&dir, "u.jsonl", &["", r#"{"txt": "x"}"#]);
     let err = TokenDataset::open(&unknown, None, &o)
         .unwrap_err()
         .to_string();
@@ -144,6 +147,50 @@ fn bad_pretokenized_lines_and_formats() {
 }
 
 #[test]
+fn a_template_error_names_the_line_and_the_template_message() {
+    let enc =
+        Encoder::from_model_dir(&common::repo().join("tools/reference/data/gemma4-tools")).unwrap();
+    let dir = common::scratch("bad-template");
+    let tools = r#""tools": [{"type": "function", "function": {"name": "clock"}}]"#;
+    let bad = format!(
+        r#"{{"messages": [{{"role": "user", "content": "q"}}, {{"role": "assistant", "tool_calls": [{{"function": {{"name": "nope", "arguments": {{}}}}}}]}}], {tools}}}"#
+    );
+    let path = common::write_jsonl(&dir, "t.jsonl", &[GOOD, &bad]);
+    let err = TokenDataset::open(&path, Some(&enc), &opts(&dir, false, LabelMode::Auto, 512))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("t.jsonl:2: chat template: invalid operation: tool call to nope, which is not in tools (in chat:"),
+        "{err}"
+    );
+}
+
+#[test]
+fn oversized_lines_are_bounded_before_parsing() {
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("bad-long");
+    let long = format!(
+        r#"{{"messages": [{{"role": "user", "content": "{}"}}, {{"role": "assistant", "content": "x"}}]}}"#,
+        "a".repeat(3000)
+    );
+    let path = common::write_jsonl(&dir, "l.jsonl", &[GOOD, &long, GOOD]);
+    let mut o = opts(&dir, false, LabelMode::Auto, 64);
+    o.prepare.max_line_bytes = 1024;
+    let err = TokenDataset::open(&path, Some(&enc), &o)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("l.jsonl:2: the line is 3086 bytes, above the limit of 1024 bytes"),
+        "{err}"
+    );
+    o.prepare.skip_bad_lines = true;
+    let ds = TokenDataset::open(&path, Some(&enc), &o).unwrap();
+    assert_eq!(ds.len(), 2);
+    let skipped = ds.report().skipped();
+    assert_eq!(skipped.get(&g4ft_data::SkipReason::LineTooLong), Some(&1));
+}
+
+#[test]
 fn missing_template_is_named() {
     let dir = common::scratch("no-template");
     std::fs::copy(
@@ -151,7 +198,12 @@ fn missing_template_is_named() {
         dir.join("tokenizer.json"),
     )
     .unwrap();
-    let err = Encoder::from_model_dir(&dir).unwrap_err().to_string();
+    // A tokenizer alone is enough for text; conversations name the missing template.
+    let enc = Encoder::from_model_dir(&dir).unwrap();
+    let data = common::write_jsonl(&dir, "c.jsonl", &[GOOD]);
+    let err = TokenDataset::open(&data, Some(&enc), &opts(&dir, false, LabelMode::Auto, 64))
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("tokenizer_config.json") && err.contains("no chat_template.jinja"),
         "{err}"

@@ -30,7 +30,10 @@ pub struct TokenBatch<'a> {
     /// 1 = real token, 0 = padding; `None` = no padding.
     pub attention_mask: Option<&'a [u32]>,
     /// Positions `(batch, seq_len)`; `None` = `0..seq_len` for every row (also with right padding,
-    /// as transformers). Without an attention mask, positions that restart mark packed sequences.
+    /// as transformers). Packed rows (several samples per row, as `g4ft_data::Batch` collates
+    /// them) pass no attention mask and positions that restart at 0 at every sample: column `c`
+    /// then attends only to columns `c - position_ids[c] ..= c` of its row (its own sample, and on
+    /// sliding layers its window within it), and RoPE sees each sample's own positions.
     pub position_ids: Option<&'a [u32]>,
     /// Rows.
     pub batch: usize,

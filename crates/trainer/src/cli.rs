@@ -27,10 +27,10 @@ pub struct Cli {
     /// Hub id or local directory of the base model [env: MODEL_ID]
     #[arg(long, value_name = "ID|DIR")]
     pub model: Option<String>,
-    /// Training JSONL, one {"messages": [...]} per line [env: DATA_PATH]
+    /// Training data: JSONL or Parquet, chat/ShareGPT/prompt-completion/text/token rows [env: DATA_PATH]
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
-    /// Evaluation JSONL (evaluated on every rank, metrics all-reduced)
+    /// Evaluation data, same formats (evaluated on every rank, metrics all-reduced)
     #[arg(long, value_name = "FILE")]
     pub eval_data: Option<PathBuf>,
     /// Output directory for checkpoints, metrics and the loss plot [env: OUTPUT_DIR]
@@ -78,13 +78,28 @@ pub struct Cli {
     /// Regex over module paths (PEFT full-match semantics)
     #[arg(long, value_name = "REGEX")]
     pub lora_targets: Option<String>,
-    /// Loss on all tokens or on assistant turns only
+    /// Loss on what the format implies (auto), all tokens, or assistant turns only
     #[arg(long, value_enum)]
     pub labels: Option<LabelsKind>,
+    /// Row format: chat, sharegpt, prompt_completion, text or tokens (default: detect)
+    #[arg(long, value_name = "FORMAT")]
+    pub data_format: Option<g4ft_data::Format>,
+    /// Pass enable_thinking=true to the chat template (rows may set their own)
+    #[arg(long)]
+    pub enable_thinking: bool,
+    /// JSONL lines longer than this are bad rows, skipped without being parsed
+    #[arg(long, value_name = "BYTES")]
+    pub max_line_bytes: Option<usize>,
+    /// Pack several samples into each row of --max-len tokens
+    #[arg(long)]
+    pub packing: bool,
+    /// Batch samples of similar length together
+    #[arg(long)]
+    pub group_by_length: bool,
     /// Keep the data order (the sampler does not shuffle)
     #[arg(long)]
     pub no_shuffle: bool,
-    /// Skip malformed JSONL lines with a warning instead of stopping
+    /// Skip malformed rows, with a warning per row, instead of stopping
     #[arg(long)]
     pub skip_bad_lines: bool,
     /// Start from this PEFT adapter directory's weights
@@ -142,6 +157,11 @@ impl Cli {
             dtype: self.dtype,
             max_len: self.max_len,
             labels: self.labels,
+            data_format: self.data_format,
+            enable_thinking: on(self.enable_thinking),
+            max_line_bytes: self.max_line_bytes,
+            packing: on(self.packing),
+            group_by_length: on(self.group_by_length),
             shuffle: self.no_shuffle.then_some(false),
             skip_bad_lines: on(self.skip_bad_lines),
             micro_batch: self.micro_batch,

@@ -41,11 +41,14 @@ pub enum DTypeKind {
     Bf16,
 }
 
-/// Which tokens the loss is computed on.
+/// Which tokens the loss is computed on (the data crate's `LabelMode`; docs/data.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum LabelsKind {
-    /// Every non-padding token, prompts included (the post's `PadCollate`).
+    /// What the format implies: every token of chat and text rows (the post's `PadCollate`), the
+    /// completion of prompt/completion rows, the labels of pre-tokenized rows.
+    Auto,
+    /// Every non-padding token, prompts included.
     Full,
     /// Only assistant turns; everything else is -100 (the post's "what I'd add" list).
     #[value(name = "assistant_only")]
@@ -82,11 +85,21 @@ pub struct TrainConfig {
     pub dtype: DTypeKind,
     /// Tokens per sample after truncation (post: `MAX_LEN`).
     pub max_len: usize,
-    /// `full` or `assistant_only`.
+    /// `auto`, `full` or `assistant_only`.
     pub labels: LabelsKind,
+    /// Row format of the data files; `None` detects it from the first row.
+    pub data_format: Option<g4ft_data::Format>,
+    /// `enable_thinking` passed to the chat template (rows may set their own); `None` = not passed.
+    pub enable_thinking: Option<bool>,
+    /// JSONL lines longer than this many bytes are bad rows, skipped unparsed.
+    pub max_line_bytes: usize,
+    /// Pack several samples into each row of `max_len` tokens (positions restart per sample).
+    pub packing: bool,
+    /// Batch samples of similar length together (transformers' `group_by_length`).
+    pub group_by_length: bool,
     /// Shuffle with `seed + epoch` in the DistributedSampler (post: `shuffle=True`).
     pub shuffle: bool,
-    /// Skip malformed JSONL lines with a warning instead of stopping.
+    /// Skip malformed rows with a warning per row instead of stopping.
     pub skip_bad_lines: bool,
     /// Samples per rank per forward pass (post: `MICRO_BATCH`).
     pub micro_batch: usize,
@@ -155,7 +168,12 @@ impl Default for TrainConfig {
             device: DeviceKind::Cuda,
             dtype: DTypeKind::Bf16,
             max_len: 2048,
-            labels: LabelsKind::Full,
+            labels: LabelsKind::Auto,
+            data_format: None,
+            enable_thinking: None,
+            max_line_bytes: g4ft_data::source::DEFAULT_MAX_LINE_BYTES,
+            packing: false,
+            group_by_length: false,
             shuffle: true,
             skip_bad_lines: false,
             micro_batch: 1,
@@ -275,6 +293,11 @@ impl TrainConfig {
             ("dtype", enum_name(&self.dtype)),
             ("max_len", self.max_len.to_string()),
             ("labels", enum_name(&self.labels)),
+            ("data_format", show(&self.data_format)),
+            ("enable_thinking", show(&self.enable_thinking)),
+            ("max_line_bytes", self.max_line_bytes.to_string()),
+            ("packing", self.packing.to_string()),
+            ("group_by_length", self.group_by_length.to_string()),
             ("shuffle", self.shuffle.to_string()),
             ("skip_bad_lines", self.skip_bad_lines.to_string()),
             ("micro_batch", self.micro_batch.to_string()),
@@ -327,6 +350,7 @@ impl TrainConfig {
         };
         let at_least_1 = [
             ("max_len", self.max_len),
+            ("max_line_bytes", self.max_line_bytes),
             ("micro_batch", self.micro_batch),
             ("accum", self.accum),
             ("epochs", self.epochs),
@@ -400,6 +424,13 @@ impl TrainConfig {
                 "lora_targets",
                 self.lora_targets.clone(),
                 &format!("not a valid regex: {e}"),
+            ));
+        }
+        if self.packing && self.group_by_length {
+            return Err(bad(
+                "group_by_length",
+                "true".into(),
+                "has no effect with packing (packed rows are all about max_len long); set one",
             ));
         }
         if self.eval_every.is_some() && self.eval_data.is_none() {

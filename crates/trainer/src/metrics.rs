@@ -247,6 +247,21 @@ impl MetricsLogger {
         Ok(record)
     }
 
+    /// Records the dataset report of one data file (`"kind": "dataset"`, `split` is `train` or
+    /// `eval`; `report` is `g4ft_data::PrepareReport::to_json`).
+    pub fn log_dataset(
+        &mut self,
+        split: &str,
+        path: &Path,
+        report: serde_json::Value,
+    ) -> Result<()> {
+        let mut record = serde_json::json!({"kind": "dataset", "split": split, "path": path});
+        if let (Some(r), serde_json::Value::Object(fields)) = (record.as_object_mut(), report) {
+            r.extend(fields);
+        }
+        self.write_json(&record)
+    }
+
     /// Moves the progress bar (for steps that are not logged).
     pub fn progress_to(&self, step: u64) {
         if let Some(bar) = &self.bar {

@@ -43,11 +43,12 @@ impl GradSink for NoSync<'_, '_> {
     }
 }
 
-/// The model's view of a collated batch.
+/// The model's view of a collated batch. A packed batch passes its restarting positions and no
+/// attention mask, so that attention stays within each sample (see [`Batch`]).
 pub fn token_batch(b: &Batch) -> TokenBatch<'_> {
     TokenBatch {
         input_ids: &b.input_ids,
-        attention_mask: Some(&b.attention_mask),
+        attention_mask: (!b.is_packed()).then_some(&b.attention_mask[..]),
         position_ids: b.position_ids.as_deref(),
         batch: b.batch,
         seq_len: b.seq_len,

@@ -1,11 +1,15 @@
-"""Builds the tiny Gemma-4-style tokenizer in assets/tiny/ (tokenizer.json, tokenizer_config.json,
-special_tokens_map.json) from the bundled sample conversations.
+"""Builds the tiny Gemma-4-style tokenizers from the bundled sample conversations:
+  assets/tiny/                              the tiny model's (tokenizer.json, tokenizer_config.json,
+                                            special_tokens_map.json)
+  tools/reference/data/gemma4-tools/        the same plus Gemma 4's tool tokens, for the tool-use
+                                            fixtures (tokenizer.json, tokenizer_config.json)
 
     /opt/refenv/bin/python tools/reference/data/make_tokenizer.py
 
 Layout (vocab 512, the tiny model's vocab_size):
-  * Gemma 4's special-token ids: <pad>=0 <eos>=1 <bos>=2 <unk>=3 <mask>=4 <|channel>=100 <channel|>=101
-    <|turn>=105 <turn|>=106, plus <|think|>=98 (its real id is not in our spec; 98 is arbitrary).
+  * Gemma 4's special-token ids: <pad>=0 <eos>=1 <bos>=2 <unk>=3 <mask>=4 <|think|>=98 <|channel>=100
+    <channel|>=101 <|turn>=105 <turn|>=106; the tool tokenizer adds <|tool>=46 <tool|>=47
+    <|tool_call>=48 <tool_call|>=49 <|tool_response>=50 <tool_response|>=51 <|"|>=52.
   * byte-fallback tokens <0x00>..<0xFF> at ids 256..511, so any UTF-8 text encodes;
   * the remaining 246 ids (5..255 less the specials) hold a BPE vocabulary trained on the sample data.
 The pipeline is transformers' GemmaTokenizer's: Replace(' ' -> '\u2581') normalizer, Split(' ',
@@ -27,35 +31,43 @@ SPECIALS = {
     "<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4,
     "<|think|>": 98, "<|channel>": 100, "<channel|>": 101, "<|turn>": 105, "<turn|>": 106,
 }
+TOOL_SPECIALS = {
+    **SPECIALS,
+    "<|tool>": 46, "<tool|>": 47, "<|tool_call>": 48, "<tool_call|>": 49,
+    "<|tool_response>": 50, "<tool_response|>": 51, '<|"|>': 52,
+}
+TOOLS_DIR = os.path.join(ROOT, "tools", "reference", "data", "gemma4-tools")
+TOOL_WORDS = ["call:", "response:", "declaration:", "description:", "parameters:", "properties:",
+              "type:", "required:", "value:", "STRING", "NUMBER", "OBJECT", "INTEGER", "BOOLEAN"]
 BYTE_BASE = 256
 
 
-def corpus():
-    """Message contents plus the role words and newlines the template writes."""
+def corpus(extra=()):
+    """Message contents plus the role words and newlines the template writes (and `extra`)."""
     lines = []
     with open(SAMPLE, encoding="utf-8") as f:
         for line in f:
             for m in json.loads(line)["messages"]:
                 lines.append(m["content"].strip())
     lines += ["user\n", "model\n", "system\n", "thought\n"] * 50
-    return lines
+    return lines + list(extra) * 50
 
 
-def train_ordinary(n_ordinary):
+def train_ordinary(n_ordinary, extra):
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.normalizer = normalizers.Replace(" ", "\u2581")
     tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
     trainer = trainers.BpeTrainer(vocab_size=n_ordinary, show_progress=False, special_tokens=[])
-    tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus(extra), trainer=trainer)
     return json.loads(tok.to_str())
 
 
-def main():
-    free_ids = [i for i in range(BYTE_BASE) if i not in SPECIALS.values()]
-    trained = train_ordinary(len(free_ids))
+def build(specials, out, extra=(), special_map=True):
+    free_ids = [i for i in range(BYTE_BASE) if i not in specials.values()]
+    trained = train_ordinary(len(free_ids), extra)
     ordinary = sorted(trained["model"]["vocab"].items(), key=lambda kv: kv[1])
     assert len(ordinary) <= len(free_ids), (len(ordinary), len(free_ids))
-    vocab = dict(SPECIALS)
+    vocab = dict(specials)
     for (token, _), new_id in zip(ordinary, free_ids):
         vocab[token] = new_id
     for b in range(256):
@@ -68,11 +80,11 @@ def main():
     spec["added_tokens"] = [
         {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
          "normalized": False, "special": True}
-        for t, i in sorted(SPECIALS.items(), key=lambda kv: kv[1])
+        for t, i in sorted(specials.items(), key=lambda kv: kv[1])
     ]
     tok = Tokenizer.from_str(json.dumps(spec))
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-    tok.save(os.path.join(TINY, "tokenizer.json"), pretty=True)
+    tok.save(os.path.join(out, "tokenizer.json"), pretty=True)
 
     config = {
         "tokenizer_class": "GemmaTokenizer",
@@ -82,24 +94,34 @@ def main():
         "added_tokens_decoder": {
             str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
                      "single_word": False, "special": True}
-            for t, i in sorted(SPECIALS.items(), key=lambda kv: kv[1])
+            for t, i in sorted(specials.items(), key=lambda kv: kv[1])
         },
     }
-    with open(os.path.join(TINY, "tokenizer_config.json"), "w") as f:
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
+    if special_map:
+        write_special_map(out)
+    check = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+    for t, i in specials.items():
+        assert check.token_to_id(t) == i, (t, check.token_to_id(t), i)
+    print(f"tokenizers {tokenizers.__version__}: vocab {check.get_vocab_size()} "
+          f"({len(ordinary)} trained, 256 bytes, {len(specials)} special) -> {out}")
+    print(check.encode("<bos><|turn>user\nWhat is 2 + 2?<turn|>\n", add_special_tokens=False).tokens)
+
+
+def write_special_map(out):
     special_map = {"bos_token": "<bos>", "eos_token": "<turn|>", "pad_token": "<pad>",
                    "unk_token": "<unk>", "mask_token": "<mask>"}
-    with open(os.path.join(TINY, "special_tokens_map.json"), "w") as f:
+    with open(os.path.join(out, "special_tokens_map.json"), "w") as f:
         json.dump(special_map, f, indent=2)
         f.write("\n")
 
-    check = Tokenizer.from_file(os.path.join(TINY, "tokenizer.json"))
-    for t, i in SPECIALS.items():
-        assert check.token_to_id(t) == i, (t, check.token_to_id(t), i)
-    print(f"tokenizers {tokenizers.__version__}: vocab {check.get_vocab_size()} "
-          f"({len(ordinary)} trained, 256 bytes, {len(SPECIALS)} special) -> {TINY}")
-    print(check.encode("<bos><|turn>user\nWhat is 2 + 2?<turn|>\n", add_special_tokens=False).tokens)
+
+def main():
+    build(SPECIALS, TINY)
+    os.makedirs(TOOLS_DIR, exist_ok=True)
+    build(TOOL_SPECIALS, TOOLS_DIR, extra=TOOL_WORDS, special_map=False)
 
 
 if __name__ == "__main__":

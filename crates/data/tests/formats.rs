@@ -1,0 +1,290 @@
+//! Every dataset format: what it trains, and a bad-input case naming the line (or Parquet row
+//! and row group) and the field. Parquet files are the ones Hugging Face `datasets` wrote
+//! (tools/reference/data/make_parquet_fixtures.py).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use g4ft_data::{
+    DataError, DatasetOptions, Encoder, Format, LabelMode, PrepareOptions, TokenDataset, IGNORE,
+};
+use serde_json::Value;
+
+fn tools_dir() -> PathBuf {
+    common::repo().join("tools/reference/data/gemma4-tools")
+}
+
+fn parquet(name: &str) -> PathBuf {
+    common::repo()
+        .join("tools/reference/data/parquet")
+        .join(name)
+}
+
+fn opts(dir: &Path, mode: LabelMode) -> DatasetOptions {
+    DatasetOptions {
+        prepare: PrepareOptions {
+            max_len: 4096,
+            label_mode: mode,
+            ..Default::default()
+        },
+        cache_dir: Some(dir.join("cache")),
+        ..Default::default()
+    }
+}
+
+fn open(path: &Path, enc: Option<&Encoder>, o: &DatasetOptions) -> Result<TokenDataset, String> {
+    TokenDataset::open(path, enc, o).map_err(|e| e.to_string())
+}
+
+/// Decoded text of the trained tokens of sample `i`.
+fn trained_text(enc: &Encoder, ds: &TokenDataset, i: usize) -> String {
+    let s = ds.sample(i).unwrap();
+    let ids: Vec<u32> = s
+        .labels
+        .iter()
+        .filter(|&&l| l != IGNORE)
+        .map(|&l| l as u32)
+        .collect();
+    enc.tokenizer().decode(&ids, false).unwrap()
+}
+
+#[test]
+fn parquet_chat_rows_match_transformers_on_what_datasets_reads_back() {
+    let enc = Encoder::from_model_dir(&tools_dir()).unwrap();
+    let dir = common::scratch("fmt-parquet-chat");
+    let ds = open(
+        &parquet("chat.parquet"),
+        Some(&enc),
+        &opts(&dir, LabelMode::AssistantOnly),
+    )
+    .unwrap();
+    let fixtures: Value = serde_json::from_str(
+        &std::fs::read_to_string(common::repo().join("tools/reference/data/parquet_fixtures.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let cases = fixtures["chat"].as_array().unwrap();
+    assert_eq!(ds.len(), cases.len());
+    assert_eq!(ds.report().format, Some(Format::Chat));
+    for (i, case) in cases.iter().enumerate() {
+        let want_ids: Vec<u32> = serde_json::from_value(case["input_ids"].clone()).unwrap();
+        let want_labels: Vec<i32> =
+            serde_json::from_value(case["labels_assistant_only"].clone()).unwrap();
+        let s = ds.sample(i).unwrap();
+        assert_eq!(s.input_ids, want_ids, "{}", case["name"]);
+        assert_eq!(s.labels, want_labels, "{}", case["name"]);
+        assert_eq!(ds.line_of(i), i as u64 + 1);
+    }
+}
+
+#[test]
+fn parquet_token_rows_and_bad_rows_name_row_and_row_group() {
+    let dir = common::scratch("fmt-parquet-tokens");
+    // no tokenizer needed; the row without labels trains every token under `auto`
+    let ds = open(
+        &parquet("tokens.parquet"),
+        None,
+        &opts(&dir, LabelMode::Auto),
+    )
+    .unwrap();
+    assert_eq!(ds.len(), 3);
+    assert_eq!(ds.sample(0).unwrap().labels, vec![-100, -100, 20, 106]);
+    assert_eq!(ds.sample(1).unwrap().labels, vec![2, 30, 31]);
+    let err = open(
+        &parquet("tokens.parquet"),
+        None,
+        &opts(&dir, LabelMode::AssistantOnly),
+    )
+    .unwrap_err();
+    assert!(
+        err.contains(
+            "tokens.parquet: row 2 (row group 0): labels: missing; --labels assistant_only needs"
+        ),
+        "{err}"
+    );
+    let enc = Encoder::from_model_dir(&tools_dir()).unwrap();
+    let err = open(
+        &parquet("bad.parquet"),
+        Some(&enc),
+        &opts(&dir, LabelMode::Auto),
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("bad.parquet: row 4 (row group 1): messages[0].role: unknown role \"bot\""),
+        "{err}"
+    );
+    // a cut file is a parquet error naming the file
+    let cut = dir.join("cut.parquet");
+    let bytes = std::fs::read(parquet("tokens.parquet")).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    match TokenDataset::open(&cut, None, &opts(&dir, LabelMode::Auto)) {
+        Err(DataError::Parquet { path, .. }) => assert_eq!(path, cut),
+        other => panic!("expected a parquet error, got {other:?}"),
+    }
+}
+
+#[test]
+fn sharegpt_trains_like_the_same_chat_and_names_bad_speakers() {
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("fmt-sharegpt");
+    let share = common::write_jsonl(
+        &dir,
+        "s.jsonl",
+        &[
+            r#"{"system": "Be brief.", "conversations": [{"from": "human", "value": "What is 2 + 2?"}, {"from": "gpt", "value": "4."}]}"#,
+        ],
+    );
+    let chat = common::write_jsonl(
+        &dir,
+        "c.jsonl",
+        &[
+            r#"{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4."}]}"#,
+        ],
+    );
+    let o = opts(&dir, LabelMode::AssistantOnly);
+    let a = open(&share, Some(&enc), &o).unwrap();
+    let b = open(&chat, Some(&enc), &o).unwrap();
+    assert_eq!(a.report().format, Some(Format::ShareGpt));
+    assert_eq!(a.sample(0).unwrap(), b.sample(0).unwrap());
+    assert_eq!(trained_text(&enc, &a, 0), "4.<turn|>");
+    let bad = common::write_jsonl(
+        &dir,
+        "b.jsonl",
+        &[
+            r#"{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}"#,
+            r#"{"conversations": [{"from": "human", "value": "q"}, {"from": "robot", "value": "a"}]}"#,
+        ],
+    );
+    let err = open(&bad, Some(&enc), &o).unwrap_err();
+    assert!(
+        err.contains("b.jsonl:2: conversations[1].from: unknown speaker \"robot\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn prompt_completion_trains_the_completion_only_by_default() {
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("fmt-pc");
+    let path = common::write_jsonl(
+        &dir,
+        "pc.jsonl",
+        &[
+            r#"{"prompt": "What is 2 + 2? ", "completion": "It is 4."}"#,
+            r#"{"prompt": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "5?"}, {"role": "user", "content": "Sure?"}], "completion": [{"role": "assistant", "content": "No: 4."}]}"#,
+        ],
+    );
+    let ds = open(&path, Some(&enc), &opts(&dir, LabelMode::Auto)).unwrap();
+    assert_eq!(ds.report().format, Some(Format::PromptCompletion));
+    // strings: <bos> prompt completion <eos>, the completion and the EOS trained
+    let s = ds.sample(0).unwrap();
+    assert_eq!(s.input_ids[0], 2);
+    assert_eq!(
+        *s.input_ids.last().unwrap(),
+        106,
+        "eos_token <turn|> appended"
+    );
+    assert_eq!(trained_text(&enc, &ds, 0), "It is 4.<turn|>");
+    // messages: only the completion's model turn, not the prompt's assistant message
+    assert_eq!(trained_text(&enc, &ds, 1), "No: 4.<turn|>");
+    let full = open(&path, Some(&enc), &opts(&dir, LabelMode::Full)).unwrap();
+    let s = full.sample(1).unwrap();
+    assert!(s
+        .labels
+        .iter()
+        .zip(&s.input_ids)
+        .all(|(&l, &i)| l == i as i32));
+    let bad = common::write_jsonl(
+        &dir,
+        "bad.jsonl",
+        &[
+            r#"{"prompt": "q", "completion": "a"}"#,
+            r#"{"prompt": "q", "completion": [{"role": "assistant", "content": "a"}]}"#,
+        ],
+    );
+    let err = open(&bad, Some(&enc), &opts(&dir, LabelMode::Auto)).unwrap_err();
+    assert!(
+        err.contains(
+            "bad.jsonl:2: `prompt` and `completion` must both be strings or both be message lists"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn text_rows_get_one_bos_and_an_eos_and_train_everything() {
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("fmt-text");
+    let path = common::write_jsonl(
+        &dir,
+        "t.jsonl",
+        &[
+            r#"{"text": "Paris is in France."}"#,
+            r#"{"text": "<bos>Already has one.<turn|>"}"#,
+        ],
+    );
+    let ds = open(&path, Some(&enc), &opts(&dir, LabelMode::Auto)).unwrap();
+    for i in 0..2 {
+        let s = ds.sample(i).unwrap();
+        assert_eq!(
+            s.input_ids.iter().filter(|&&t| t == 2).count(),
+            1,
+            "one BOS"
+        );
+        assert_eq!(s.input_ids[0], 2);
+        assert_eq!(
+            s.input_ids.iter().filter(|&&t| t == 106).count(),
+            1,
+            "one EOS"
+        );
+        assert!(s
+            .labels
+            .iter()
+            .zip(&s.input_ids)
+            .all(|(&l, &i)| l == i as i32));
+    }
+    let err = open(&path, Some(&enc), &opts(&dir, LabelMode::AssistantOnly)).unwrap_err();
+    assert!(
+        err.contains("plain text: it has no assistant turns"),
+        "{err}"
+    );
+    let bad = common::write_jsonl(
+        &dir,
+        "b.jsonl",
+        &[r#"{"text": "ok"}"#, r#"{"text": ["no"]}"#],
+    );
+    let err = open(&bad, Some(&enc), &opts(&dir, LabelMode::Auto)).unwrap_err();
+    assert!(
+        err.contains("b.jsonl:2: text: expected a string, got an array"),
+        "{err}"
+    );
+    // without a tokenizer, text is a clear error before any row
+    let err = open(&path, None, &opts(&dir, LabelMode::Auto)).unwrap_err();
+    assert!(err.contains("is text data: it needs a tokenizer"), "{err}");
+}
+
+#[test]
+fn a_given_format_wins_over_detection() {
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("fmt-given");
+    let path = common::write_jsonl(
+        &dir,
+        "x.jsonl",
+        &[
+            r#"{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "text": "plain words"}"#,
+        ],
+    );
+    let detected = open(&path, Some(&enc), &opts(&dir, LabelMode::Auto)).unwrap();
+    let mut o = opts(&dir, LabelMode::Auto);
+    o.prepare.format = Some(Format::Text);
+    let given = open(&path, Some(&enc), &o).unwrap();
+    assert_eq!(detected.report().format, Some(Format::Chat));
+    assert_eq!(given.report().format, Some(Format::Text));
+    assert_ne!(detected.cache_path(), given.cache_path());
+    let words = enc
+        .tokenizer()
+        .decode(&given.sample(0).unwrap().input_ids, false)
+        .unwrap();
+    assert_eq!(words, "<bos>plain words<turn|>");
+}
