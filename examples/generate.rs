@@ -31,13 +31,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use clap::{ArgGroup, Parser};
-use g4ft::data::rows::{parse_chat, parse_tokens};
-use g4ft::data::{Encoder, Message, RenderOptions};
+use g4ft::data::rows::{self, Format, Row};
+use g4ft::data::{Encoder, RenderOptions};
 use g4ft::gemma4::{Gemma4Model, ModelFiles};
 use g4ft::generate::{
     generate, FinishReason, GenerateOptions, Generation, GenerationConfig, Sampling, SamplingParams,
 };
 use g4ft::lora::LoraContext;
+use serde_json::{json, Value};
 
 #[derive(Parser, Debug)]
 #[command(about = "Generate text with a Gemma 4 checkpoint, optionally with a LoRA adapter")]
@@ -194,15 +195,37 @@ impl Session {
     }
 }
 
-/// The prompt ids of a conversation: the chat template with the generation prompt, tokenized
-/// without special tokens (the template writes `<bos>`).
-pub(crate) fn chat_prompt(encoder: &Encoder, messages: &[Message]) -> Result<Vec<u32>, String> {
+/// The prompt ids of a conversation (`messages`: a JSON list of message objects, as in training
+/// rows): the chat template with the generation prompt, tokenized without special tokens (the
+/// template writes `<bos>`).
+pub(crate) fn chat_prompt(encoder: &Encoder, messages: &[Value]) -> Result<Vec<u32>, String> {
     let opts = RenderOptions {
         add_generation_prompt: true,
         enable_thinking: None,
     };
-    let text = encoder.template().render(messages, opts)?;
-    Ok(encoder.tokenize(&text)?.0)
+    let row =
+        rows::parse_json(&json!({ "messages": messages }).to_string()).map_err(|e| e.reason)?;
+    let conv = match rows::parse(&row, Format::Chat, None) {
+        Ok(Row::Chat(chat)) => chat.conversation,
+        Ok(_) => return Err("not a conversation".into()),
+        Err(e) => return Err(e.reason),
+    };
+    let text = encoder
+        .template()
+        .map_err(|e| e.to_string())?
+        .render(&conv, opts)?;
+    Ok(encoder.tokenize(&text).map_err(|e| e.reason)?.0)
+}
+
+/// A message object `{"role": role, "content": text}`.
+pub(crate) fn message(role: &str, text: &str) -> Value {
+    json!({"role": role, "content": text})
+}
+
+/// One JSONL line parsed as `format` (`vocab` bounds token ids).
+fn parse_line(line: &str, format: Format, vocab: Option<usize>) -> Result<Row, String> {
+    let value = rows::parse_json(line).map_err(|e| e.reason)?;
+    rows::parse(&value, format, vocab).map_err(|e| e.reason)
 }
 
 /// The reply text: new tokens without the stop token, special tokens skipped.
@@ -238,9 +261,12 @@ pub fn run(args: &Args, input: &mut dyn BufRead, out: &mut dyn Write) -> Result<
         let rows = jsonl_lines(path)?
             .into_iter()
             .map(|(n, line)| {
-                parse_tokens(&line, Some(vocab))
-                    .map(|r| r.input_ids)
-                    .map_err(|e| anyhow::anyhow!("{}:{n}: {e}", path.display()))
+                match parse_line(&line, Format::Tokens, Some(vocab)) {
+                    Ok(Row::Tokens(r)) => Ok(r.input_ids),
+                    Ok(_) => Err("expected {\"input_ids\": [...]}".to_string()),
+                    Err(e) => Err(e),
+                }
+                .map_err(|e| anyhow::anyhow!("{}:{n}: {e}", path.display()))
             })
             .collect::<Result<Vec<_>>>()?;
         for g in s.run_rows(&rows, args.batch_size)? {
@@ -251,8 +277,19 @@ pub fn run(args: &Args, input: &mut dyn BufRead, out: &mut dyn Write) -> Result<
         let rows = jsonl_lines(path)?
             .into_iter()
             .map(|(n, line)| {
-                let prompt = parse_chat(&line).and_then(|mut messages| {
-                    if messages.last().is_some_and(|m| m.role == "assistant") {
+                let messages = serde_json::from_str::<Value>(&line)
+                    .map_err(|e| e.to_string())
+                    .and_then(|row| match row.get("messages") {
+                        Some(Value::Array(m)) => Ok(m.clone()),
+                        _ => Err("expected {\"messages\": [...]}".to_string()),
+                    });
+                let prompt = messages.and_then(|mut messages| {
+                    if messages
+                        .last()
+                        .and_then(|m| m.get("role"))
+                        .and_then(Value::as_str)
+                        == Some("assistant")
+                    {
                         messages.pop();
                     }
                     if messages.is_empty() {
@@ -272,10 +309,7 @@ pub fn run(args: &Args, input: &mut dyn BufRead, out: &mut dyn Write) -> Result<
         }
     } else if let Some(text) = &args.prompt {
         let encoder = s.encoder()?;
-        let messages = [Message {
-            role: "user".into(),
-            content: text.clone(),
-        }];
+        let messages = [message("user", text)];
         let ids = chat_prompt(&encoder, &messages).map_err(|e| anyhow::anyhow!("--prompt: {e}"))?;
         let g = s.run_rows(&[ids], 1)?.remove(0);
         writeln!(out, "{}", reply_text(&encoder, &g)?)?;
@@ -288,7 +322,7 @@ pub fn run(args: &Args, input: &mut dyn BufRead, out: &mut dyn Write) -> Result<
 /// The multi-turn chat: each reply streamed as it is decoded, then kept in the history.
 fn interactive(s: &Session, input: &mut dyn BufRead, out: &mut dyn Write) -> Result<()> {
     let encoder = s.encoder()?;
-    let mut messages: Vec<Message> = Vec::new();
+    let mut messages: Vec<Value> = Vec::new();
     for turn in 0u64.. {
         write!(out, "> ")?;
         out.flush()?;
@@ -300,10 +334,7 @@ fn interactive(s: &Session, input: &mut dyn BufRead, out: &mut dyn Write) -> Res
             messages.clear();
             continue;
         }
-        messages.push(Message {
-            role: "user".into(),
-            content: line.trim().to_string(),
-        });
+        messages.push(message("user", line.trim()));
         let ids = chat_prompt(&encoder, &messages).map_err(|e| anyhow::anyhow!("{e}"))?;
         let (mut shown, mut tokens) = (String::new(), Vec::new());
         let opts = s.batch_options(turn);
@@ -328,10 +359,7 @@ fn interactive(s: &Session, input: &mut dyn BufRead, out: &mut dyn Write) -> Res
         .remove(0);
         let reply = reply_text(&encoder, &g)?;
         writeln!(out, "{}", reply.strip_prefix(shown.as_str()).unwrap_or(""))?;
-        messages.push(Message {
-            role: "assistant".into(),
-            content: reply,
-        });
+        messages.push(message("assistant", &reply));
     }
     Ok(())
 }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device};
 use clap::Parser;
-use g4ft::data::{Encoder, Message};
+use g4ft::data::Encoder;
 use g4ft::gemma4::Gemma4Model;
 use g4ft::generate::GenerationConfig;
 use g4ft::lora::{attach, save_adapter, InitLoraWeights, LoraConfig, TargetModules};
@@ -137,10 +137,7 @@ fn the_tiny_model_stops_on_eos_and_end_of_turn() {
 #[test]
 fn prompt_and_chat_render_the_template_and_decode_the_reply() {
     let encoder = Encoder::from_model_dir(&PathBuf::from(tiny())).unwrap();
-    let user = |c: &str| Message {
-        role: "user".into(),
-        content: c.into(),
-    };
+    let user = |c: &str| generate::message("user", c);
     let prompt_ids =
         generate::chat_prompt(&encoder, &[user("How many words are in: river stone?")]).unwrap();
     let reference = output_ids(
