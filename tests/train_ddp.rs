@@ -418,3 +418,90 @@ fn matches_pytorch_peft_on_three_steps() {
         "{key}: max relative difference {d} to PEFT's final adapter"
     );
 }
+
+#[test]
+fn pre_tokenized_data_needs_no_tokenizer_and_trains_packed() {
+    // A model directory with only config.json and the weights: enough for token rows.
+    let dir = tmp("tokens-only");
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(Path::new(ROOT).join("assets/tiny").join(f), model.join(f)).unwrap();
+    }
+    let mut args = args_with(
+        &dir.join("out"),
+        &["--packing", "--max-steps", "2", "--accum", "1"],
+    );
+    let i = args.iter().position(|a| a == "--model").unwrap();
+    args[i + 1] = model.display().to_string();
+    let stdout = run_ok(1, &args, &[]);
+    assert!(stdout.contains("rows kept          12"), "{stdout}");
+    let text = std::fs::read_to_string(dir.join("out/metrics.jsonl")).unwrap();
+    let dataset: serde_json::Value = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["kind"] == "dataset")
+        .expect("a dataset record");
+    assert_eq!(
+        (dataset["split"].as_str(), dataset["rows"].as_u64()),
+        (Some("train"), Some(12))
+    );
+    assert_eq!(dataset["format"], "tokens");
+    assert_eq!(losses(&dir.join("out")).len(), 2);
+    // these rows carry no labels: assistant_only cannot know what to train
+    args.extend(["--labels".to_string(), "assistant_only".to_string()]);
+    let out = &run(1, &args, &[])[0];
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("data.jsonl:1: labels: missing; --labels assistant_only needs"),
+        "{err}"
+    );
+}
+
+#[test]
+fn skipped_rows_get_a_warning_each_and_truncation_is_reported() {
+    let dir = tmp("skip");
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = std::fs::read_to_string(Path::new(ROOT).join("assets/sample/chat.jsonl")).unwrap();
+    let mut lines: Vec<&str> = good.lines().take(12).collect();
+    lines[2] = "{\"messages\": [";
+    lines[5] = r#"{"messages": [{"role": "robot", "content": "x"}]}"#;
+    let data = dir.join("skip.jsonl");
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let mut args = args_with(
+        &dir.join("out"),
+        &["--skip-bad-lines", "--max-steps", "1", "--accum", "1"],
+    );
+    let i = args.iter().position(|a| a == "--data").unwrap();
+    args[i + 1] = data.display().to_string();
+    let i = args.iter().position(|a| a == "--max-len").unwrap();
+    args[i + 1] = "20".into();
+    let outs = run(1, &args, &[]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&outs[0].stdout),
+        String::from_utf8_lossy(&outs[0].stderr),
+    );
+    assert!(outs[0].status.success(), "{stderr}");
+    let path = data.display().to_string();
+    assert!(
+        stderr.contains(&format!(
+            "warning: {path}:3: skipped (invalid_json): invalid JSON"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "warning: {path}:6: skipped (bad_field): messages[0].role"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("rows skipped       2 (invalid_json 1, bad_field 1)"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("were truncated"),
+        "most rows exceed 20 tokens: {stderr}"
+    );
+}

@@ -30,18 +30,6 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
-    /// Every reason, in report order.
-    pub const ALL: [SkipReason; 8] = [
-        SkipReason::LineTooLong,
-        SkipReason::InvalidUtf8,
-        SkipReason::InvalidJson,
-        SkipReason::BadField,
-        SkipReason::Template,
-        SkipReason::LabelSpans,
-        SkipReason::NoTrainableToken,
-        SkipReason::Tokenizer,
-    ];
-
     /// The snake_case name used in reports and `metrics.jsonl`.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -1,12 +1,14 @@
 //! g4ft-data: training data for Gemma 4 LoRA fine-tuning — the post's `ChatJsonl`,
 //! `DistributedSampler`, `DataLoader` and `PadCollate`, in Rust.
 //!
-//! Pipeline: chat JSONL (`{"messages": [...]}`) or pre-tokenized JSONL (`{"input_ids": [...]}`)
-//! → [`TokenDataset::open`] (model's chat template rendered with minijinja as transformers does,
-//! tokenized without special tokens, labels `full` or `assistant_only`, truncated to `max_len`,
-//! in parallel, cached on disk per file/tokenizer/template/settings) → [`DataLoader`] (PyTorch's
-//! [`DistributedSampler`] semantics, optional length grouping or packing, [`PadCollate`] on a
-//! prefetch thread) → [`Batch`].
+//! Pipeline: a JSONL or Parquet file of chat, ShareGPT, prompt/completion, text or pre-tokenized
+//! rows ([`Format`]) → [`TokenDataset::open`] (conversations rendered with the model's chat
+//! template through minijinja as transformers renders them, tools and tool calls included;
+//! tokenized without special tokens; labels `auto`, `full` or `assistant_only`; truncated to
+//! `max_len`; in parallel; cached on disk per file/tokenizer/template/settings; a
+//! [`PrepareReport`]) → [`DataLoader`] (PyTorch's [`DistributedSampler`] semantics, optional
+//! length grouping or packing, [`PadCollate`] on a prefetch thread) → [`Batch`]. `docs/data.md`
+//! describes the formats, the label rule and the packed batch representation.
 //!
 //! ```no_run
 //! # fn main() -> g4ft_data::Result<()> {
@@ -25,9 +27,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Deliberately left out: the model (packing's block-diagonal mask is built by `gemma4` from
-//! `position_ids`), tool calls and multimodal content in chat rows, and any communication — the
-//! sampler needs none, every rank computes the same plan.
+//! Deliberately left out: the model (packed rows reach it as restarting `position_ids`),
+//! multimodal content parts (text-only training: image/audio parts are bad rows), and any
+//! communication — the sampler needs none, every rank computes the same plan.
 
 pub mod batching;
 pub mod cache;

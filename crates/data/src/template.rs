@@ -145,11 +145,6 @@ impl ChatTemplate {
         &self.source
     }
 
-    /// The file the template came from.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The special-token strings the template is rendered with.
     pub fn special_tokens(&self) -> &[(&'static str, String)] {
         &self.special_tokens
