@@ -157,22 +157,21 @@ fn write_long_tail(sample: &Path, out: &Path, rows: usize) -> Result<()> {
             Ok(v["messages"].as_array().cloned().unwrap_or_default())
         })
         .collect::<Result<_>>()?;
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    // one random stream, drawn in order
+    let key = g4ft::hash::stream_key(&[42]);
+    let mut drawn = 0u64;
     let mut next = move || {
-        // splitmix64
-        rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        drawn += 1;
+        drawn - 1
     };
     let mut w = std::io::BufWriter::new(std::fs::File::create(out)?);
     for _ in 0..rows {
-        let u = ((next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        // 1 - u is in (0, 1]
+        let u = 1.0 - g4ft::hash::stream_unit_f64(key, next());
         let k = (u.powf(-1.0 / 1.2).floor() as usize).clamp(1, 40);
         let mut messages = Vec::new();
         for j in 0..k {
-            let conv = &convs[(next() % convs.len() as u64) as usize];
+            let conv = &convs[(g4ft::hash::stream_u64(key, next()) % convs.len() as u64) as usize];
             messages.extend(
                 conv.iter()
                     .filter(|m| j == 0 || m["role"] != "system")
