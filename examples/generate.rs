@@ -29,7 +29,6 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
 use clap::{ArgGroup, Parser};
 use g4ft::data::rows::{self, Format, Row};
 use g4ft::data::{Encoder, RenderOptions};
@@ -109,20 +108,12 @@ impl Session {
         if args.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
-        let device = match args.device.as_str() {
-            "cuda" => Device::new_cuda(0).context("--device cuda (build with --features cuda)")?,
-            _ => Device::Cpu,
-        };
-        let dtype = if args.dtype == "bf16" {
-            DType::BF16
-        } else {
-            DType::F32
-        };
-        let mut model = Gemma4Model::load(&args.model, dtype, &device)?;
-        if let Some(dir) = &args.adapter {
-            g4ft::lora::load_adapter(dir, model.projections_mut())
-                .with_context(|| format!("--adapter {}", dir.display()))?;
-        }
+        let model = g4ft::load_inference_model(
+            &args.model,
+            args.adapter.as_deref(),
+            &args.device,
+            &args.dtype,
+        )?;
         let files = ModelFiles::resolve(&args.model)?;
         let dir = files
             .config

@@ -13,7 +13,6 @@
 //! the file (shifted: the label of position t+1 is predicted at t), `N` = those tokens.
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
 use clap::Parser;
 use g4ft::gemma4::{Gemma4Model, TokenBatch};
 use g4ft::lora::LoraContext;
@@ -129,20 +128,12 @@ fn main() -> Result<()> {
     if args.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
-    let device = match args.device.as_str() {
-        "cuda" => Device::new_cuda(0).context("--device cuda (build with --features cuda)")?,
-        _ => Device::Cpu,
-    };
-    let dtype = if args.dtype == "bf16" {
-        DType::BF16
-    } else {
-        DType::F32
-    };
-    let mut model = Gemma4Model::load(&args.model, dtype, &device)?;
-    if let Some(dir) = &args.adapter {
-        g4ft::lora::load_adapter(dir, model.projections_mut())
-            .with_context(|| format!("--adapter {}", dir.display()))?;
-    }
+    let model = g4ft::load_inference_model(
+        &args.model,
+        args.adapter.as_deref(),
+        &args.device,
+        &args.dtype,
+    )?;
     let rows = read_rows(&args.data, model.config().vocab_size)?;
 
     let (loss_sum, tokens) = score(&model, &rows, args.batch_size)?;
