@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
-use clap::Parser;
+use clap::ArgMatches;
 use g4ft::data::{
     detect_format, Batch, Batching, DataLoader, DatasetOptions, Encoder, Format, LabelMode,
     LoaderConfig, PrepareOptions, TokenDataset,
@@ -49,11 +49,11 @@ use g4ft::trainer::state::{
     config_fingerprint, config_rows, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
 };
 use g4ft::trainer::step::{self, LossWeighting};
-use g4ft::trainer::{Cli, TrainConfig};
+use g4ft::trainer::{cli, TrainConfig};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match train(&cli) {
+    let matches = cli::command().get_matches();
+    match train(&matches) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let rank = std::env::var("RANK").unwrap_or_else(|_| "0".into());
@@ -63,12 +63,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn train(cli: &Cli) -> Result<()> {
-    let resolved = cli.resolve(|k| std::env::var(k).ok())?;
+fn train(matches: &ArgMatches) -> Result<()> {
+    let resolved = cli::resolve(matches)?;
     let cfg = &resolved.config;
-    if cfg.synthetic || cfg.random_init {
-        bail!("--synthetic / --random-init are benchmark settings that train_ddp does not implement; use examples/bench_train");
-    }
 
     // 1. Device first, then the process group bound to it (torchrun sets RANK, LOCAL_RANK,
     //    WORLD_SIZE, MASTER_ADDR, MASTER_PORT; without them: one process).

@@ -1,217 +1,140 @@
-//! Command-line flags of `train_ddp` (clap derive) and the resolution of all layers:
-//! defaults < `--config` TOML < `MODEL_ID`/`DATA_PATH`/`OUTPUT_DIR` < flags; and [`ShapeArgs`],
-//! the shape flags that the `bench_train` and `memory_plan` examples share.
+//! The `train_ddp` command line and the resolution of all layers of settings: defaults <
+//! `--config` TOML < `MODEL_ID`/`DATA_PATH`/`OUTPUT_DIR` < flags; and [`ShapeArgs`], the shape
+//! flags that the `bench_train` and `memory_plan` examples share.
+//!
+//! Every setting is defined once, in [`TrainConfig`]; this file only layers them. The flags and
+//! the environment are clap's (which also reports where each value came from), the TOML file is
+//! serde's reading of the same struct (unknown keys and wrong types name the file and the line).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use candle_core::DType;
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 
-use crate::config::{
-    DTypeKind, DeviceKind, LabelsKind, OnNonFinite, Origin, ResolvedConfig, TrainConfig,
-};
-use crate::error::Result;
-use crate::layer::{ConfigLayer, ENV_VARS};
+use crate::config::{settings, Origin, ResolvedConfig, TrainConfig};
+use crate::error::{Error, Result};
 
 /// LoRA fine-tuning of Gemma 4 with DDP: the post's `train_ddp.py`. Every flag overrides the TOML
-/// key of the same name (dashes → underscores), which overrides the post's environment variables'
-/// defaults. Launch one process per device with `ddprun` or `torchrun --no-python`.
-#[derive(Debug, Clone, Default, Parser)]
+/// key of the same name (dashes → underscores), which overrides the defaults (the post's
+/// constants); MODEL_ID, DATA_PATH and OUTPUT_DIR override the file. Launch one process per device
+/// with `ddprun` or `torchrun --no-python`.
+#[derive(Debug, Clone, Parser)]
 #[command(name = "train_ddp", version)]
-#[allow(missing_docs)] // clap shows the `///` of each field as its help; see TrainConfig
 pub struct Cli {
-    /// TOML file with any of the settings below (keys = flag names with underscores)
+    /// TOML file with any of the settings below (keys = flag names with underscores).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Hub id or local directory of the base model [env: MODEL_ID]
-    #[arg(long, value_name = "ID|DIR")]
-    pub model: Option<String>,
-    /// Training data: JSONL or Parquet, chat/ShareGPT/prompt-completion/text/token rows [env: DATA_PATH]
-    #[arg(long, value_name = "FILE")]
-    pub data: Option<PathBuf>,
-    /// Evaluation data, same formats (evaluated on every rank, metrics all-reduced)
-    #[arg(long, value_name = "FILE")]
-    pub eval_data: Option<PathBuf>,
-    /// Output directory for checkpoints, metrics and the loss plot [env: OUTPUT_DIR]
-    #[arg(long, value_name = "DIR")]
-    pub output: Option<PathBuf>,
-    #[arg(long, value_enum)]
-    pub device: Option<DeviceKind>,
-    /// Dtype of the frozen base weights (adapters and optimizer are always fp32)
-    #[arg(long, value_enum)]
-    pub dtype: Option<DTypeKind>,
-    /// Tokens per sample after truncation
-    #[arg(long)]
-    pub max_len: Option<usize>,
-    /// Samples per rank per forward pass
-    #[arg(long)]
-    pub micro_batch: Option<usize>,
-    /// Micro-batches per optimizer step (gradient accumulation)
-    #[arg(long)]
-    pub accum: Option<usize>,
-    #[arg(long)]
-    pub epochs: Option<usize>,
-    /// Stop after this many optimizer steps
-    #[arg(long)]
-    pub max_steps: Option<usize>,
-    /// Peak learning rate
-    #[arg(long)]
-    pub lr: Option<f64>,
-    /// Linear warmup steps before the cosine decay
-    #[arg(long)]
-    pub warmup: Option<usize>,
-    /// AdamW decoupled weight decay
-    #[arg(long)]
-    pub weight_decay: Option<f64>,
-    /// Global gradient-norm clip (0 = off)
-    #[arg(long)]
-    pub max_grad_norm: Option<f64>,
-    #[arg(long)]
-    pub seed: Option<u64>,
-    #[arg(long)]
-    pub lora_r: Option<usize>,
-    #[arg(long)]
-    pub lora_alpha: Option<f64>,
-    #[arg(long)]
-    pub lora_dropout: Option<f64>,
-    /// Regex over module paths (PEFT full-match semantics)
-    #[arg(long, value_name = "REGEX")]
-    pub lora_targets: Option<String>,
-    /// Loss on what the format implies (auto), all tokens, or assistant turns only
-    #[arg(long, value_enum)]
-    pub labels: Option<LabelsKind>,
-    /// Row format: chat, sharegpt, prompt_completion, text or tokens (default: detect)
-    #[arg(long, value_name = "FORMAT")]
-    pub data_format: Option<g4ft_data::Format>,
-    /// Pass enable_thinking=true to the chat template (rows may set their own)
-    #[arg(long)]
-    pub enable_thinking: bool,
-    /// JSONL lines longer than this are bad rows, skipped without being parsed
-    #[arg(long, value_name = "BYTES")]
-    pub max_line_bytes: Option<usize>,
-    /// Pack several samples into each row of --max-len tokens
-    #[arg(long)]
-    pub packing: bool,
-    /// Batch samples of similar length together
-    #[arg(long)]
-    pub group_by_length: bool,
-    /// Keep the data order (the sampler does not shuffle)
-    #[arg(long)]
-    pub no_shuffle: bool,
-    /// Skip malformed rows, with a warning per row, instead of stopping
-    #[arg(long)]
-    pub skip_bad_lines: bool,
-    /// Start from this PEFT adapter directory's weights
-    #[arg(long, value_name = "DIR")]
-    pub init_adapter: Option<PathBuf>,
-    /// Continue from this checkpoint directory
-    #[arg(long, value_name = "DIR")]
-    pub resume: Option<PathBuf>,
-    /// Also checkpoint every N optimizer steps
-    #[arg(long, value_name = "N")]
-    pub save_every: Option<usize>,
-    /// Evaluate every N optimizer steps (needs --eval-data)
-    #[arg(long, value_name = "N")]
-    pub eval_every: Option<usize>,
-    /// Log every N optimizer steps
-    #[arg(long, value_name = "N")]
-    pub log_every: Option<usize>,
-    /// Sum token losses and divide by the global token count
-    #[arg(long)]
-    pub token_weighted_loss: bool,
-    /// DDP bucket size in MiB
-    #[arg(long, value_name = "MIB")]
-    pub bucket_cap_mb: Option<f64>,
-    /// Seconds a collective may block before the job fails
-    #[arg(long, value_name = "SECONDS")]
-    pub collective_timeout_s: Option<u64>,
-    /// Non-finite loss or gradient: stop, or skip the step
-    #[arg(long, value_enum)]
-    pub on_nonfinite: Option<OnNonFinite>,
-    /// With --on-nonfinite skip: stop after this many skipped steps in a row
-    #[arg(long, value_name = "N")]
-    pub max_nonfinite_skips: Option<usize>,
-    /// Dense bf16 peak TFLOP/s of one device, for MFU (default: GPU table)
-    #[arg(long, value_name = "TFLOPS")]
-    pub peak_tflops: Option<f64>,
-    /// Benchmark: random token ids of exactly --max-len instead of the JSONL
-    #[arg(long)]
-    pub synthetic: bool,
-    /// Benchmark: random base weights from the model's config.json
-    #[arg(long)]
-    pub random_init: bool,
+    /// The settings given as flags or environment variables (defaults elsewhere).
+    #[command(flatten)]
+    pub settings: TrainConfig,
 }
 
-impl Cli {
-    /// The layer of settings given as flags (boolean switches only ever turn their setting on,
-    /// or for `--no-shuffle` off; absent switches leave lower layers alone).
-    pub fn layer(&self) -> ConfigLayer {
-        let on = |b: bool| b.then_some(true);
-        ConfigLayer {
-            model: self.model.clone(),
-            data: self.data.clone(),
-            eval_data: self.eval_data.clone(),
-            output: self.output.clone(),
-            device: self.device,
-            dtype: self.dtype,
-            max_len: self.max_len,
-            labels: self.labels,
-            data_format: self.data_format,
-            enable_thinking: on(self.enable_thinking),
-            max_line_bytes: self.max_line_bytes,
-            packing: on(self.packing),
-            group_by_length: on(self.group_by_length),
-            shuffle: self.no_shuffle.then_some(false),
-            skip_bad_lines: on(self.skip_bad_lines),
-            micro_batch: self.micro_batch,
-            accum: self.accum,
-            epochs: self.epochs,
-            max_steps: self.max_steps,
-            lr: self.lr,
-            warmup: self.warmup,
-            weight_decay: self.weight_decay,
-            max_grad_norm: self.max_grad_norm,
-            token_weighted_loss: on(self.token_weighted_loss),
-            seed: self.seed,
-            lora_r: self.lora_r,
-            lora_alpha: self.lora_alpha,
-            lora_dropout: self.lora_dropout,
-            lora_targets: self.lora_targets.clone(),
-            init_adapter: self.init_adapter.clone(),
-            resume: self.resume.clone(),
-            save_every: self.save_every,
-            eval_every: self.eval_every,
-            log_every: self.log_every,
-            bucket_cap_mb: self.bucket_cap_mb,
-            collective_timeout_s: self.collective_timeout_s,
-            on_nonfinite: self.on_nonfinite,
-            max_nonfinite_skips: self.max_nonfinite_skips,
-            peak_tflops: self.peak_tflops,
-            synthetic: on(self.synthetic),
-            random_init: on(self.random_init),
+/// The `train_ddp` command: [`Cli`]'s flags, where an environment override that is set but empty
+/// counts as unset (as the post's `os.environ.get` with a default would treat a missing one).
+pub fn command() -> clap::Command {
+    Cli::command().mut_args(|a| {
+        let empty = a
+            .get_env()
+            .is_some_and(|var| std::env::var_os(var).is_some_and(|v| v.is_empty()));
+        if empty {
+            a.env(None::<&'static str>)
+        } else {
+            a
         }
-    }
+    })
+}
 
-    /// Applies all layers (defaults < `--config` file < environment < flags) and validates the
-    /// result. `env` looks up environment variables (`|k| std::env::var(k).ok()` in `main`).
-    pub fn resolve(&self, env: impl Fn(&str) -> Option<String>) -> Result<ResolvedConfig> {
-        let mut config = TrainConfig::default();
-        let mut origins = BTreeMap::new();
-        if let Some(path) = &self.config {
-            ConfigLayer::from_toml_file(path)?
-                .apply_to(&mut config, &mut origins, |_| Origin::File(path.clone()));
-        }
-        ConfigLayer::from_env(env).apply_to(&mut config, &mut origins, |field| {
-            let var = ENV_VARS.iter().find(|(_, f)| *f == field).map(|(v, _)| *v);
-            Origin::Env(var.expect("the env layer sets only the fields listed in ENV_VARS"))
-        });
-        self.layer()
-            .apply_to(&mut config, &mut origins, |_| Origin::Flag);
-        let resolved = ResolvedConfig { config, origins };
-        resolved.validate()?;
-        Ok(resolved)
+/// Parses `args` (the program name first) with [`command`] and resolves them; `--help`,
+/// `--version` and bad flags come back as [`Error::Flags`].
+pub fn resolve_args<I, T>(args: I) -> Result<ResolvedConfig>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    resolve(&command().try_get_matches_from(args)?)
+}
+
+/// Applies all layers (defaults < `--config` file < environment < flags) to the parsed command
+/// line and validates the result.
+pub fn resolve(matches: &ArgMatches) -> Result<ResolvedConfig> {
+    let cli = Cli::from_arg_matches(matches)?;
+    let (file_config, file_keys) = match &cli.config {
+        Some(path) => read_toml_file(path)?,
+        None => (TrainConfig::default(), Vec::new()),
+    };
+    let mut merged = to_object(&file_config);
+    let given = to_object(&cli.settings);
+    let mut origins = BTreeMap::new();
+    for s in settings() {
+        let origin = match matches.value_source(&s.name) {
+            Some(ValueSource::CommandLine) => Origin::Flag,
+            Some(ValueSource::EnvVariable) => {
+                Origin::Env(s.env.clone().expect("an env value has a variable"))
+            }
+            _ => {
+                if let (Some(path), true) = (&cli.config, file_keys.contains(&s.name)) {
+                    origins.insert(s.name, Origin::File(path.clone()));
+                }
+                continue;
+            }
+        };
+        merged.insert(s.name.clone(), given[&s.name].clone());
+        origins.insert(s.name, origin);
     }
+    let config = serde_json::from_value(serde_json::Value::Object(merged))
+        .expect("values of one TrainConfig and another deserialize");
+    let resolved = ResolvedConfig { config, origins };
+    resolved.validate()?;
+    Ok(resolved)
+}
+
+fn to_object(c: &TrainConfig) -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::to_value(c).expect("the config serializes") {
+        serde_json::Value::Object(m) => m,
+        _ => unreachable!("a struct serializes to an object"),
+    }
+}
+
+/// Reads a TOML config file: the settings it gives on top of the defaults, and which keys it set.
+/// Errors name the file and the line/column of the offending key (unknown keys list the valid
+/// ones) or value (wrong type).
+pub fn read_toml_file(path: &Path) -> Result<(TrainConfig, Vec<String>)> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::ConfigRead {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_toml(&text, path)
+}
+
+/// Parses TOML text as [`read_toml_file`] does; `path` is used in error messages only.
+pub fn parse_toml(text: &str, path: &Path) -> Result<(TrainConfig, Vec<String>)> {
+    let parse_error = |e: toml::de::Error| {
+        let offset = e.span().map_or(0, |s| s.start);
+        let (line, column) = line_col(text, offset);
+        Error::ConfigParse {
+            path: path.to_path_buf(),
+            line,
+            column,
+            message: e.message().trim().to_string(),
+        }
+    };
+    let config: TrainConfig = toml::from_str(text).map_err(parse_error)?;
+    let keys = toml::from_str::<toml::Table>(text)
+        .map_err(parse_error)?
+        .keys()
+        .cloned()
+        .collect();
+    Ok((config, keys))
+}
+
+/// 1-based (line, column) of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
 }
 
 /// The flags `bench_train` and `memory_plan` share (`#[command(flatten)]` in both): the model
@@ -250,11 +173,7 @@ impl ShapeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
-
-    fn no_env(_: &str) -> Option<String> {
-        None
-    }
+    use crate::config::{DTypeKind, DeviceKind, LabelsKind};
 
     fn repo_config(name: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -262,9 +181,13 @@ mod tests {
             .join(name)
     }
 
+    fn parse(text: &str) -> Result<(TrainConfig, Vec<String>)> {
+        parse_toml(text, Path::new("run.toml"))
+    }
+
     #[test]
     fn flags_parse_like_the_issue_lists_them() {
-        let cli = Cli::try_parse_from([
+        let r = resolve_args([
             "train_ddp",
             "--model",
             "assets/tiny",
@@ -284,7 +207,6 @@ mod tests {
             ".*q_proj",
         ])
         .unwrap();
-        let r = cli.resolve(no_env).unwrap();
         let c = &r.config;
         assert_eq!(c.model, "assets/tiny");
         assert_eq!(c.labels, LabelsKind::AssistantOnly);
@@ -293,53 +215,70 @@ mod tests {
             (c.dtype, c.device, c.max_steps, c.lr),
             (DTypeKind::F32, DeviceKind::Cpu, Some(3), 2e-4)
         );
+        assert_eq!(c.lora_targets, ".*q_proj");
+        assert_eq!(
+            (c.enable_thinking, c.packing, c.data_format),
+            (None, false, None)
+        );
         assert_eq!(r.origin("lr"), Origin::Flag);
+        assert_eq!(r.origin("shuffle"), Origin::Flag);
         assert_eq!(r.origin("accum"), Origin::Default);
+        let d = resolve_args([
+            "t",
+            "--enable-thinking",
+            "--packing",
+            "--data-format",
+            "tokens",
+        ])
+        .unwrap();
+        assert_eq!(d.config.enable_thinking, Some(true));
+        assert_eq!(d.config.data_format, Some(g4ft_data::Format::Tokens));
+        assert!(d.config.packing);
+        let d = resolve_args(["t", "--enable-thinking", "false"]).unwrap();
+        assert_eq!(d.config.enable_thinking, Some(false));
     }
 
     #[test]
-    fn layering_order_is_default_file_env_flag() {
+    fn file_beats_default_and_flag_beats_file() {
         let path = repo_config("tiny-cpu.toml");
-        let env = |k: &str| match k {
-            "MODEL_ID" => Some("env-model".to_string()),
-            "OUTPUT_DIR" => Some("env-out".to_string()),
-            _ => None,
-        };
-        let cli = Cli::try_parse_from([
-            "t",
-            "--config",
-            path.to_str().unwrap(),
-            "--output",
-            "flag-out",
-        ])
-        .unwrap();
-        let r = cli.resolve(env).unwrap();
-        assert_eq!(r.config.model, "env-model", "env beats file");
-        assert_eq!(r.origin("model"), Origin::Env("MODEL_ID"));
-        assert_eq!(r.config.output, PathBuf::from("flag-out"), "flag beats env");
+        let p = path.to_str().unwrap();
+        let r = resolve_args(["t", "--config", p, "--output", "flag-out"]).unwrap();
+        assert_eq!(
+            r.config.output,
+            PathBuf::from("flag-out"),
+            "flag beats file"
+        );
+        assert_eq!(r.origin("output"), Origin::Flag);
         assert_eq!(r.config.max_len, 128, "file beats default");
         assert_eq!(r.origin("max_len"), Origin::File(path.clone()));
         assert_eq!(r.config.seed, 42, "default where nobody sets it");
+        assert_eq!(r.origin("seed"), Origin::Default);
+        // A switch given in the file stays on when the flag is absent.
+        let dir = std::env::temp_dir().join(format!("g4ft-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("switch.toml");
+        std::fs::write(&file, "skip_bad_lines = true\nshuffle = false\n").unwrap();
+        let r = resolve_args(["t", "--config", file.to_str().unwrap()]).unwrap();
+        assert!(r.config.skip_bad_lines && !r.config.shuffle);
+        assert_eq!(r.origin("shuffle"), Origin::File(file.clone()));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn shipped_configs_resolve() {
-        let big = Cli {
-            config: Some(repo_config("gemma4-12b-lora.toml")),
-            ..Cli::default()
-        };
-        let big = big.resolve(no_env).unwrap().config;
+        let big = repo_config("gemma4-12b-lora.toml");
+        let big = resolve_args(["t", "--config", big.to_str().unwrap()])
+            .unwrap()
+            .config;
         assert_eq!(
             big,
             TrainConfig::default(),
             "the 12B config restates the post's values"
         );
-
-        let tiny = Cli {
-            config: Some(repo_config("tiny-cpu.toml")),
-            ..Cli::default()
-        };
-        let tiny = tiny.resolve(no_env).unwrap().config;
+        let tiny = repo_config("tiny-cpu.toml");
+        let tiny = resolve_args(["t", "--config", tiny.to_str().unwrap()])
+            .unwrap()
+            .config;
         assert_eq!((tiny.device, tiny.dtype), (DeviceKind::Cpu, DTypeKind::F32));
         assert_eq!(
             (tiny.micro_batch, tiny.accum, tiny.log_every, tiny.warmup),
@@ -349,10 +288,79 @@ mod tests {
     }
 
     #[test]
+    fn every_setting_is_a_flag_with_help_and_a_toml_key() {
+        let cmd = command();
+        let table = TrainConfig::default().rows();
+        assert_eq!(table.len(), settings().len());
+        for s in settings() {
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_id() == s.name.as_str())
+                .unwrap();
+            assert!(arg.get_help().is_some(), "--{} has no help", s.name);
+            assert!(arg.get_long().is_some(), "{} is not a long flag", s.name);
+            // The TOML key is the field name: a file setting the key to its default parses.
+            let (_, v) = table.iter().find(|(k, _)| *k == s.name).unwrap();
+            let value = toml::Value::try_from(
+                serde_json::to_value(TrainConfig::default()).unwrap()[&s.name].clone(),
+            );
+            if let Ok(value) = value {
+                let text = format!("{} = {value}\n", s.name);
+                let (c, keys) = parse(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+                assert_eq!(keys, vec![s.name.clone()]);
+                assert_eq!(c, TrainConfig::default(), "{text} (table shows {v})");
+            }
+        }
+    }
+
+    #[test]
+    fn toml_parses_known_keys_and_enums() {
+        let (c, keys) = parse(
+            "lr = 2e-4\nlabels = \"assistant_only\"\ndtype = \"f32\"\nmax_steps = 5\nlora_alpha = 16\n",
+        )
+        .unwrap();
+        assert_eq!(c.lr, 2e-4);
+        assert_eq!(c.labels, LabelsKind::AssistantOnly);
+        assert_eq!(c.dtype, DTypeKind::F32);
+        assert_eq!(c.max_steps, Some(5));
+        assert_eq!(c.lora_alpha, 16.0, "integers are accepted for floats");
+        assert_eq!(c.accum, 8, "unset keys keep the default");
+        assert_eq!(keys.len(), 5);
+    }
+
+    #[test]
+    fn toml_unknown_key_names_key_file_and_line() {
+        let msg = parse("lr = 1e-4\n\nlearning_rat = 3e-4\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.starts_with("config run.toml:3:"), "{msg}");
+        assert!(msg.contains("learning_rat"), "{msg}");
+    }
+
+    #[test]
+    fn toml_wrong_type_names_line() {
+        let msg = parse("seed = 1\naccum = \"eight\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.starts_with("config run.toml:2:"), "{msg}");
+        let msg = parse("device = \"tpu\"\n").unwrap_err().to_string();
+        assert!(msg.contains("tpu") && msg.contains("run.toml:1:"), "{msg}");
+    }
+
+    #[test]
     fn invalid_flag_value_is_reported_with_its_origin() {
-        let cli = Cli::try_parse_from(["t", "--accum", "0"]).unwrap();
-        let msg = cli.resolve(no_env).unwrap_err().to_string();
+        let msg = resolve_args(["t", "--accum", "0"]).unwrap_err().to_string();
         assert!(msg.contains("`accum` = 0 (set by flag)"), "{msg}");
+        let msg = resolve_args(["t", "--accum", "x"]).unwrap_err().to_string();
+        assert!(msg.contains("--accum"), "{msg}");
+    }
+
+    #[test]
+    fn missing_config_file_names_the_path() {
+        let msg = resolve_args(["t", "--config", "/nonexistent/x.toml"])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("/nonexistent/x.toml"), "{msg}");
     }
 
     /// A command line with only the shared shape flags, as the examples flatten them.
@@ -400,12 +408,5 @@ mod tests {
             .shape;
         let msg = s.dtype().unwrap_err().to_string();
         assert_eq!(msg, "--dtype: expected bf16 or f32, got \"f16\"");
-    }
-
-    #[test]
-    fn missing_config_file_names_the_path() {
-        let cli = Cli::try_parse_from(["t", "--config", "/nonexistent/x.toml"]).unwrap();
-        let msg = cli.resolve(no_env).unwrap_err().to_string();
-        assert!(msg.contains("/nonexistent/x.toml"), "{msg}");
     }
 }

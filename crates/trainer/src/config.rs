@@ -1,16 +1,17 @@
-//! The resolved training configuration: the post's constants as defaults, validation, and the
-//! two-column table rank 0 prints at startup.
+//! The training settings, each defined once in [`TrainConfig`] (flag, help, default, TOML key,
+//! environment override, `--help` section), their validation, and the two-column table rank 0
+//! prints at startup.
 //!
 //! Layering (lowest to highest): [`TrainConfig::default`] (the constants of the post's
 //! `train_ddp.py`) < the TOML file given to `--config` < the post's environment variables
-//! `MODEL_ID`, `DATA_PATH`, `OUTPUT_DIR` < command-line flags. The layers are in
-//! [`crate::layer`] and [`crate::cli`]; this file holds only the final values.
+//! `MODEL_ID`, `DATA_PATH`, `OUTPUT_DIR` < command-line flags; [`crate::cli`] applies them.
 //! Field names are the TOML keys; each flag is the same name with dashes (`max_len` ↔ `--max-len`).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
+use clap::{Args, FromArgMatches};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -67,143 +68,229 @@ pub enum OnNonFinite {
     Skip,
 }
 
-/// Every setting of a training run, after all layers were applied. Units: lengths in tokens,
-/// steps are optimizer steps, `lr` absolute, sizes in MiB, times in seconds.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// The `--help` sections. Each setting sits in one, and the section says what `--resume` does
+/// with it (see [`ResumeRule`]).
+pub mod section {
+    /// Base model, data, precision, seed: a change on resume is used and reported.
+    pub const MODEL_DATA: &str = "Model and data";
+    /// The adapter's shape: taken from the checkpoint (or `--init-adapter`).
+    pub const ADAPTER: &str = "LoRA adapter";
+    /// What the saved data position and optimizer moments are counted in: fixed by a checkpoint.
+    pub const LAYOUT: &str = "Batch and bucket layout";
+    /// Optimizer and schedule: a change on resume is used and reported.
+    pub const OPTIMIZATION: &str = "Optimization and schedule";
+    /// Where to write and how often: free to change on resume.
+    pub const RUN: &str = "Output, checkpoints and logging";
+    /// Collectives and non-finite steps: free to change on resume.
+    pub const FAULTS: &str = "Distributed and faults";
+}
+
+/// Every setting of a training run, defined once: the clap attributes make the `train_ddp` flag
+/// (its help is the doc comment, its default the `default_value`, `env` the post's environment
+/// override), the serde derive makes the TOML key (the field name), and the resolved values and
+/// their origins make the startup table. Units: lengths in tokens, steps are optimizer steps,
+/// `lr` absolute, sizes in MiB, times in seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
-    /// Hub id or local directory of the base model (post: `MODEL_ID`).
+    /// Hub id or local directory of the base model (the post's MODEL_ID).
+    #[arg(long, value_name = "ID|DIR", env = "MODEL_ID", default_value = "google/gemma-4-12B-it", help_heading = section::MODEL_DATA)]
     pub model: String,
-    /// Training JSONL (post: `DATA_PATH`).
+    /// Training data: JSONL or Parquet, chat/ShareGPT/prompt-completion/text/token rows (the
+    /// post's DATA_PATH).
+    #[arg(long, value_name = "FILE", env = "DATA_PATH", default_value = "train.jsonl", help_heading = section::MODEL_DATA)]
     pub data: PathBuf,
-    /// Optional evaluation JSONL, evaluated on every rank over a DistributedSampler.
+    /// Evaluation data, same formats, evaluated on every rank over a DistributedSampler, metrics
+    /// all-reduced.
+    #[arg(long, value_name = "FILE", help_heading = section::MODEL_DATA)]
     pub eval_data: Option<PathBuf>,
-    /// Checkpoints, metrics and the loss plot go here (post: `OUTPUT_DIR`).
+    /// Output directory for checkpoints, metrics and the loss plot (the post's OUTPUT_DIR).
+    #[arg(long, value_name = "DIR", env = "OUTPUT_DIR", default_value = "checkpoints", help_heading = section::RUN)]
     pub output: PathBuf,
-    /// `cpu` or `cuda`.
+    /// Where each rank runs: cpu, or cuda (GPU number LOCAL_RANK).
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cuda, help_heading = section::MODEL_DATA)]
     pub device: DeviceKind,
-    /// `f32` or `bf16` for the frozen base.
+    /// Dtype of the frozen base weights (adapters and optimizer state are always fp32).
+    #[arg(long, value_enum, default_value_t = DTypeKind::Bf16, help_heading = section::MODEL_DATA)]
     pub dtype: DTypeKind,
-    /// Tokens per sample after truncation (post: `MAX_LEN`).
+    /// Tokens per sample after truncation (the post's MAX_LEN).
+    #[arg(long, value_name = "TOKENS", default_value_t = 2048, help_heading = section::MODEL_DATA)]
     pub max_len: usize,
-    /// `auto`, `full` or `assistant_only`.
+    /// Loss on what the format implies (auto), all tokens, or assistant turns only.
+    #[arg(long, value_enum, default_value_t = LabelsKind::Auto, help_heading = section::MODEL_DATA)]
     pub labels: LabelsKind,
-    /// Row format of the data files; `None` detects it from the first row.
+    /// Row format: chat, sharegpt, prompt_completion, text or tokens (unset: detected from the
+    /// first row).
+    #[arg(long, value_name = "FORMAT", help_heading = section::MODEL_DATA)]
     pub data_format: Option<g4ft_data::Format>,
-    /// `enable_thinking` passed to the chat template (rows may set their own); `None` = not passed.
+    /// enable_thinking passed to the chat template (rows may set their own; unset: not passed).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL", help_heading = section::MODEL_DATA)]
     pub enable_thinking: Option<bool>,
-    /// JSONL lines longer than this many bytes are bad rows, skipped unparsed.
+    /// JSONL lines longer than this many bytes are bad rows, skipped without being parsed.
+    #[arg(long, value_name = "BYTES", default_value_t = g4ft_data::source::DEFAULT_MAX_LINE_BYTES, help_heading = section::MODEL_DATA)]
     pub max_line_bytes: usize,
-    /// Pack several samples into each row of `max_len` tokens (positions restart per sample).
+    /// Pack several samples into each row of --max-len tokens (positions restart per sample).
+    #[arg(long, help_heading = section::MODEL_DATA)]
     pub packing: bool,
-    /// Batch samples of similar length together (transformers' `group_by_length`).
+    /// Batch samples of similar length together (transformers' group_by_length).
+    #[arg(long, help_heading = section::MODEL_DATA)]
     pub group_by_length: bool,
-    /// Shuffle with `seed + epoch` in the DistributedSampler (post: `shuffle=True`).
+    /// --no-shuffle keeps the data order; by default the DistributedSampler shuffles with
+    /// seed + epoch (TOML key `shuffle`).
+    #[arg(long = "no-shuffle", action = clap::ArgAction::SetFalse, help_heading = section::MODEL_DATA)]
     pub shuffle: bool,
-    /// Skip malformed rows with a warning per row instead of stopping.
+    /// Skip malformed rows, with a warning per row, instead of stopping.
+    #[arg(long, help_heading = section::MODEL_DATA)]
     pub skip_bad_lines: bool,
-    /// Samples per rank per forward pass (post: `MICRO_BATCH`).
+    /// Samples per rank per forward pass (the post's MICRO_BATCH).
+    #[arg(long, value_name = "N", default_value_t = 1, help_heading = section::LAYOUT)]
     pub micro_batch: usize,
-    /// Micro-batches per optimizer step (post: `ACCUM_STEPS`).
+    /// Micro-batches per optimizer step, i.e. gradient accumulation (the post's ACCUM_STEPS).
+    #[arg(long, value_name = "N", default_value_t = 8, help_heading = section::LAYOUT)]
     pub accum: usize,
-    /// Passes over the data (post: `EPOCHS`).
+    /// Passes over the data (the post's EPOCHS).
+    #[arg(long, value_name = "N", default_value_t = 1, help_heading = section::OPTIMIZATION)]
     pub epochs: usize,
     /// Stop after this many optimizer steps in total (the schedule still spans all epochs).
+    #[arg(long, value_name = "N", help_heading = section::OPTIMIZATION)]
     pub max_steps: Option<usize>,
-    /// Peak learning rate (post: `LR`).
+    /// Peak learning rate (the post's LR).
+    #[arg(long, default_value_t = 1e-4, help_heading = section::OPTIMIZATION)]
     pub lr: f64,
-    /// Linear warmup steps of the cosine schedule (post: `WARMUP_STEPS`).
+    /// Linear warmup steps before the cosine decay (the post's WARMUP_STEPS).
+    #[arg(long, value_name = "STEPS", default_value_t = 20, help_heading = section::OPTIMIZATION)]
     pub warmup: usize,
-    /// AdamW decoupled weight decay (post: 0.0).
+    /// AdamW decoupled weight decay.
+    #[arg(long, default_value_t = 0.0, help_heading = section::OPTIMIZATION)]
     pub weight_decay: f64,
-    /// Clip the global grad L2 norm to this; 0 disables clipping (post: `MAX_GRAD_NORM`).
+    /// Clip the global gradient L2 norm to this; 0 disables clipping (the post's MAX_GRAD_NORM).
+    #[arg(long, default_value_t = 1.0, help_heading = section::OPTIMIZATION)]
     pub max_grad_norm: f64,
-    /// Sum the per-token loss and divide by the global token count instead of averaging
+    /// Sum the per-token losses and divide by the global token count instead of averaging
     /// per-micro-batch means (the post's variant for variable-length samples).
+    #[arg(long, help_heading = section::OPTIMIZATION)]
     pub token_weighted_loss: bool,
-    /// Seed for LoRA init (same on all ranks), dropout (`seed + rank`) and sampler shuffling.
+    /// Seed of the LoRA init (same on all ranks), dropout (seed + rank) and sampler shuffling.
+    #[arg(long, default_value_t = 42, help_heading = section::MODEL_DATA)]
     pub seed: u64,
-    /// LoRA rank.
+    /// LoRA rank r.
+    #[arg(long, value_name = "R", default_value_t = 16, help_heading = section::ADAPTER)]
     pub lora_r: usize,
     /// LoRA alpha (scale = alpha / r).
+    #[arg(long, default_value_t = 32.0, help_heading = section::ADAPTER)]
     pub lora_alpha: f64,
-    /// LoRA dropout probability on the adapter input.
+    /// Dropout probability on the adapter input.
+    #[arg(long, value_name = "P", default_value_t = 0.05, help_heading = section::ADAPTER)]
     pub lora_dropout: f64,
     /// Regex over module paths selecting the adapted projections (PEFT full-match semantics).
+    #[arg(long, value_name = "REGEX", default_value = POST_LORA_TARGETS, help_heading = section::ADAPTER)]
     pub lora_targets: String,
-    /// Start from this PEFT adapter's weights instead of a fresh init.
+    /// Start from this PEFT adapter directory's weights instead of a fresh init.
+    #[arg(long, value_name = "DIR", help_heading = section::RUN)]
     pub init_adapter: Option<PathBuf>,
     /// Continue from this checkpoint directory (adapter + trainer state).
+    #[arg(long, value_name = "DIR", help_heading = section::RUN)]
     pub resume: Option<PathBuf>,
-    /// Also checkpoint every N optimizer steps (`OUTPUT/step-{n}`).
+    /// Also checkpoint every N optimizer steps (OUTPUT/step-N).
+    #[arg(long, value_name = "N", help_heading = section::RUN)]
     pub save_every: Option<usize>,
-    /// Evaluate `eval_data` every N optimizer steps (and always at the end).
+    /// Evaluate --eval-data every N optimizer steps (and always at the end).
+    #[arg(long, value_name = "N", help_heading = section::RUN)]
     pub eval_every: Option<usize>,
-    /// Print and record metrics every N optimizer steps (post: `LOG_EVERY`).
+    /// Print and record metrics every N optimizer steps (the post's LOG_EVERY).
+    #[arg(long, value_name = "N", default_value_t = 10, help_heading = section::RUN)]
     pub log_every: usize,
-    /// DDP bucket size in MiB (PyTorch's default 25).
+    /// DDP gradient bucket size in MiB (PyTorch's default 25).
+    #[arg(long, value_name = "MIB", default_value_t = 25.0, help_heading = section::LAYOUT)]
     pub bucket_cap_mb: f64,
     /// Seconds a collective may block before the job fails with a per-rank error.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600, help_heading = section::FAULTS)]
     pub collective_timeout_s: u64,
-    /// Non-finite loss or gradient: `stop` or `skip`.
+    /// Non-finite loss or gradient norm: stop, or skip the optimizer step.
+    #[arg(long, value_enum, default_value_t = OnNonFinite::Stop, help_heading = section::FAULTS)]
     pub on_nonfinite: OnNonFinite,
-    /// With `on_nonfinite = skip`: stop after this many skipped steps in a row.
+    /// With --on-nonfinite skip: stop after this many skipped steps in a row.
+    #[arg(long, value_name = "N", default_value_t = 10, help_heading = section::FAULTS)]
     pub max_nonfinite_skips: usize,
-    /// Dense bf16 peak of one device in TFLOP/s for MFU; unset = look the GPU up in the table.
+    /// Dense bf16 peak TFLOP/s of one device, for MFU (unset: look the GPU up in a table).
+    #[arg(long, value_name = "TFLOPS", help_heading = section::RUN)]
     pub peak_tflops: Option<f64>,
-    /// Benchmark: random token ids of exactly `max_len` instead of the JSONL.
-    pub synthetic: bool,
-    /// Benchmark: random base weights from the model config instead of the checkpoint.
-    pub random_init: bool,
 }
 
 impl Default for TrainConfig {
-    /// The constants of the post's `train_ddp.py`, plus PyTorch's defaults for what it leaves
-    /// implicit (25 MiB buckets, 10-minute NCCL timeout).
+    /// The `default_value`s above: the constants of the post's `train_ddp.py`, plus PyTorch's
+    /// defaults for what it leaves implicit (25 MiB buckets, 10-minute NCCL timeout). The
+    /// environment is not consulted.
     fn default() -> Self {
-        Self {
-            model: "google/gemma-4-12B-it".into(),
-            data: "train.jsonl".into(),
-            eval_data: None,
-            output: "checkpoints".into(),
-            device: DeviceKind::Cuda,
-            dtype: DTypeKind::Bf16,
-            max_len: 2048,
-            labels: LabelsKind::Auto,
-            data_format: None,
-            enable_thinking: None,
-            max_line_bytes: g4ft_data::source::DEFAULT_MAX_LINE_BYTES,
-            packing: false,
-            group_by_length: false,
-            shuffle: true,
-            skip_bad_lines: false,
-            micro_batch: 1,
-            accum: 8,
-            epochs: 1,
-            max_steps: None,
-            lr: 1e-4,
-            warmup: 20,
-            weight_decay: 0.0,
-            max_grad_norm: 1.0,
-            token_weighted_loss: false,
-            seed: 42,
-            lora_r: 16,
-            lora_alpha: 32.0,
-            lora_dropout: 0.05,
-            lora_targets: POST_LORA_TARGETS.into(),
-            init_adapter: None,
-            resume: None,
-            save_every: None,
-            eval_every: None,
-            log_every: 10,
-            bucket_cap_mb: 25.0,
-            collective_timeout_s: 600,
-            on_nonfinite: OnNonFinite::Stop,
-            max_nonfinite_skips: 10,
-            peak_tflops: None,
-            synthetic: false,
-            random_init: false,
+        let cmd = Self::augment_args(clap::Command::new("defaults"))
+            .mut_args(|a| a.env(None::<&'static str>));
+        let matches = cmd
+            .try_get_matches_from(["defaults"])
+            .expect("every setting's default parses");
+        Self::from_arg_matches(&matches).expect("parsed defaults convert")
+    }
+}
+
+/// What `--resume` does with a setting, decided by its [`section`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeRule {
+    /// Shapes the adapter: comes from the checkpoint; a contradicting value is an error.
+    FromCheckpoint,
+    /// The saved data position or moments are counted in it: a change is an error.
+    MustMatch,
+    /// Changes the math from here on: allowed and reported.
+    Reported,
+    /// Run control: changes freely.
+    Free,
+}
+
+/// One setting as the command line describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingInfo {
+    /// Field name = TOML key (the flag is the same with dashes).
+    pub name: String,
+    /// Its `--help` section.
+    pub section: &'static str,
+    /// The environment variable that overrides it, if any.
+    pub env: Option<String>,
+}
+
+impl SettingInfo {
+    /// What `--resume` does with this setting.
+    pub fn resume_rule(&self) -> ResumeRule {
+        match self.section {
+            section::ADAPTER => ResumeRule::FromCheckpoint,
+            section::LAYOUT => ResumeRule::MustMatch,
+            section::MODEL_DATA | section::OPTIMIZATION => ResumeRule::Reported,
+            _ => ResumeRule::Free,
         }
     }
+}
+
+/// Every setting in declaration order (the order of the table and of `--help` within a section).
+pub fn settings() -> Vec<SettingInfo> {
+    const SECTIONS: [&str; 6] = [
+        section::MODEL_DATA,
+        section::ADAPTER,
+        section::LAYOUT,
+        section::OPTIMIZATION,
+        section::RUN,
+        section::FAULTS,
+    ];
+    TrainConfig::augment_args(clap::Command::new("settings"))
+        .get_arguments()
+        .map(|a| {
+            let heading = a.get_help_heading().unwrap_or_default();
+            SettingInfo {
+                name: a.get_id().to_string(),
+                section: SECTIONS
+                    .into_iter()
+                    .find(|s| *s == heading)
+                    .expect("every setting has one of the sections as help_heading"),
+                env: a.get_env().map(|e| e.to_string_lossy().into_owned()),
+            }
+        })
+        .collect()
 }
 
 /// Where a resolved value came from, shown in the config table and in validation errors.
@@ -214,7 +301,7 @@ pub enum Origin {
     /// The TOML file given to `--config`.
     File(PathBuf),
     /// An environment variable (`MODEL_ID`, `DATA_PATH`, `OUTPUT_DIR`).
-    Env(&'static str),
+    Env(String),
     /// A command-line flag.
     Flag,
 }
@@ -236,7 +323,7 @@ pub struct ResolvedConfig {
     /// The final values.
     pub config: TrainConfig,
     /// Field name → origin, for fields some layer set.
-    pub origins: BTreeMap<&'static str, Origin>,
+    pub origins: BTreeMap<String, Origin>,
 }
 
 impl ResolvedConfig {
@@ -248,12 +335,15 @@ impl ResolvedConfig {
     /// The config table with a third note per row saying which layer set the value, e.g.
     /// `lr                    0.0002   (flag)`. Rank 0 prints this at startup.
     pub fn table(&self) -> String {
-        let rows: Vec<(&str, String)> = self
+        let rows: Vec<(String, String)> = self
             .config
             .rows()
             .into_iter()
-            .map(|(k, v)| match self.origins.get(k) {
-                Some(o) => (k, format!("{v}   ({o})")),
+            .map(|(k, v)| match self.origins.get(&k) {
+                Some(o) => {
+                    let v = format!("{v}   ({o})");
+                    (k, v)
+                }
                 None => (k, v),
             })
             .collect();
@@ -266,73 +356,39 @@ impl ResolvedConfig {
     }
 }
 
-fn show<T: fmt::Display>(v: &Option<T>) -> String {
-    v.as_ref()
-        .map_or_else(|| "-".to_string(), |v| v.to_string())
-}
-
-fn enum_name<T: clap::ValueEnum>(v: &T) -> String {
-    v.to_possible_value()
-        .map_or_else(String::new, |p| p.get_name().to_string())
+/// A value of the serialized config as the table shows it: strings and paths as given, numbers
+/// in Rust's shortest round-trip form, unset options as `-`.
+fn show_value(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => u.to_string(),
+            (None, Some(i)) => i.to_string(),
+            _ => n.as_f64().map_or_else(|| n.to_string(), |f| f.to_string()),
+        },
+        other => other.to_string(),
+    }
 }
 
 impl TrainConfig {
-    /// `(field, value)` for every field, in declaration order, formatted for humans (paths as
+    /// `(field, value)` for every setting, in declaration order, formatted for humans (paths as
     /// given, floats in Rust's shortest round-trip form, unset options as `-`). Used by the table,
     /// by the checkpoint's config record and by the resume comparison.
-    pub fn rows(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("model", self.model.clone()),
-            ("data", self.data.display().to_string()),
-            (
-                "eval_data",
-                show(&self.eval_data.as_ref().map(|p| p.display())),
-            ),
-            ("output", self.output.display().to_string()),
-            ("device", enum_name(&self.device)),
-            ("dtype", enum_name(&self.dtype)),
-            ("max_len", self.max_len.to_string()),
-            ("labels", enum_name(&self.labels)),
-            ("data_format", show(&self.data_format)),
-            ("enable_thinking", show(&self.enable_thinking)),
-            ("max_line_bytes", self.max_line_bytes.to_string()),
-            ("packing", self.packing.to_string()),
-            ("group_by_length", self.group_by_length.to_string()),
-            ("shuffle", self.shuffle.to_string()),
-            ("skip_bad_lines", self.skip_bad_lines.to_string()),
-            ("micro_batch", self.micro_batch.to_string()),
-            ("accum", self.accum.to_string()),
-            ("epochs", self.epochs.to_string()),
-            ("max_steps", show(&self.max_steps)),
-            ("lr", self.lr.to_string()),
-            ("warmup", self.warmup.to_string()),
-            ("weight_decay", self.weight_decay.to_string()),
-            ("max_grad_norm", self.max_grad_norm.to_string()),
-            ("token_weighted_loss", self.token_weighted_loss.to_string()),
-            ("seed", self.seed.to_string()),
-            ("lora_r", self.lora_r.to_string()),
-            ("lora_alpha", self.lora_alpha.to_string()),
-            ("lora_dropout", self.lora_dropout.to_string()),
-            ("lora_targets", self.lora_targets.clone()),
-            (
-                "init_adapter",
-                show(&self.init_adapter.as_ref().map(|p| p.display())),
-            ),
-            ("resume", show(&self.resume.as_ref().map(|p| p.display()))),
-            ("save_every", show(&self.save_every)),
-            ("eval_every", show(&self.eval_every)),
-            ("log_every", self.log_every.to_string()),
-            ("bucket_cap_mb", self.bucket_cap_mb.to_string()),
-            (
-                "collective_timeout_s",
-                self.collective_timeout_s.to_string(),
-            ),
-            ("on_nonfinite", enum_name(&self.on_nonfinite)),
-            ("max_nonfinite_skips", self.max_nonfinite_skips.to_string()),
-            ("peak_tflops", show(&self.peak_tflops)),
-            ("synthetic", self.synthetic.to_string()),
-            ("random_init", self.random_init.to_string()),
-        ]
+    pub fn rows(&self) -> Vec<(String, String)> {
+        let serde_json::Value::Object(values) =
+            serde_json::to_value(self).expect("the config serializes")
+        else {
+            unreachable!("a struct serializes to an object")
+        };
+        settings()
+            .into_iter()
+            .map(|s| {
+                let v = show_value(&values[&s.name]);
+                (s.name, v)
+            })
+            .collect()
     }
 
     /// Samples per optimizer step over all ranks: `micro_batch × world_size × accum`
@@ -341,9 +397,9 @@ impl TrainConfig {
         self.micro_batch * world_size * self.accum
     }
 
-    fn check(&self, origin: impl Fn(&'static str) -> Origin) -> Result<()> {
-        let bad = |field: &'static str, value: String, reason: &str| Error::ConfigInvalid {
-            field,
+    fn check(&self, origin: impl Fn(&str) -> Origin) -> Result<()> {
+        let bad = |field: &str, value: String, reason: &str| Error::ConfigInvalid {
+            field: field.to_string(),
             value,
             origin: origin(field).to_string(),
             reason: reason.to_string(),
@@ -436,7 +492,8 @@ impl TrainConfig {
         if self.eval_every.is_some() && self.eval_data.is_none() {
             return Err(bad(
                 "eval_every",
-                show(&self.eval_every),
+                self.eval_every
+                    .map_or_else(|| "-".into(), |n| n.to_string()),
                 "needs eval_data (--eval-data) to evaluate anything",
             ));
         }
@@ -446,7 +503,7 @@ impl TrainConfig {
 
 /// Formats `(name, value)` rows as a two-column table with aligned values and a rule above and
 /// below, like llm.c's startup parameter table.
-pub fn format_table(rows: &[(&str, String)]) -> String {
+pub fn format_table(rows: &[(String, String)]) -> String {
     let key_w = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     let val_w = rows
         .iter()
@@ -507,7 +564,8 @@ mod tests {
             accum: 0,
             ..TrainConfig::default()
         });
-        r.origins.insert("accum", Origin::File("run.toml".into()));
+        r.origins
+            .insert("accum".into(), Origin::File("run.toml".into()));
         let msg = r.validate().unwrap_err().to_string();
         assert!(
             msg.contains("`accum` = 0") && msg.contains("run.toml"),
@@ -540,7 +598,7 @@ mod tests {
     #[test]
     fn table_aligns_and_marks_origins() {
         let mut r = resolved(TrainConfig::default());
-        r.origins.insert("lr", Origin::Flag);
+        r.origins.insert("lr".into(), Origin::Flag);
         let t = r.table();
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), TrainConfig::default().rows().len() + 2);

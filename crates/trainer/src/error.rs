@@ -31,21 +31,15 @@ pub enum Error {
         /// What the TOML parser or the schema said (for unknown keys it lists the valid ones).
         message: String,
     },
-    /// An environment variable holds a value that does not parse.
-    #[error("environment variable {var}={value:?}: {reason}")]
-    ConfigEnv {
-        /// The variable name.
-        var: &'static str,
-        /// Its value.
-        value: String,
-        /// Why it was rejected.
-        reason: String,
-    },
+    /// The command line does not parse (or asks for `--help` / `--version`: print it with
+    /// [`clap::Error::exit`]).
+    #[error(transparent)]
+    Flags(#[from] clap::Error),
     /// A resolved config value is out of range.
     #[error("config field `{field}` = {value} (set by {origin}): {reason}")]
     ConfigInvalid {
         /// The field (TOML key; the flag is the same with dashes).
-        field: &'static str,
+        field: String,
         /// The offending value as shown in the config table.
         value: String,
         /// Where the value came from (`default`, the TOML file, an environment variable, a flag).

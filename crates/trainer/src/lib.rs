@@ -15,7 +15,6 @@ pub mod clip;
 pub mod config;
 pub mod device;
 pub mod error;
-pub mod layer;
 pub mod memory;
 pub mod metrics;
 pub mod mfu;

@@ -96,7 +96,7 @@ pub struct TrainerState {
 pub fn config_fingerprint(config: &TrainConfig) -> String {
     let mut h = Fnv1a64::default();
     for (k, v) in config.rows() {
-        if RUN_CONTROL_FIELDS.contains(&k) {
+        if RUN_CONTROL_FIELDS.contains(&k.as_str()) {
             continue;
         }
         h.update(format!("{k}={v}\n").as_bytes());
