@@ -56,7 +56,7 @@ use g4ft_trainer::config::POST_LORA_TARGETS;
 use g4ft_trainer::memory::MemProbe;
 use g4ft_trainer::mfu::mfu;
 use g4ft_trainer::optim::{AdamW, AdamWParams};
-use g4ft_trainer::schedule::CosineWithWarmup;
+use g4ft_trainer::schedule::LrSchedule;
 use g4ft_trainer::step::{self, LossWeighting, StepEvent, StepObserver};
 
 /// The post's learning rate, warmup steps and clip norm.
@@ -254,7 +254,7 @@ fn main() -> Result<()> {
         model: &model,
         ddp,
         optim,
-        sched: CosineWithWarmup::new(LR, WARMUP_STEPS, total_steps),
+        sched: LrSchedule::cosine(LR, WARMUP_STEPS, total_steps),
         weighting: LossWeighting::MeanPerMicroBatch { accum: args.accum },
         seed: args.seed,
         micro_step: 0,
@@ -590,7 +590,7 @@ struct Stepper<'m, 'g> {
     model: &'m Gemma4Model,
     ddp: DistributedDataParallel<'g>,
     optim: AdamW,
-    sched: CosineWithWarmup,
+    sched: LrSchedule,
     weighting: LossWeighting,
     seed: u64,
     micro_step: u64,

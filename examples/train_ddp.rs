@@ -44,7 +44,7 @@ use g4ft::trainer::metrics::{MetricsLogger, MfuSpec, StepStats};
 use g4ft::trainer::nonfinite::{decide, stop_error, StepDecision};
 use g4ft::trainer::optim::{AdamW, AdamWParams};
 use g4ft::trainer::plot::write_loss_svg;
-use g4ft::trainer::schedule::CosineWithWarmup;
+use g4ft::trainer::schedule::{warmup_steps, LrSchedule};
 use g4ft::trainer::state::{
     config_fingerprint, config_rows, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
 };
@@ -133,11 +133,13 @@ fn train_in_group(
                 TargetModules::Regex(cfg.lora_targets.clone()),
             );
             c.lora_dropout = cfg.lora_dropout;
+            c.use_rslora = cfg.use_rslora;
             c.base_model_name_or_path = Some(cfg.model.clone());
             lora::attach(&c, model.projections_mut(), cfg.seed)?;
             c
         }
     };
+    check_rank_fits(&model)?;
     if is_main {
         let shapes: Vec<lora::ProjectionShape> = model
             .projections()
@@ -183,7 +185,8 @@ fn train_in_group(
     // Dropout is seeded with SEED + rank after the wrap (see step::train_context).
 
     // 7. Optimizer and schedule. The step count must be known first, and identical on every
-    //    rank: len(loader) // ACCUM, the partial window dropped.
+    //    rank: len(loader) // ACCUM, the partial window dropped. --max-steps replaces
+    //    epochs × steps as the schedule's length (transformers' max_steps), cycling the data.
     let steps_per_epoch = loader.len() / cfg.accum;
     if steps_per_epoch == 0 {
         bail!(
@@ -193,16 +196,17 @@ fn train_in_group(
             cfg.accum
         );
     }
-    let total_steps = (steps_per_epoch * cfg.epochs) as u64;
     let run_steps = cfg
         .max_steps
-        .map_or(total_steps, |m| (m as u64).min(total_steps));
+        .map_or((steps_per_epoch * cfg.epochs) as u64, |m| m as u64);
+    let epochs = run_steps.div_ceil(steps_per_epoch as u64) as usize;
     let mut opt = AdamW::new(
         AdamWParams::with_weight_decay(cfg.weight_decay),
         &step::bucket_lens(&ddp)?,
         device,
     )?;
-    let mut sched = CosineWithWarmup::new(cfg.lr, cfg.warmup as u64, total_steps);
+    let warmup = warmup_steps(cfg.warmup, cfg.warmup_ratio, run_steps);
+    let mut sched = LrSchedule::new(cfg.lr_scheduler, cfg.lr, warmup, run_steps);
     if is_main {
         println!(
             "world={world_size} global_batch={} steps={steps_per_epoch}",
@@ -284,7 +288,7 @@ fn train_in_group(
         world_size,
     };
     let (mut last_saved, mut last_eval) = (None, None);
-    'epochs: for epoch in pos.epoch..cfg.epochs {
+    'epochs: for epoch in pos.epoch..epochs {
         pos.epoch = epoch;
         // sampler.set_epoch(epoch): a new shuffle of seed + epoch, the same on all ranks.
         let mut batches = loader.epoch(epoch as u64, pos.step_in_epoch * cfg.accum);
@@ -460,6 +464,25 @@ fn train_in_group(
     Ok(())
 }
 
+/// A LoRA rank above a layer's smaller dimension adds parameters without adding rank: an error
+/// naming the first such layer.
+fn check_rank_fits(model: &Gemma4Model) -> Result<()> {
+    for p in model.projections() {
+        let Some(a) = p.adapter() else { continue };
+        let r = a.a.dims()[0];
+        let limit = p.in_features().min(p.out_features());
+        if r > limit {
+            bail!(
+                "lora_r = {r} is larger than {} ({} x {}): at most {limit} for this model",
+                p.path(),
+                p.out_features(),
+                p.in_features()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Where training stands (saved in the trainer state).
 struct Position {
     step: u64,
@@ -602,7 +625,7 @@ impl Checkpointer<'_> {
         name: &str,
         epoch: usize,
         opt: &AdamW,
-        sched: &CosineWithWarmup,
+        sched: &LrSchedule,
         pos: &Position,
     ) -> Result<()> {
         let Checkpointer {

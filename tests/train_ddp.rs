@@ -246,7 +246,8 @@ fn two_ranks_token_weighted_equal_one_rank_on_the_same_global_batches() {
 
 #[test]
 fn resumed_run_matches_an_uninterrupted_one_bit_for_bit() {
-    // f32, CPU, dropout on, shuffling on, two epochs of 6 steps; stop after 5 and resume.
+    // f32, CPU, dropout on, shuffling on, two epochs of 6 steps; resume the step-5 checkpoint of
+    // the uninterrupted run into another folder and finish there.
     let common = [
         "--lora-dropout",
         "0.1",
@@ -260,27 +261,75 @@ fn resumed_run_matches_an_uninterrupted_one_bit_for_bit() {
         "4",
     ];
     let (full, part) = (tmp("full"), tmp("part"));
-    run_ok(1, &args_with(&full, &common), &[]);
-    let mut stop = common.to_vec();
-    stop.extend(["--max-steps", "5"]);
-    run_ok(1, &args_with(&part, &stop), &[]);
-    assert!(
-        part.join("step-5").is_dir(),
-        "a --max-steps stop keeps its last step"
-    );
+    let mut first = common.to_vec();
+    first.extend(["--save-every", "5"]);
+    run_ok(1, &args_with(&full, &first), &[]);
     let mut resume = common.to_vec();
-    let from = part.join("step-5").display().to_string();
+    let from = full.join("step-5").display().to_string();
     resume.extend(["--resume", &from]);
     let out = run_ok(1, &args_with(&part, &resume), &[]);
     assert!(out.contains("resumed from"), "{out}");
 
     let (lf, lp) = (losses(&full), losses(&part));
     assert_eq!(lf.len(), 12);
-    assert_eq!(lf, lp, "per-step (loss, grad norm) differ");
+    let after: BTreeMap<u64, (f64, f64)> = lf.into_iter().filter(|(s, _)| *s > 5).collect();
+    assert_eq!(
+        after, lp,
+        "per-step (loss, grad norm) after the resume differ"
+    );
     assert_eq!(
         adapter(&full.join("epoch-1")),
         adapter(&part.join("epoch-1")),
         "final adapters differ"
+    );
+}
+
+#[test]
+fn max_steps_sets_the_schedule_length_and_cycles_the_data() {
+    // 6 steps per epoch; 8 steps run into the second epoch. Linear decay over exactly 8 steps
+    // after ceil(0.25 * 8) = 2 warmup steps, as transformers' get_linear_schedule_with_warmup.
+    let out = tmp("maxsteps");
+    let extra = [
+        "--micro-batch",
+        "1",
+        "--accum",
+        "2",
+        "--epochs",
+        "1",
+        "--max-steps",
+        "8",
+        "--lr-scheduler",
+        "linear",
+        "--warmup-ratio",
+        "0.25",
+        "--lora-r",
+        "2",
+    ];
+    let mut args = args_with(&out, &extra);
+    let i = args.iter().position(|a| a == "--warmup").unwrap();
+    args.drain(i..i + 2);
+    run_ok(1, &args, &[]);
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let train: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "train")
+        .collect();
+    assert_eq!(train.len(), 8);
+    for (k, v) in train.iter().enumerate() {
+        let k = k as f64;
+        let want = if k < 2.0 { k / 2.0 } else { (8.0 - k) / 6.0 } * 1e-3;
+        let got = v["lr"].as_f64().unwrap();
+        assert!(
+            (got - want).abs() < 1e-15,
+            "step {}: lr {got}, want {want}",
+            k + 1.0
+        );
+        assert_eq!(v["total_steps"], 8);
+    }
+    assert_eq!(
+        train[7]["epoch"], 1,
+        "step 8 is in the second pass over the data"
     );
 }
 
@@ -504,4 +553,29 @@ fn skipped_rows_get_a_warning_each_and_truncation_is_reported() {
         stderr.contains("were truncated"),
         "most rows exceed 20 tokens: {stderr}"
     );
+}
+
+/// Stderr of one train_ddp process that must fail.
+fn run_err(args: &[String]) -> String {
+    let outs = run(1, args, &[]);
+    assert!(!outs[0].status.success(), "should fail: {args:?}");
+    String::from_utf8_lossy(&outs[0].stderr).into_owned()
+}
+
+#[test]
+fn adapter_settings_that_cannot_train_are_errors() {
+    let out = tmp("badlora");
+    let err = run_err(&args_with(&out, &["--lora-r", "40"]));
+    assert!(
+        err.contains("lora_r = 40 is larger than")
+            && err.contains("k_proj")
+            && err.contains("at most 32"),
+        "{err}"
+    );
+    let err = run_err(&args_with(&out, &["--lora-alpha", "0"]));
+    assert!(
+        err.contains("`lora_alpha` = 0") && err.contains("nothing would train"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one error line: {err}");
 }

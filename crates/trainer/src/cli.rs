@@ -31,19 +31,33 @@ pub struct Cli {
     pub settings: TrainConfig,
 }
 
-/// The `train_ddp` command: [`Cli`]'s flags, where an environment override that is set but empty
-/// counts as unset (as the post's `os.environ.get` with a default would treat a missing one).
+/// The `train_ddp` command: [`Cli`]'s flags, each also accepted with underscores
+/// (`--max_steps`, `--learning_rate`, as torchrun and transformers users type them), where an
+/// environment override that is set but empty counts as unset (as the post's `os.environ.get`
+/// with a default would treat a missing one).
 pub fn command() -> clap::Command {
-    Cli::command().mut_args(|a| {
-        let empty = a
-            .get_env()
-            .is_some_and(|var| std::env::var_os(var).is_some_and(|v| v.is_empty()));
-        if empty {
-            a.env(None::<&'static str>)
-        } else {
-            a
-        }
-    })
+    Cli::command()
+        .after_help(
+            "Every flag may also be spelled with underscores: --max_steps, --learning_rate.",
+        )
+        .mut_args(|a| {
+            let underscored: Vec<String> = a
+                .get_long()
+                .into_iter()
+                .chain(a.get_all_aliases().unwrap_or_default())
+                .filter(|name| name.contains('-'))
+                .map(|name| name.replace('-', "_"))
+                .collect();
+            let a = a.aliases(underscored);
+            let empty = a
+                .get_env()
+                .is_some_and(|var| std::env::var_os(var).is_some_and(|v| v.is_empty()));
+            if empty {
+                a.env(None::<&'static str>)
+            } else {
+                a
+            }
+        })
 }
 
 /// Parses `args` (the program name first) with [`command`] and resolves them; `--help`,
@@ -174,6 +188,7 @@ impl ShapeArgs {
 mod tests {
     use super::*;
     use crate::config::{DTypeKind, DeviceKind, LabelsKind};
+    use crate::schedule::LrSchedulerKind;
 
     fn repo_config(name: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -311,6 +326,99 @@ mod tests {
                 assert_eq!(c, TrainConfig::default(), "{text} (table shows {v})");
             }
         }
+    }
+
+    #[test]
+    fn transformers_spellings_with_dashes_or_underscores() {
+        let r = resolve_args([
+            "t",
+            "--learning_rate",
+            "3e-4",
+            "--gradient-accumulation-steps",
+            "4",
+            "--per_device_train_batch_size",
+            "2",
+            "--num-train-epochs",
+            "3",
+            "--output_dir",
+            "o",
+            "--logging_steps",
+            "5",
+            "--save-steps",
+            "50",
+            "--max_steps",
+            "100",
+            "--lr_scheduler_type",
+            "constant_with_warmup",
+            "--warmup_ratio",
+            "0.1",
+            "--max_grad_norm",
+            "0.5",
+        ])
+        .unwrap();
+        let c = &r.config;
+        assert_eq!((c.lr, c.accum, c.micro_batch, c.epochs), (3e-4, 4, 2, 3));
+        assert_eq!(c.output, PathBuf::from("o"));
+        assert_eq!(
+            (c.log_every, c.save_every, c.max_steps),
+            (5, Some(50), Some(100))
+        );
+        assert_eq!(c.lr_scheduler, LrSchedulerKind::ConstantWithWarmup);
+        assert_eq!((c.warmup_ratio, c.max_grad_norm), (Some(0.1), 0.5));
+        assert_eq!(r.origin("accum"), Origin::Flag);
+        let r = resolve_args([
+            "t",
+            "--resume-from-checkpoint",
+            "ck",
+            "--lr-scheduler",
+            "linear",
+        ])
+        .unwrap();
+        assert_eq!(r.config.resume, Some(PathBuf::from("ck")));
+        assert_eq!(r.config.lr_scheduler, LrSchedulerKind::Linear);
+    }
+
+    #[test]
+    fn numeric_flags_are_range_checked() {
+        for (flag, value, says) in [
+            (
+                "--collective-timeout-s",
+                "18446744073709551615",
+                "between 1 and 604800",
+            ),
+            ("--collective-timeout-s", "0", "between 1 and"),
+            ("--lora-r", "100000", "at most 65536"),
+            ("--lora-alpha", "0", "nothing would train"),
+            ("--lr", "-1", "> 0"),
+            ("--lora-dropout", "1", "[0, 1)"),
+            ("--warmup-ratio", "1.5", "[0, 1]"),
+            ("--max-len", "0", "at least 1"),
+            ("--micro-batch", "100000000", "at most"),
+            ("--max-steps", "0", "leave unset"),
+            ("--bucket-cap-mb", "0", "> 0"),
+        ] {
+            let arg = format!("{flag}={value}");
+            let msg = resolve_args(["t", &arg]).unwrap_err().to_string();
+            assert!(
+                msg.contains(says) && msg.contains("(set by flag)"),
+                "{arg}: {msg}"
+            );
+        }
+        for (flag, value) in [("--seed", "-1"), ("--lora-alpha", "nan"), ("--lr", "inf")] {
+            let arg = format!("{flag}={value}");
+            let msg = resolve_args(["t", &arg]).unwrap_err().to_string();
+            assert!(msg.contains(flag), "{arg}: {msg}");
+        }
+        let msg = parse("lr = nan\n").unwrap_err().to_string();
+        assert!(
+            msg.contains("run.toml:1:") && msg.contains("finite"),
+            "{msg}"
+        );
+        let msg = resolve_args(["t", "--warmup", "5", "--warmup-ratio", "0.1"])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("not both"), "{msg}");
+        resolve_args(["t", "--warmup-ratio", "0.1"]).unwrap();
     }
 
     #[test]

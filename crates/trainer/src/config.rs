@@ -15,6 +15,7 @@ use clap::{Args, FromArgMatches};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::schedule::LrSchedulerKind;
 
 /// The post's `LORA_TARGETS`: only the text decoder's projections (PEFT treats a string
 /// `target_modules` as a full-match regex over module paths).
@@ -79,6 +80,9 @@ pub mod section {
     pub const LAYOUT: &str = "Batch and bucket layout";
     /// Optimizer and schedule: a change on resume is used and reported.
     pub const OPTIMIZATION: &str = "Optimization and schedule";
+    /// Where the run starts (fresh, from an adapter, from a checkpoint): never taken from a
+    /// checkpoint.
+    pub const START: &str = "Starting point";
     /// Where to write and how often: free to change on resume.
     pub const RUN: &str = "Output, checkpoints and logging";
     /// Collectives and non-finite steps: free to change on resume.
@@ -105,7 +109,7 @@ pub struct TrainConfig {
     #[arg(long, value_name = "FILE", help_heading = section::MODEL_DATA)]
     pub eval_data: Option<PathBuf>,
     /// Output directory for checkpoints, metrics and the loss plot (the post's OUTPUT_DIR).
-    #[arg(long, value_name = "DIR", env = "OUTPUT_DIR", default_value = "checkpoints", help_heading = section::RUN)]
+    #[arg(long, visible_alias = "output-dir", value_name = "DIR", env = "OUTPUT_DIR", default_value = "checkpoints", help_heading = section::RUN)]
     pub output: PathBuf,
     /// Where each rank runs: cpu, or cuda (GPU number LOCAL_RANK).
     #[arg(long, value_enum, default_value_t = DeviceKind::Cuda, help_heading = section::MODEL_DATA)]
@@ -143,28 +147,39 @@ pub struct TrainConfig {
     #[arg(long, help_heading = section::MODEL_DATA)]
     pub skip_bad_lines: bool,
     /// Samples per rank per forward pass (the post's MICRO_BATCH).
-    #[arg(long, value_name = "N", default_value_t = 1, help_heading = section::LAYOUT)]
+    #[arg(long, visible_alias = "per-device-train-batch-size", value_name = "N", default_value_t = 1, help_heading = section::LAYOUT)]
     pub micro_batch: usize,
     /// Micro-batches per optimizer step, i.e. gradient accumulation (the post's ACCUM_STEPS).
-    #[arg(long, value_name = "N", default_value_t = 8, help_heading = section::LAYOUT)]
+    #[arg(long, visible_alias = "gradient-accumulation-steps", value_name = "N", default_value_t = 8, help_heading = section::LAYOUT)]
     pub accum: usize,
-    /// Passes over the data (the post's EPOCHS).
-    #[arg(long, value_name = "N", default_value_t = 1, help_heading = section::OPTIMIZATION)]
+    /// Passes over the data (the post's EPOCHS); --max-steps overrides it.
+    #[arg(long, visible_alias = "num-train-epochs", value_name = "N", default_value_t = 1, help_heading = section::OPTIMIZATION)]
     pub epochs: usize,
-    /// Stop after this many optimizer steps in total (the schedule still spans all epochs).
+    /// Optimizer steps of the run, overriding --epochs as transformers' max_steps does: the
+    /// schedule spans exactly these steps and the data is passed over as often as needed.
     #[arg(long, value_name = "N", help_heading = section::OPTIMIZATION)]
     pub max_steps: Option<usize>,
     /// Peak learning rate (the post's LR).
-    #[arg(long, default_value_t = 1e-4, help_heading = section::OPTIMIZATION)]
+    #[arg(long, value_parser = parse_finite, visible_alias = "learning-rate", default_value_t = 1e-4, help_heading = section::OPTIMIZATION)]
+    #[serde(deserialize_with = "finite")]
     pub lr: f64,
-    /// Linear warmup steps before the cosine decay (the post's WARMUP_STEPS).
-    #[arg(long, value_name = "STEPS", default_value_t = 20, help_heading = section::OPTIMIZATION)]
+    /// Learning-rate schedule after the warmup (transformers' lr_scheduler_type).
+    #[arg(long, visible_alias = "lr-scheduler-type", value_enum, default_value_t = LrSchedulerKind::Cosine, help_heading = section::OPTIMIZATION)]
+    pub lr_scheduler: LrSchedulerKind,
+    /// Linear warmup steps (the post's WARMUP_STEPS).
+    #[arg(long, visible_alias = "warmup-steps", value_name = "STEPS", default_value_t = 20, help_heading = section::OPTIMIZATION)]
     pub warmup: usize,
+    /// Warmup as a fraction of the run's steps, rounded up (replaces --warmup).
+    #[arg(long, value_parser = parse_finite, value_name = "FRACTION", help_heading = section::OPTIMIZATION)]
+    #[serde(deserialize_with = "finite_opt")]
+    pub warmup_ratio: Option<f64>,
     /// AdamW decoupled weight decay.
-    #[arg(long, default_value_t = 0.0, help_heading = section::OPTIMIZATION)]
+    #[arg(long, value_parser = parse_finite, default_value_t = 0.0, help_heading = section::OPTIMIZATION)]
+    #[serde(deserialize_with = "finite")]
     pub weight_decay: f64,
     /// Clip the global gradient L2 norm to this; 0 disables clipping (the post's MAX_GRAD_NORM).
-    #[arg(long, default_value_t = 1.0, help_heading = section::OPTIMIZATION)]
+    #[arg(long, value_parser = parse_finite, default_value_t = 1.0, help_heading = section::OPTIMIZATION)]
+    #[serde(deserialize_with = "finite")]
     pub max_grad_norm: f64,
     /// Sum the per-token losses and divide by the global token count instead of averaging
     /// per-micro-batch means (the post's variant for variable-length samples).
@@ -176,32 +191,38 @@ pub struct TrainConfig {
     /// LoRA rank r.
     #[arg(long, value_name = "R", default_value_t = 16, help_heading = section::ADAPTER)]
     pub lora_r: usize,
-    /// LoRA alpha (scale = alpha / r).
-    #[arg(long, default_value_t = 32.0, help_heading = section::ADAPTER)]
+    /// LoRA alpha (scale = alpha / r, or alpha / sqrt(r) with --use-rslora).
+    #[arg(long, value_parser = parse_finite, default_value_t = 32.0, help_heading = section::ADAPTER)]
+    #[serde(deserialize_with = "finite")]
     pub lora_alpha: f64,
     /// Dropout probability on the adapter input.
-    #[arg(long, value_name = "P", default_value_t = 0.05, help_heading = section::ADAPTER)]
+    #[arg(long, value_parser = parse_finite, value_name = "P", default_value_t = 0.05, help_heading = section::ADAPTER)]
+    #[serde(deserialize_with = "finite")]
     pub lora_dropout: f64,
     /// Regex over module paths selecting the adapted projections (PEFT full-match semantics).
     #[arg(long, value_name = "REGEX", default_value = POST_LORA_TARGETS, help_heading = section::ADAPTER)]
     pub lora_targets: String,
+    /// rsLoRA scaling alpha / sqrt(r) instead of alpha / r (PEFT's use_rslora).
+    #[arg(long, help_heading = section::ADAPTER)]
+    pub use_rslora: bool,
     /// Start from this PEFT adapter directory's weights instead of a fresh init.
-    #[arg(long, value_name = "DIR", help_heading = section::RUN)]
+    #[arg(long, value_name = "DIR", help_heading = section::START)]
     pub init_adapter: Option<PathBuf>,
     /// Continue from this checkpoint directory (adapter + trainer state).
-    #[arg(long, value_name = "DIR", help_heading = section::RUN)]
+    #[arg(long, visible_alias = "resume-from-checkpoint", value_name = "DIR", help_heading = section::START)]
     pub resume: Option<PathBuf>,
     /// Also checkpoint every N optimizer steps (OUTPUT/step-N).
-    #[arg(long, value_name = "N", help_heading = section::RUN)]
+    #[arg(long, visible_alias = "save-steps", value_name = "N", help_heading = section::RUN)]
     pub save_every: Option<usize>,
     /// Evaluate --eval-data every N optimizer steps (and always at the end).
-    #[arg(long, value_name = "N", help_heading = section::RUN)]
+    #[arg(long, visible_alias = "eval-steps", value_name = "N", help_heading = section::RUN)]
     pub eval_every: Option<usize>,
     /// Print and record metrics every N optimizer steps (the post's LOG_EVERY).
-    #[arg(long, value_name = "N", default_value_t = 10, help_heading = section::RUN)]
+    #[arg(long, visible_alias = "logging-steps", value_name = "N", default_value_t = 10, help_heading = section::RUN)]
     pub log_every: usize,
     /// DDP gradient bucket size in MiB (PyTorch's default 25).
-    #[arg(long, value_name = "MIB", default_value_t = 25.0, help_heading = section::LAYOUT)]
+    #[arg(long, value_parser = parse_finite, value_name = "MIB", default_value_t = 25.0, help_heading = section::LAYOUT)]
+    #[serde(deserialize_with = "finite")]
     pub bucket_cap_mb: f64,
     /// Seconds a collective may block before the job fails with a per-rank error.
     #[arg(long, value_name = "SECONDS", default_value_t = 600, help_heading = section::FAULTS)]
@@ -213,7 +234,8 @@ pub struct TrainConfig {
     #[arg(long, value_name = "N", default_value_t = 10, help_heading = section::FAULTS)]
     pub max_nonfinite_skips: usize,
     /// Dense bf16 peak TFLOP/s of one device, for MFU (unset: look the GPU up in a table).
-    #[arg(long, value_name = "TFLOPS", help_heading = section::RUN)]
+    #[arg(long, value_parser = parse_finite, value_name = "TFLOPS", help_heading = section::RUN)]
+    #[serde(deserialize_with = "finite_opt")]
     pub peak_tflops: Option<f64>,
 }
 
@@ -231,6 +253,40 @@ impl Default for TrainConfig {
     }
 }
 
+/// Flag parser of the real-valued settings: a finite number (`nan`, `inf` are rejected here,
+/// before they could reach a computation).
+fn parse_finite(text: &str) -> std::result::Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        Ok(_) => Err("not a finite number".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// TOML reader of the real-valued settings: a finite number.
+fn finite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    let v = f64::deserialize(d)?;
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "{v} is not a finite number"
+        )))
+    }
+}
+
+/// [`finite`] for an optional setting.
+fn finite_opt<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<f64>, D::Error> {
+    match Option::<f64>::deserialize(d)? {
+        Some(v) if !v.is_finite() => Err(serde::de::Error::custom(format!(
+            "{v} is not a finite number"
+        ))),
+        v => Ok(v),
+    }
+}
+
 /// What `--resume` does with a setting, decided by its [`section`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResumeRule {
@@ -242,6 +298,8 @@ pub enum ResumeRule {
     Reported,
     /// Run control: changes freely.
     Free,
+    /// The starting point itself: never taken from the checkpoint.
+    NotInherited,
 }
 
 /// One setting as the command line describes it.
@@ -262,6 +320,7 @@ impl SettingInfo {
             section::ADAPTER => ResumeRule::FromCheckpoint,
             section::LAYOUT => ResumeRule::MustMatch,
             section::MODEL_DATA | section::OPTIMIZATION => ResumeRule::Reported,
+            section::START => ResumeRule::NotInherited,
             _ => ResumeRule::Free,
         }
     }
@@ -269,11 +328,12 @@ impl SettingInfo {
 
 /// Every setting in declaration order (the order of the table and of `--help` within a section).
 pub fn settings() -> Vec<SettingInfo> {
-    const SECTIONS: [&str; 6] = [
+    const SECTIONS: [&str; 7] = [
         section::MODEL_DATA,
         section::ADAPTER,
         section::LAYOUT,
         section::OPTIMIZATION,
+        section::START,
         section::RUN,
         section::FAULTS,
     ];
@@ -398,95 +458,111 @@ impl TrainConfig {
     }
 
     fn check(&self, origin: impl Fn(&str) -> Origin) -> Result<()> {
-        let bad = |field: &str, value: String, reason: &str| Error::ConfigInvalid {
+        let bad = |field: &str, value: String, reason: String| Error::ConfigInvalid {
             field: field.to_string(),
             value,
             origin: origin(field).to_string(),
-            reason: reason.to_string(),
+            reason,
         };
-        let at_least_1 = [
-            ("max_len", self.max_len),
-            ("max_line_bytes", self.max_line_bytes),
-            ("micro_batch", self.micro_batch),
-            ("accum", self.accum),
-            ("epochs", self.epochs),
-            ("lora_r", self.lora_r),
-            ("log_every", self.log_every),
+        // Counts: at least 1 and at most a bound no real run gets near (so arithmetic on them
+        // cannot overflow and a typo with extra digits is caught).
+        let counts = [
+            ("max_len", Some(self.max_len), MAX_LEN),
+            ("max_line_bytes", Some(self.max_line_bytes), 1 << 40),
+            ("micro_batch", Some(self.micro_batch), MAX_COUNT),
+            ("accum", Some(self.accum), MAX_COUNT),
+            ("epochs", Some(self.epochs), MAX_COUNT),
+            ("lora_r", Some(self.lora_r), MAX_LORA_R),
+            ("log_every", Some(self.log_every), MAX_STEPS),
+            ("max_steps", self.max_steps, MAX_STEPS),
+            ("save_every", self.save_every, MAX_STEPS),
+            ("eval_every", self.eval_every, MAX_STEPS),
         ];
-        for (field, v) in at_least_1 {
-            if v == 0 {
-                return Err(bad(field, v.to_string(), "must be at least 1"));
+        for (field, v, max) in counts {
+            match v {
+                Some(0) => {
+                    let unset = ["max_steps", "save_every", "eval_every"].contains(&field);
+                    let hint = if unset {
+                        " (leave unset to disable)"
+                    } else {
+                        ""
+                    };
+                    return Err(bad(field, "0".into(), format!("must be at least 1{hint}")));
+                }
+                Some(v) if v > max => {
+                    return Err(bad(field, v.to_string(), format!("must be at most {max}")))
+                }
+                _ => {}
             }
         }
-        let optional_at_least_1 = [
-            ("max_steps", self.max_steps),
-            ("save_every", self.save_every),
-            ("eval_every", self.eval_every),
+        if !(1..=MAX_TIMEOUT_S).contains(&self.collective_timeout_s) {
+            return Err(bad(
+                "collective_timeout_s",
+                self.collective_timeout_s.to_string(),
+                format!("must be between 1 and {MAX_TIMEOUT_S} seconds (a week)"),
+            ));
+        }
+        // Reals: finite, within a range.
+        let reals = [
+            ("lr", Some(self.lr), 0.0, false, 1e3),
+            ("lora_alpha", Some(self.lora_alpha), 0.0, false, 1e6),
+            ("weight_decay", Some(self.weight_decay), 0.0, true, 1e3),
+            ("max_grad_norm", Some(self.max_grad_norm), 0.0, true, 1e9),
+            (
+                "bucket_cap_mb",
+                Some(self.bucket_cap_mb),
+                0.0,
+                false,
+                65536.0,
+            ),
+            ("peak_tflops", self.peak_tflops, 0.0, false, 1e6),
         ];
-        for (field, v) in optional_at_least_1 {
-            if v == Some(0) {
+        for (field, v, lo, lo_ok, hi) in reals {
+            let Some(v) = v else { continue };
+            let above = if lo_ok { v >= lo } else { v > lo };
+            if !(v.is_finite() && above && v <= hi) {
+                let op = if lo_ok { ">=" } else { ">" };
+                let why = if field == "lora_alpha" && v == 0.0 {
+                    ": alpha 0 scales every adapter to nothing, so nothing would train".to_string()
+                } else {
+                    String::new()
+                };
                 return Err(bad(
                     field,
-                    "0".into(),
-                    "must be at least 1 (leave unset to disable)",
+                    v.to_string(),
+                    format!("must be a finite number {op} {lo} and <= {hi}{why}"),
                 ));
             }
         }
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            return Err(bad(
-                "lr",
-                self.lr.to_string(),
-                "must be a finite number > 0",
-            ));
-        }
-        let non_negative = [
-            ("weight_decay", self.weight_decay),
-            ("max_grad_norm", self.max_grad_norm),
-            ("lora_alpha", self.lora_alpha),
-        ];
-        for (field, v) in non_negative {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(bad(field, v.to_string(), "must be a finite number >= 0"));
-            }
-        }
-        if !(0.0..1.0).contains(&self.lora_dropout) {
-            return Err(bad(
+        let fractions = [
+            (
                 "lora_dropout",
-                self.lora_dropout.to_string(),
-                "must be in [0, 1)",
-            ));
-        }
-        if !(self.bucket_cap_mb.is_finite() && self.bucket_cap_mb > 0.0) {
-            return Err(bad(
-                "bucket_cap_mb",
-                self.bucket_cap_mb.to_string(),
-                "must be > 0",
-            ));
-        }
-        if self.collective_timeout_s == 0 {
-            return Err(bad(
-                "collective_timeout_s",
-                "0".into(),
-                "must be at least 1 second",
-            ));
-        }
-        if let Some(p) = self.peak_tflops {
-            if !(p.is_finite() && p > 0.0) {
-                return Err(bad("peak_tflops", p.to_string(), "must be > 0"));
+                Some(self.lora_dropout),
+                "[0, 1)",
+                1.0,
+                false,
+            ),
+            ("warmup_ratio", self.warmup_ratio, "[0, 1]", 1.0, true),
+        ];
+        for (field, v, range, hi, hi_ok) in fractions {
+            let Some(v) = v else { continue };
+            let below = if hi_ok { v <= hi } else { v < hi };
+            if !(v >= 0.0 && below) {
+                return Err(bad(field, v.to_string(), format!("must be in {range}")));
             }
         }
         if let Err(e) = regex::Regex::new(&self.lora_targets) {
             return Err(bad(
                 "lora_targets",
                 self.lora_targets.clone(),
-                &format!("not a valid regex: {e}"),
+                format!("not a valid regex: {e}"),
             ));
         }
         if self.packing && self.group_by_length {
             return Err(bad(
                 "group_by_length",
                 "true".into(),
-                "has no effect with packing (packed rows are all about max_len long); set one",
+                "has no effect with packing (packed rows are all about max_len long); set one".into(),
             ));
         }
         if self.eval_every.is_some() && self.eval_data.is_none() {
@@ -494,12 +570,35 @@ impl TrainConfig {
                 "eval_every",
                 self.eval_every
                     .map_or_else(|| "-".into(), |n| n.to_string()),
-                "needs eval_data (--eval-data) to evaluate anything",
+                "needs eval_data (--eval-data) to evaluate anything".into(),
+            ));
+        }
+        if self.warmup_ratio.is_some() && origin("warmup") != Origin::Default {
+            return Err(bad(
+                "warmup_ratio",
+                self.warmup_ratio
+                    .map_or_else(String::new, |r| r.to_string()),
+                format!(
+                    "give either warmup (= {}, set by {}) or warmup_ratio, not both",
+                    self.warmup,
+                    origin("warmup")
+                ),
             ));
         }
         Ok(())
     }
 }
+
+/// Upper bound of `max_len` (tokens per sample).
+pub const MAX_LEN: usize = 1 << 20;
+/// Upper bound of batch counts and epochs.
+pub const MAX_COUNT: usize = 1 << 16;
+/// Upper bound of step counts.
+pub const MAX_STEPS: usize = 1 << 40;
+/// Upper bound of the LoRA rank before the model is known (then: the smallest targeted layer).
+pub const MAX_LORA_R: usize = 1 << 16;
+/// Upper bound of `collective_timeout_s`: a week.
+pub const MAX_TIMEOUT_S: u64 = 7 * 24 * 3600;
 
 /// Formats `(name, value)` rows as a two-column table with aligned values and a rule above and
 /// below, like llm.c's startup parameter table.

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
-use crate::schedule::CosineWithWarmup;
+use crate::schedule::LrSchedule;
 
 /// JSON file with the [`TrainerState`].
 pub const STATE_FILE: &str = "trainer_state.json";
@@ -76,7 +76,7 @@ pub struct TrainerState {
     /// Data position.
     pub sampler: SamplerPosition,
     /// The schedule, including its step counter.
-    pub scheduler: CosineWithWarmup,
+    pub scheduler: LrSchedule,
     /// AdamW's step counter (bias corrections); differs from `step` after skipped steps.
     pub optimizer_step: u64,
     /// Non-finite steps skipped directly before this checkpoint.
@@ -229,7 +229,7 @@ mod tests {
     use candle_core::DType;
 
     fn state(config: &TrainConfig, world_size: usize) -> TrainerState {
-        let mut scheduler = CosineWithWarmup::new(config.lr, config.warmup as u64, 100);
+        let mut scheduler = LrSchedule::cosine(config.lr, config.warmup as u64, 100);
         (0..7).for_each(|_| scheduler.advance());
         TrainerState {
             format: STATE_FORMAT,

@@ -15,7 +15,7 @@ use std::path::Path;
 use candle_core::{Device, Tensor, Var};
 use g4ft_trainer::clip::{clip_coef, grad_norm};
 use g4ft_trainer::optim::{AdamW, AdamWParams, FlatBucket};
-use g4ft_trainer::schedule::CosineWithWarmup;
+use g4ft_trainer::schedule::{warmup_steps, LrSchedule, LrSchedulerKind};
 use serde_json::Value;
 
 const SHAPES: [&[usize]; 3] = [&[4, 3], &[2, 5], &[7]];
@@ -98,7 +98,7 @@ fn adamw_clip_schedule_match_torch() {
         let max_norm = case["max_grad_norm"].as_f64().unwrap();
         let init = f32s(&case["init_params"]);
         let n = init.len();
-        let mut sched = CosineWithWarmup::new(
+        let mut sched = LrSchedule::cosine(
             case["lr"].as_f64().unwrap(),
             case["warmup"].as_u64().unwrap(),
             case["total"].as_u64().unwrap(),
@@ -171,10 +171,12 @@ fn adamw_clip_schedule_match_torch() {
 }
 
 #[test]
-fn cosine_schedule_matches_transformers() {
+fn schedules_match_transformers() {
     let fx = fixtures();
     for case in fx["schedule"].as_array().expect("schedule cases") {
-        let mut s = CosineWithWarmup::new(
+        let kind: LrSchedulerKind = serde_json::from_value(case["kind"].clone()).unwrap();
+        let mut s = LrSchedule::new(
+            kind,
             case["base_lr"].as_f64().unwrap(),
             case["warmup"].as_u64().unwrap(),
             case["total"].as_u64().unwrap(),
@@ -184,11 +186,20 @@ fn cosine_schedule_matches_transformers() {
             let got = s.lr();
             assert!(
                 (got - want).abs() <= 1e-12 * want.abs().max(1e-30) || (got == 0.0 && want == 0.0),
-                "warmup {} total {} step {k}: got {got} want {want}",
+                "{kind:?} warmup {} total {} step {k}: got {got} want {want}",
                 s.warmup,
                 s.total
             );
             s.advance();
         }
+    }
+    for case in fx["warmup_ratio"].as_array().expect("warmup ratio cases") {
+        let ratio = case["ratio"].as_f64().unwrap();
+        let total = case["total"].as_u64().unwrap();
+        assert_eq!(
+            warmup_steps(20, Some(ratio), total),
+            case["warmup"].as_u64().unwrap(),
+            "warmup ratio {ratio} of {total} steps"
+        );
     }
 }

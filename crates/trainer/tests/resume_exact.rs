@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor, Var};
 use g4ft_trainer::checkpoint::{latest_complete_checkpoint, write_checkpoint_atomic};
 use g4ft_trainer::clip::{clip_coef, grad_norm};
 use g4ft_trainer::optim::{AdamW, AdamWParams, FlatBucket};
-use g4ft_trainer::schedule::CosineWithWarmup;
+use g4ft_trainer::schedule::LrSchedule;
 use g4ft_trainer::state::{
     config_fingerprint, config_rows, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
 };
@@ -53,7 +53,7 @@ fn fresh_params(dev: &Device) -> Vec<Vec<Var>> {
 struct Run {
     params: Vec<Vec<Var>>,
     opt: AdamW,
-    sched: CosineWithWarmup,
+    sched: LrSchedule,
     step: u64,
     lrs: Vec<f64>,
 }
@@ -64,7 +64,7 @@ impl Run {
         Self {
             params: fresh_params(dev),
             opt: AdamW::new(AdamWParams::with_weight_decay(0.01), &lens, dev).unwrap(),
-            sched: CosineWithWarmup::new(1e-2, 2, STEPS),
+            sched: LrSchedule::cosine(1e-2, 2, STEPS),
             step: 0,
             lrs: Vec::new(),
         }

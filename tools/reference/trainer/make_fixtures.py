@@ -1,7 +1,8 @@
 """Golden values for g4ft-trainer's optimizer, clipping and schedule.
 
 Runs torch.optim.AdamW (CPU, single-tensor path), torch.nn.utils.clip_grad_norm_ and
-transformers' get_cosine_schedule_with_warmup for a few steps on small seeded random tensors,
+transformers' schedules (get_scheduler: cosine, linear, constant, constant_with_warmup; the warmup
+of a fractional warmup_steps from TrainingArguments.get_warmup_steps) for a few steps on small seeded random tensors,
 exactly in the order of the post's train_ddp.py (clip, optimizer.step, scheduler.step), and writes
 optim_fixtures.json next to this script. The Rust side flattens the parameters in list order into
 one buffer (the layout of a DDP bucket) and must match to 1e-6 relative.
@@ -15,7 +16,7 @@ import sys
 
 import torch
 import transformers
-from transformers import get_cosine_schedule_with_warmup
+from transformers import TrainingArguments, get_cosine_schedule_with_warmup, get_scheduler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAPES = [(4, 3), (2, 5), (7,)]  # three "parameters", flattened in this order
@@ -51,16 +52,21 @@ def run_case(name, seed, lr, weight_decay, max_grad_norm, warmup, total, grad_sc
     return case
 
 
-def schedule_case(warmup, total, base_lr, n):
+def schedule_case(warmup, total, base_lr, n, kind="cosine"):
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.AdamW([p], lr=base_lr)
-    sched = get_cosine_schedule_with_warmup(opt, warmup, total)
+    sched = get_scheduler(kind, opt, num_warmup_steps=warmup, num_training_steps=total)
     lrs = []
     for _ in range(n):
         lrs.append(sched.get_last_lr()[0])
         opt.step()
         sched.step()
-    return dict(warmup=warmup, total=total, base_lr=base_lr, lrs=lrs)
+    return dict(kind=kind, warmup=warmup, total=total, base_lr=base_lr, lrs=lrs)
+
+
+def warmup_ratio_case(ratio, total):
+    args = TrainingArguments(output_dir=os.path.join(HERE, ".unused"), warmup_steps=ratio, report_to=[])
+    return dict(ratio=ratio, total=total, warmup=args.get_warmup_steps(total))
 
 
 def main():
@@ -80,7 +86,12 @@ def main():
             schedule_case(20, 100, 1e-4, 101),
             schedule_case(0, 10, 1e-3, 12),
             schedule_case(5, 3, 2e-4, 8),  # warmup longer than training
+            schedule_case(3, 10, 1e-3, 12, "linear"),
+            schedule_case(0, 7, 5e-4, 9, "linear"),
+            schedule_case(4, 10, 1e-3, 12, "constant"),
+            schedule_case(4, 10, 1e-3, 12, "constant_with_warmup"),
         ],
+        warmup_ratio=[warmup_ratio_case(0.1, 41), warmup_ratio_case(0.05, 400), warmup_ratio_case(0.5, 3)],
     )
     path = os.path.join(HERE, "optim_fixtures.json")
     with open(path, "w") as f:
