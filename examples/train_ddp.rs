@@ -23,11 +23,11 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
-use clap::ArgMatches;
+use clap::{ArgMatches, ValueEnum};
 use g4ft::data::{
     detect_format, Batch, Batching, DataLoader, DatasetOptions, Encoder, Format, LabelMode,
     LoaderConfig, PrepareOptions, TokenDataset,
@@ -35,20 +35,22 @@ use g4ft::data::{
 use g4ft::ddp::{DdpError, DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
 use g4ft::gemma4::{Gemma4Model, ModelFiles};
 use g4ft::lora::{self, LoraConfig, ParamReport, TargetModules};
-use g4ft::trainer::checkpoint::{remove_stale_temporaries, write_checkpoint_atomic};
+use g4ft::trainer::checkpoint::{prune_checkpoints, write_checkpoint_atomic};
 use g4ft::trainer::clip::{clip_coef, grad_norm};
 use g4ft::trainer::config::ResolvedConfig;
-use g4ft::trainer::config::{DTypeKind, DeviceKind, LabelsKind};
+use g4ft::trainer::config::{DTypeKind, DeviceKind, LabelsKind, ReportTo};
 use g4ft::trainer::memory::MemProbe;
-use g4ft::trainer::metrics::{MetricsLogger, MfuSpec, StepStats};
+use g4ft::trainer::metrics::{truncate_metrics, MetricsLogger, MfuSpec, StepStats};
 use g4ft::trainer::nonfinite::{decide, stop_error, StepDecision};
 use g4ft::trainer::optim::{AdamW, AdamWParams};
-use g4ft::trainer::plot::write_loss_svg;
+use g4ft::trainer::resume::{self, Launch, StartPlan};
+use g4ft::trainer::run_dir::{self, RunRecord};
 use g4ft::trainer::schedule::{warmup_steps, LrSchedule};
 use g4ft::trainer::state::{
-    config_fingerprint, config_rows, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
+    config_fingerprint, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
 };
 use g4ft::trainer::step::{self, LossWeighting};
+use g4ft::trainer::tensorboard::EventWriter;
 use g4ft::trainer::{cli, TrainConfig};
 
 fn main() -> ExitCode {
@@ -64,7 +66,12 @@ fn main() -> ExitCode {
 }
 
 fn train(matches: &ArgMatches) -> Result<()> {
-    let resolved = cli::resolve(matches)?;
+    let mut resolved = cli::resolve(matches)?;
+    // Where the run starts (fresh, --init-adapter, --resume, an elastic restart) and the
+    // settings that fixes; every rank decides the same from the same files.
+    let launch = Launch::from_env(|k| std::env::var(k).ok())?;
+    let plan = resume::plan(&resolved.config, &launch)?;
+    let changes = plan.apply(&mut resolved)?;
     let cfg = &resolved.config;
 
     // 1. Device first, then the process group bound to it (torchrun sets RANK, LOCAL_RANK,
@@ -88,7 +95,12 @@ fn train(matches: &ArgMatches) -> Result<()> {
         },
     )?;
     // A failing rank names the peer that failed first, when that is what stopped it.
-    match train_in_group(&resolved, &device, &mem, &group) {
+    let start = Start {
+        plan: &plan,
+        launch: &launch,
+        changes: &changes,
+    };
+    match train_in_group(&resolved, &start, &device, &mem, &group) {
         Ok(()) => Ok(()),
         Err(e) => {
             let follows_peer = DdpError::chain_may_follow_peer_exit(e.as_ref());
@@ -101,9 +113,18 @@ fn train(matches: &ArgMatches) -> Result<()> {
 /// How long a failing rank 0 keeps the store up for its peers to read why.
 const FAILURE_LINGER: Duration = Duration::from_secs(10);
 
+/// The decided starting point of the run.
+struct Start<'a> {
+    plan: &'a StartPlan,
+    launch: &'a Launch,
+    /// Settings a resumed run changes, `name old → new (origin)`.
+    changes: &'a [String],
+}
+
 /// Steps 2-12 of the post's script, once the process group exists.
 fn train_in_group(
     resolved: &ResolvedConfig,
+    start: &Start<'_>,
     device: &Device,
     mem: &MemProbe,
     group: &ProcessGroup,
@@ -111,8 +132,31 @@ fn train_in_group(
     let cfg = &resolved.config;
     let (rank, world_size) = (group.rank(), group.world_size());
     let is_main = rank == 0;
+    start.plan.check_world_size(world_size)?;
+
+    // The output folder: rank 0 locks it for the run's lifetime and claims it (a folder holding
+    // another run is refused unless --overwrite-output). Only rank 0 writes there.
+    let run = if is_main {
+        let holder = format!(
+            "pid {} on {} (started at unix time {})",
+            std::process::id(),
+            run_dir::host_name(),
+            SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs()
+        );
+        let lock = run_dir::lock(&cfg.output, &holder)?;
+        let fresh = RunRecord::new(
+            start.launch.launcher_run_id.clone(),
+            config_fingerprint(cfg),
+        );
+        let record = run_dir::claim(&cfg.output, &start.plan.claim, fresh)?;
+        Some((lock, record))
+    } else {
+        None
+    };
+    let run_id = run.as_ref().map_or("", |(_, r)| r.run_id.as_str());
     if is_main {
         println!("{}", resolved.table());
+        println!("run {run_id} in {}", cfg.output.display());
     }
 
     // 2. Model: every rank loads its own copy of the frozen base.
@@ -123,9 +167,14 @@ fn train_in_group(
     let mut model = Gemma4Model::load(&cfg.model, dtype, device)?;
 
     // 3. LoRA: the same seed on every rank gives the same init (DDP's broadcast enforces it),
-    //    or the weights of an existing PEFT adapter.
-    let lora_cfg = match &cfg.init_adapter {
-        Some(dir) => lora::load_adapter(dir, model.projections_mut())?,
+    //    or the weights of the PEFT adapter or checkpoint the run starts from, with their
+    //    adapter_config.json (the settings table shows its values).
+    let lora_cfg = match start.plan.dir() {
+        Some(dir) => {
+            let mut c = lora::load_adapter(dir, model.projections_mut())?;
+            c.base_model_name_or_path = Some(cfg.model.clone());
+            c
+        }
         None => {
             let mut c = LoraConfig::new(
                 cfg.lora_r,
@@ -153,13 +202,6 @@ fn train_in_group(
             "{}",
             ParamReport::new(&lora_cfg, &shapes, model.config().num_text_parameters())?
         );
-    }
-
-    // 4. Resume: the adapter of the checkpoint replaces the init before the wrap broadcasts it.
-    let restart_count = std::env::var("TORCHELASTIC_RESTART_COUNT").ok();
-    let resume = step::resume_dir(cfg.resume.as_deref(), &cfg.output, restart_count.as_deref())?;
-    if let Some(dir) = &resume {
-        lora::load_adapter(dir, model.projections_mut())?;
     }
 
     // 5. Data: DistributedSampler(seed, drop_last) + loader with drop_last on every rank. Opened
@@ -222,15 +264,24 @@ fn train_in_group(
         micro_step: 0,
         skipped_in_a_row: 0,
     };
-    if let Some(dir) = &resume {
-        let (state, moments) = TrainerState::load(dir, device)?;
-        for warning in state.check_resume(dir, cfg, world_size)? {
-            if is_main {
-                eprintln!("warning: {warning}");
-            }
+    if let resume::Start::Checkpoint { dir, state, .. } = &start.plan.start {
+        opt.load_state(
+            state.optimizer_step,
+            &TrainerState::read_moments(dir, device)?,
+        )?;
+        // This run's schedule settings at the saved step: the same curve unless they changed.
+        sched = state
+            .scheduler
+            .rebuilt(sched.kind, sched.base_lr, sched.warmup, sched.total);
+        let mut changes = start.changes.to_vec();
+        if sched != state.scheduler {
+            changes.push(format!(
+                "schedule {} → {} (rebuilt at step {})",
+                describe_schedule(&state.scheduler),
+                describe_schedule(&sched),
+                state.step
+            ));
         }
-        opt.load_state(state.optimizer_step, &moments)?;
-        sched = state.scheduler;
         pos = Position {
             step: state.step,
             epoch: state.sampler.epoch,
@@ -242,16 +293,29 @@ fn train_in_group(
             (pos.epoch, pos.step_in_epoch) = (pos.epoch + 1, 0);
         }
         if is_main {
+            let changed = if changes.is_empty() {
+                String::new()
+            } else {
+                format!("; this run changes {}", changes.join(", "))
+            };
             println!(
-                "resumed from {} at step {} (epoch {})",
+                "resumed from {} at step {} (epoch {}){changed}",
                 dir.display(),
                 pos.step,
                 pos.epoch
             );
         }
+        if pos.step >= run_steps {
+            if is_main {
+                println!(
+                    "nothing to train: the checkpoint is at step {} of {run_steps} (raise --max-steps or --epochs to train further)",
+                    pos.step
+                );
+            }
+            return Ok(());
+        }
     }
     let mut logger = if is_main {
-        remove_stale_temporaries(&cfg.output)?;
         // MFU against --peak-tflops, else the data-sheet peak of a known GPU (none on the CPU).
         let peak = cfg
             .peak_tflops
@@ -260,13 +324,18 @@ fn train_in_group(
             model: step::flops_model(model.config(), model.prefix()),
             peak_tflops,
         });
-        let mut logger = MetricsLogger::new(
-            run_steps,
-            world_size,
-            Some(&cfg.output.join("metrics.jsonl")),
-            mfu,
-            true,
-        )?;
+        // metrics.jsonl keeps the steps up to the resumed one; the plot covers them too.
+        let jsonl = cfg.output.join("metrics.jsonl");
+        let history = truncate_metrics(&jsonl, pos.step)?;
+        let title = format!("{} LoRA, world {world_size}", cfg.model);
+        let mut logger = MetricsLogger::new(run_steps, world_size, Some(&jsonl), mfu, true)?
+            .with_history(history)
+            .with_plot(&cfg.output.join("loss.svg"), &title);
+        if cfg.report_to == ReportTo::Tensorboard {
+            let events = EventWriter::create(&cfg.output.join("tensorboard"), pos.step + 1)?;
+            println!("tensorboard: {}", events.path().display());
+            logger = logger.with_tensorboard(events);
+        }
         let splits = [("train", Some(&loader))].into_iter();
         for (split, l) in splits.chain([("eval", eval_loader.as_ref())]) {
             if let Some(l) = l {
@@ -286,6 +355,7 @@ fn train_in_group(
         model: &model,
         lora_cfg: &lora_cfg,
         world_size,
+        run_id,
     };
     let (mut last_saved, mut last_eval) = (None, None);
     'epochs: for epoch in pos.epoch..epochs {
@@ -398,7 +468,14 @@ fn train_in_group(
                 .save_every
                 .is_some_and(|n| pos.step.is_multiple_of(n as u64))
             {
-                ckpt.save(&format!("step-{}", pos.step), epoch, &opt, &sched, &pos)?;
+                ckpt.save(
+                    &format!("step-{}", pos.step),
+                    epoch,
+                    &opt,
+                    &sched,
+                    &pos,
+                    logger.as_ref(),
+                )?;
                 last_saved = Some(pos.step);
             }
             if cfg
@@ -417,12 +494,26 @@ fn train_in_group(
         }
         // Epoch end: rank 0 writes, the others wait at the barrier.
         pos.step_in_epoch = 0;
-        ckpt.save(&format!("epoch-{epoch}"), epoch + 1, &opt, &sched, &pos)?;
+        ckpt.save(
+            &format!("epoch-{epoch}"),
+            epoch + 1,
+            &opt,
+            &sched,
+            &pos,
+            logger.as_ref(),
+        )?;
         last_saved = Some(pos.step);
     }
     if last_saved != Some(pos.step) {
         // Stopped by --max-steps mid-epoch: keep the final adapter too.
-        ckpt.save(&format!("step-{}", pos.step), pos.epoch, &opt, &sched, &pos)?;
+        ckpt.save(
+            &format!("step-{}", pos.step),
+            pos.epoch,
+            &opt,
+            &sched,
+            &pos,
+            logger.as_ref(),
+        )?;
     }
     if last_eval != Some(pos.step) {
         run_eval(
@@ -448,14 +539,10 @@ fn train_in_group(
                 s.tokens_per_s, s.s_per_step, s.steps
             );
         }
-        let svg = cfg.output.join("loss.svg");
-        write_loss_svg(
-            &svg,
-            logger.train_curve(),
-            logger.eval_curve(),
-            &format!("{} LoRA, world {world_size}", cfg.model),
-        )?;
-        println!("wrote {}", svg.display());
+        logger.write_plot()?;
+        if let Some(svg) = logger.plot_path() {
+            println!("wrote {}", svg.display());
+        }
     }
 
     // 12. Teardown (the post's destroy_process_group): the DDP reducer here, the group by the
@@ -481,6 +568,18 @@ fn check_rank_fits(model: &Gemma4Model) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `cosine, warmup 2, 40 steps, lr 0.001` for the resume line.
+fn describe_schedule(s: &LrSchedule) -> String {
+    let kind = s
+        .kind
+        .to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_string());
+    format!(
+        "{kind}, warmup {}, {} steps, lr {}",
+        s.warmup, s.total, s.base_lr
+    )
 }
 
 /// Where training stands (saved in the trainer state).
@@ -614,12 +713,15 @@ struct Checkpointer<'a> {
     model: &'a Gemma4Model,
     lora_cfg: &'a LoraConfig,
     world_size: usize,
+    /// The run's id (rank 0, which writes; empty on the other ranks).
+    run_id: &'a str,
 }
 
 impl Checkpointer<'_> {
     /// Rank 0 writes `OUTPUT/name/` atomically (PEFT adapter + trainer state with the optimizer,
-    /// the schedule and `pos`, the sampler at `epoch`), then every rank passes a barrier so
-    /// nobody races ahead or exits while it writes.
+    /// the schedule and `pos`, the sampler at `epoch`), removes checkpoints beyond
+    /// `--save-total-limit` and refreshes the plot, then every rank passes a barrier so nobody
+    /// races ahead or exits while it writes.
     fn save(
         &self,
         name: &str,
@@ -627,6 +729,7 @@ impl Checkpointer<'_> {
         opt: &AdamW,
         sched: &LrSchedule,
         pos: &Position,
+        logger: Option<&MetricsLogger>,
     ) -> Result<()> {
         let Checkpointer {
             group,
@@ -634,9 +737,11 @@ impl Checkpointer<'_> {
             model,
             lora_cfg,
             world_size,
+            run_id,
         } = *self;
         let state = TrainerState {
             format: STATE_FORMAT,
+            run_id: run_id.to_string(),
             step: pos.step,
             epoch,
             sampler: SamplerPosition {
@@ -652,14 +757,21 @@ impl Checkpointer<'_> {
             },
             world_size,
             config_fingerprint: config_fingerprint(cfg),
-            config: config_rows(cfg),
+            config: cfg.clone(),
         };
-        group.rank0_then_barrier(|| {
-            write_checkpoint_atomic(&cfg.output, name, pos.step, |dir| {
+        group.rank0_then_barrier(|| -> Result<()> {
+            write_checkpoint_atomic(&cfg.output, name, pos.step, run_id, |dir| {
                 lora::save_adapter(dir, lora_cfg, model.projections())?;
                 state.save(dir, &opt.state_tensors())?;
                 Ok(())
-            })
+            })?;
+            if let Some(keep) = cfg.save_total_limit {
+                prune_checkpoints(&cfg.output, keep)?;
+            }
+            if let Some(logger) = logger {
+                logger.write_plot()?;
+            }
+            Ok(())
         })?;
         Ok(())
     }

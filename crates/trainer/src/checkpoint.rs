@@ -11,7 +11,8 @@
 //!
 //! A directory counts as a checkpoint only if its marker parses and every listed file exists with
 //! the listed size; dot-directories (temporaries) never count. [`latest_complete_checkpoint`] picks
-//! the valid one with the highest step, which is what an elastic restart resumes from.
+//! the valid one with the highest step; [`latest_checkpoint_of_run`] the same among one run's
+//! checkpoints, which is what an elastic restart and `--resume latest` resume from.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -34,6 +35,9 @@ pub struct CompleteMarker {
     pub name: String,
     /// Optimizer steps completed when it was written.
     pub step: u64,
+    /// Id of the run that wrote it (see [`crate::run_dir`]); empty if unknown.
+    #[serde(default)]
+    pub run_id: String,
     /// Every other file, relative path → size in bytes.
     pub files: BTreeMap<String, u64>,
 }
@@ -52,7 +56,8 @@ fn io_err(path: &Path, op: &str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::CheckpointIo { path, op, source }
 }
 
-/// Writes checkpoint `name` (after `step` optimizer steps) atomically under `output_dir`:
+/// Writes checkpoint `name` of run `run_id` (after `step` optimizer steps) atomically under
+/// `output_dir`:
 /// `write` fills the temporary directory it is given; on success the directory appears as
 /// `output_dir/name` with a completion marker, replacing an older one of the same name. If
 /// `write` fails, the temporary directory is removed and nothing else changes.
@@ -60,6 +65,7 @@ pub fn write_checkpoint_atomic(
     output_dir: &Path,
     name: &str,
     step: u64,
+    run_id: &str,
     write: impl FnOnce(&Path) -> WriterResult,
 ) -> Result<CheckpointInfo> {
     std::fs::create_dir_all(output_dir).map_err(io_err(output_dir, "create output dir"))?;
@@ -80,6 +86,7 @@ pub fn write_checkpoint_atomic(
     let marker = CompleteMarker {
         name: name.to_string(),
         step,
+        run_id: run_id.to_string(),
         files,
     };
     let marker_path = tmp.join(COMPLETE_MARKER);
@@ -185,16 +192,16 @@ pub fn read_checkpoint(dir: &Path) -> Result<CheckpointInfo> {
     })
 }
 
-/// The valid checkpoint with the highest step directly under `output_dir` (ties: the later name),
-/// `None` if there is none or the directory does not exist. Incomplete directories and
-/// temporaries are ignored.
-pub fn latest_complete_checkpoint(output_dir: &Path) -> Result<Option<CheckpointInfo>> {
+/// Every valid checkpoint directly under `output_dir`, oldest first (by step, then name); empty
+/// if there is none or the directory does not exist. Incomplete directories and temporaries are
+/// left out.
+pub fn complete_checkpoints(output_dir: &Path) -> Result<Vec<CheckpointInfo>> {
     let entries = match std::fs::read_dir(output_dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io_err(output_dir, "list")(e)),
     };
-    let mut best: Option<CheckpointInfo> = None;
+    let mut found = Vec::new();
     for entry in entries {
         let path = entry.map_err(io_err(output_dir, "list"))?.path();
         let hidden = path
@@ -204,13 +211,37 @@ pub fn latest_complete_checkpoint(output_dir: &Path) -> Result<Option<Checkpoint
             continue;
         }
         if let Ok(info) = read_checkpoint(&path) {
-            let key = |i: &CheckpointInfo| (i.marker.step, i.marker.name.clone());
-            if best.as_ref().is_none_or(|b| key(&info) > key(b)) {
-                best = Some(info);
-            }
+            found.push(info);
         }
     }
-    Ok(best)
+    found.sort_by(|a, b| (a.marker.step, &a.marker.name).cmp(&(b.marker.step, &b.marker.name)));
+    Ok(found)
+}
+
+/// The valid checkpoint with the highest step directly under `output_dir` (ties: the later name),
+/// `None` if there is none or the directory does not exist.
+pub fn latest_complete_checkpoint(output_dir: &Path) -> Result<Option<CheckpointInfo>> {
+    Ok(complete_checkpoints(output_dir)?.pop())
+}
+
+/// [`latest_complete_checkpoint`] among the checkpoints that run `run_id` wrote.
+pub fn latest_checkpoint_of_run(output_dir: &Path, run_id: &str) -> Result<Option<CheckpointInfo>> {
+    Ok(complete_checkpoints(output_dir)?
+        .into_iter()
+        .rfind(|c| c.marker.run_id == run_id))
+}
+
+/// Deletes the oldest complete checkpoints of `output_dir` until at most `keep` remain
+/// (`--save-total-limit`); returns what it removed. The newest is never removed.
+pub fn prune_checkpoints(output_dir: &Path, keep: usize) -> Result<Vec<PathBuf>> {
+    let all = complete_checkpoints(output_dir)?;
+    let excess = all.len().saturating_sub(keep.max(1));
+    let mut removed = Vec::new();
+    for c in all.into_iter().take(excess) {
+        std::fs::remove_dir_all(&c.dir).map_err(io_err(&c.dir, "remove an old checkpoint"))?;
+        removed.push(c.dir);
+    }
+    Ok(removed)
 }
 
 /// Removes `.tmp-*` and `.old-*` directories left in `output_dir` by crashed saves; returns what
@@ -270,10 +301,16 @@ mod tests {
     #[test]
     fn write_then_find_latest() {
         let out = TempDir::new("latest");
-        write_checkpoint_atomic(&out.0, "step-2", 2, write_files(&[("a.txt", "two")])).unwrap();
-        let info =
-            write_checkpoint_atomic(&out.0, "step-10", 10, write_files(&[("a.txt", "ten!")]))
-                .unwrap();
+        write_checkpoint_atomic(&out.0, "step-2", 2, "r", write_files(&[("a.txt", "two")]))
+            .unwrap();
+        let info = write_checkpoint_atomic(
+            &out.0,
+            "step-10",
+            10,
+            "r",
+            write_files(&[("a.txt", "ten!")]),
+        )
+        .unwrap();
         assert_eq!(info.dir, out.0.join("step-10"));
         assert_eq!(info.marker.files.get("a.txt"), Some(&4));
         let latest = latest_complete_checkpoint(&out.0).unwrap().unwrap();
@@ -291,8 +328,8 @@ mod tests {
     #[test]
     fn failed_writer_leaves_nothing() {
         let out = TempDir::new("fail");
-        write_checkpoint_atomic(&out.0, "step-1", 1, write_files(&[("a.txt", "ok")])).unwrap();
-        let err = write_checkpoint_atomic(&out.0, "step-2", 2, |dir| {
+        write_checkpoint_atomic(&out.0, "step-1", 1, "r", write_files(&[("a.txt", "ok")])).unwrap();
+        let err = write_checkpoint_atomic(&out.0, "step-2", 2, "r", |dir| {
             std::fs::write(dir.join("half.bin"), "partial")?;
             Err("disk full".into())
         })
@@ -313,7 +350,8 @@ mod tests {
     #[test]
     fn crash_leftovers_are_not_the_latest() {
         let out = TempDir::new("crash");
-        write_checkpoint_atomic(&out.0, "step-5", 5, write_files(&[("a.txt", "five")])).unwrap();
+        write_checkpoint_atomic(&out.0, "step-5", 5, "r", write_files(&[("a.txt", "five")]))
+            .unwrap();
         // a crash before the rename: a temporary with everything but the marker
         let tmp = out.0.join(".tmp-step-9-123");
         std::fs::create_dir(&tmp).unwrap();
@@ -321,7 +359,8 @@ mod tests {
         // a directory without a marker (e.g. copied by hand, or a non-atomic writer)
         std::fs::create_dir(out.0.join("step-8")).unwrap();
         // a complete marker whose file was truncated afterwards
-        write_checkpoint_atomic(&out.0, "step-7", 7, write_files(&[("a.txt", "seven")])).unwrap();
+        write_checkpoint_atomic(&out.0, "step-7", 7, "r", write_files(&[("a.txt", "seven")]))
+            .unwrap();
         std::fs::write(out.0.join("step-7/a.txt"), "sev").unwrap();
 
         assert_eq!(
@@ -355,14 +394,36 @@ mod tests {
             &out.0,
             "epoch-0",
             3,
+            "r",
             write_files(&[("a.txt", "old"), ("b.txt", "x")]),
         )
         .unwrap();
-        write_checkpoint_atomic(&out.0, "epoch-0", 4, write_files(&[("a.txt", "new!")])).unwrap();
+        write_checkpoint_atomic(&out.0, "epoch-0", 4, "r", write_files(&[("a.txt", "new!")]))
+            .unwrap();
         let info = read_checkpoint(&out.0.join("epoch-0")).unwrap();
         assert_eq!(info.marker.step, 4);
         assert!(!out.0.join("epoch-0/b.txt").exists());
         assert_eq!(std::fs::read_dir(&out.0).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn latest_of_a_run_and_pruning() {
+        let out = TempDir::new("prune");
+        for (name, step, run) in [("step-2", 2, "a"), ("step-4", 4, "a"), ("step-6", 6, "b")] {
+            write_checkpoint_atomic(&out.0, name, step, run, write_files(&[("a.txt", "x")]))
+                .unwrap();
+        }
+        let a = latest_checkpoint_of_run(&out.0, "a").unwrap().unwrap();
+        assert_eq!(a.marker.name, "step-4");
+        assert!(latest_checkpoint_of_run(&out.0, "c").unwrap().is_none());
+        let removed = prune_checkpoints(&out.0, 2).unwrap();
+        assert_eq!(removed, vec![out.0.join("step-2")]);
+        let left: Vec<String> = complete_checkpoints(&out.0)
+            .unwrap()
+            .into_iter()
+            .map(|c| c.marker.name)
+            .collect();
+        assert_eq!(left, ["step-4", "step-6"]);
     }
 
     #[test]

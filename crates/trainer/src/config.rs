@@ -89,6 +89,17 @@ pub mod section {
     pub const FAULTS: &str = "Distributed and faults";
 }
 
+/// Where metrics go besides the log lines, `metrics.jsonl` and `loss.svg` (transformers'
+/// `report_to`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ReportTo {
+    /// Nothing else.
+    None,
+    /// TensorBoard event files in `OUTPUT/tensorboard/`.
+    Tensorboard,
+}
+
 /// Every setting of a training run, defined once: the clap attributes make the `train_ddp` flag
 /// (its help is the doc comment, its default the `default_value`, `env` the post's environment
 /// override), the serde derive makes the TOML key (the field name), and the resolved values and
@@ -208,18 +219,31 @@ pub struct TrainConfig {
     /// Start from this PEFT adapter directory's weights instead of a fresh init.
     #[arg(long, value_name = "DIR", help_heading = section::START)]
     pub init_adapter: Option<PathBuf>,
-    /// Continue from this checkpoint directory (adapter + trainer state).
+    /// Continue from this checkpoint directory (adapter, optimizer, schedule, data position), or
+    /// from the newest complete checkpoint of --output with `latest` (or `auto`). Settings not
+    /// given come from the checkpoint; the adapter's shape and the batch layout must not change.
     #[arg(long, visible_alias = "resume-from-checkpoint", value_name = "DIR", help_heading = section::START)]
     pub resume: Option<PathBuf>,
+    /// Start a new run in an --output that holds another run, deleting that run's checkpoints,
+    /// metrics and plots (without this flag such a folder is refused).
+    #[arg(long, visible_alias = "overwrite-output-dir", help_heading = section::START)]
+    pub overwrite_output: bool,
     /// Also checkpoint every N optimizer steps (OUTPUT/step-N).
     #[arg(long, visible_alias = "save-steps", value_name = "N", help_heading = section::RUN)]
     pub save_every: Option<usize>,
+    /// Keep only the newest N checkpoints of the output folder, deleting older ones after each
+    /// save (unset: keep all).
+    #[arg(long, value_name = "N", help_heading = section::RUN)]
+    pub save_total_limit: Option<usize>,
     /// Evaluate --eval-data every N optimizer steps (and always at the end).
     #[arg(long, visible_alias = "eval-steps", value_name = "N", help_heading = section::RUN)]
     pub eval_every: Option<usize>,
     /// Print and record metrics every N optimizer steps (the post's LOG_EVERY).
     #[arg(long, visible_alias = "logging-steps", value_name = "N", default_value_t = 10, help_heading = section::RUN)]
     pub log_every: usize,
+    /// Also write the metrics for TensorBoard (OUTPUT/tensorboard/), or nothing more.
+    #[arg(long, value_enum, default_value_t = ReportTo::None, help_heading = section::RUN)]
+    pub report_to: ReportTo,
     /// DDP gradient bucket size in MiB (PyTorch's default 25).
     #[arg(long, value_parser = parse_finite, value_name = "MIB", default_value_t = 25.0, help_heading = section::LAYOUT)]
     #[serde(deserialize_with = "finite")]
@@ -364,6 +388,8 @@ pub enum Origin {
     Env(String),
     /// A command-line flag.
     Flag,
+    /// The checkpoint or adapter directory the run starts from.
+    Saved(PathBuf),
 }
 
 impl fmt::Display for Origin {
@@ -373,6 +399,7 @@ impl fmt::Display for Origin {
             Origin::File(p) => write!(f, "{}", p.display()),
             Origin::Env(v) => write!(f, "${v}"),
             Origin::Flag => write!(f, "flag"),
+            Origin::Saved(p) => write!(f, "{}", p.display()),
         }
     }
 }
@@ -418,7 +445,7 @@ impl ResolvedConfig {
 
 /// A value of the serialized config as the table shows it: strings and paths as given, numbers
 /// in Rust's shortest round-trip form, unset options as `-`.
-fn show_value(v: &serde_json::Value) -> String {
+pub(crate) fn show_value(v: &serde_json::Value) -> String {
     use serde_json::Value;
     match v {
         Value::Null => "-".to_string(),
@@ -477,11 +504,13 @@ impl TrainConfig {
             ("max_steps", self.max_steps, MAX_STEPS),
             ("save_every", self.save_every, MAX_STEPS),
             ("eval_every", self.eval_every, MAX_STEPS),
+            ("save_total_limit", self.save_total_limit, MAX_STEPS),
         ];
         for (field, v, max) in counts {
             match v {
                 Some(0) => {
-                    let unset = ["max_steps", "save_every", "eval_every"].contains(&field);
+                    let unset = ["max_steps", "save_every", "eval_every", "save_total_limit"]
+                        .contains(&field);
                     let hint = if unset {
                         " (leave unset to disable)"
                     } else {

@@ -89,19 +89,54 @@ pub enum Error {
         /// Likely cause.
         hint: &'static str,
     },
-    /// Resuming is impossible because a value the data order depends on changed.
+    /// Resuming is impossible because the number of processes changed.
     #[error("resume from {path}: `{field}` was {saved} when the checkpoint was written, now {current}\n  hint: {hint}")]
     ResumeMismatch {
         /// The checkpoint directory.
         path: PathBuf,
         /// The field.
-        field: &'static str,
+        field: String,
         /// Value in the checkpoint.
         saved: String,
         /// Value in this run.
         current: String,
         /// What to do.
         hint: &'static str,
+    },
+    /// A setting given for this run contradicts the checkpoint or adapter the run starts from.
+    #[error("`{field}` {detail}")]
+    SettingConflict {
+        /// The setting.
+        field: String,
+        /// `= VALUE (set by ORIGIN) contradicts the checkpoint DIR, which has VALUE` and a hint.
+        detail: String,
+    },
+    /// The starting point cannot be decided (flags that exclude each other, no checkpoint to
+    /// resume, an elastic restart into another job's folder).
+    #[error("{reason}\n  hint: {hint}")]
+    Start {
+        /// What is wrong.
+        reason: String,
+        /// What to do.
+        hint: String,
+    },
+
+    // ---- output folder ----
+    /// Another process holds the output folder's lock.
+    #[error("output {dir} is in use by {holder}\n  hint: wait for that run to end, or choose another --output")]
+    OutputBusy {
+        /// The output folder.
+        dir: PathBuf,
+        /// The lock file's text (pid, host, run).
+        holder: String,
+    },
+    /// The output folder holds another run.
+    #[error("output {dir} holds {what}\n  hint: continue that run with --resume latest, replace it with --overwrite-output (deletes its checkpoints and metrics), or choose another --output")]
+    OutputTaken {
+        /// The output folder.
+        dir: PathBuf,
+        /// What is there.
+        what: String,
     },
 
     // ---- metrics ----
@@ -129,4 +164,13 @@ pub enum Error {
     /// A tensor operation failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// An adapter directory could not be read.
+    #[error(transparent)]
+    Lora(Box<g4ft_lora::LoraError>),
+}
+
+impl From<g4ft_lora::LoraError> for Error {
+    fn from(e: g4ft_lora::LoraError) -> Self {
+        Error::Lora(Box::new(e))
+    }
 }

@@ -21,9 +21,12 @@ pub mod mfu;
 pub mod nonfinite;
 pub mod optim;
 pub mod plot;
+pub mod resume;
+pub mod run_dir;
 pub mod schedule;
 pub mod state;
 pub mod step;
+pub mod tensorboard;
 
 pub use cli::Cli;
 pub use config::{ResolvedConfig, TrainConfig};

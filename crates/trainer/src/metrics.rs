@@ -1,6 +1,9 @@
-//! Step metrics on rank 0: one fixed-width log line per logged step, the same numbers as JSONL,
-//! steady-state averages (the first recorded step is warm-up and left out), an `indicatif`
-//! progress bar when stderr is a terminal, and the loss curve handed to [`crate::plot`] at the end.
+//! Step metrics on rank 0: one fixed-width log line per logged step, the same numbers as JSONL
+//! (and as TensorBoard scalars with [`MetricsLogger::with_tensorboard`]), steady-state averages
+//! (the first recorded step is warm-up and left out), an `indicatif` progress bar when stderr is a
+//! terminal (otherwise, as under a launcher, each log line carries the elapsed time and an ETA),
+//! and the loss curve, earlier runs' history included, rewritten to `loss.svg` at every logged
+//! step and whenever the caller asks ([`MetricsLogger::write_plot`]).
 //!
 //! The logger does no collectives and no device syncs: the loop passes numbers that are already
 //! all-reduced (loss, tokens over all ranks) and a step time measured after a sync, as the post
@@ -9,12 +12,15 @@
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::mfu::{mfu, FlopsModel};
+use crate::plot::write_loss_svg;
+use crate::tensorboard::EventWriter;
 
 /// What the loop measured for one optimizer step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -105,10 +111,65 @@ pub struct MfuSpec {
     pub peak_tflops: f64,
 }
 
+/// The loss curves of steps logged before this process started (a resumed run's past).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct History {
+    /// Training `(step, loss)` points.
+    pub train: Vec<(u64, f64)>,
+    /// Evaluation `(step, loss)` points.
+    pub eval: Vec<(u64, f64)>,
+}
+
+/// Keeps the train and eval lines of the metrics file `path` up to optimizer step `step` (the
+/// step a run resumes from; 0 for a fresh start) and drops the rest (later steps a resumed run
+/// repeats, summaries), rewriting the file atomically. Returns the kept curves. A missing file
+/// is an empty history.
+pub fn truncate_metrics(path: &Path, step: u64) -> Result<History> {
+    let io = |source| Error::MetricsIo {
+        path: path.to_path_buf(),
+        source,
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(History::default()),
+        Err(e) => return Err(io(e)),
+    };
+    let mut kept = String::new();
+    let mut history = History::default();
+    for line in text.lines() {
+        // A line cut by a crash, or not ours, is dropped with the rest of what is not kept.
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(s), Some(loss)) = (v["step"].as_u64(), v["loss"].as_f64()) else {
+            continue;
+        };
+        let curve = match v["kind"].as_str() {
+            Some("train") => &mut history.train,
+            Some("eval") => &mut history.eval,
+            _ => continue,
+        };
+        if s <= step {
+            curve.push((s, loss));
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    let tmp = path.with_extension("jsonl.tmp");
+    std::fs::write(&tmp, kept)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(io)?;
+    Ok(history)
+}
+
 /// Rank 0's step logger. Construct it on rank 0 only.
 #[derive(Debug)]
 pub struct MetricsLogger {
     jsonl: Option<(PathBuf, BufWriter<File>)>,
+    plot: Option<(PathBuf, String)>,
+    events: Option<EventWriter>,
+    started: Instant,
+    first_step: Option<u64>,
     mfu: Option<MfuSpec>,
     world_size: usize,
     total_steps: u64,
@@ -167,6 +228,10 @@ impl MetricsLogger {
         });
         Ok(Self {
             jsonl,
+            plot: None,
+            events: None,
+            started: Instant::now(),
+            first_step: None,
             mfu,
             world_size: world_size.max(1),
             total_steps,
@@ -175,6 +240,40 @@ impl MetricsLogger {
             eval_curve: Vec::new(),
             window: Window::default(),
         })
+    }
+
+    /// Starts the curves with the points of an earlier process of this run.
+    pub fn with_history(mut self, history: History) -> Self {
+        self.train_curve = history.train;
+        self.eval_curve = history.eval;
+        self
+    }
+
+    /// Rewrites the loss plot at `path` (titled `title`) at every logged step and on
+    /// [`Self::write_plot`].
+    pub fn with_plot(mut self, path: &Path, title: &str) -> Self {
+        self.plot = Some((path.to_path_buf(), title.to_string()));
+        self
+    }
+
+    /// Also writes each record's numbers as TensorBoard scalars (`train/loss`, `train/grad_norm`,
+    /// `train/lr`, `train/tokens_per_s`, `eval/loss`, `eval/perplexity`).
+    pub fn with_tensorboard(mut self, events: EventWriter) -> Self {
+        self.events = Some(events);
+        self
+    }
+
+    /// Writes the loss plot (all points so far), if one was asked for.
+    pub fn write_plot(&self) -> Result<()> {
+        match &self.plot {
+            Some((path, title)) => write_loss_svg(path, &self.train_curve, &self.eval_curve, title),
+            None => Ok(()),
+        }
+    }
+
+    /// The loss plot's path, if any.
+    pub fn plot_path(&self) -> Option<&Path> {
+        self.plot.as_ref().map(|(p, _)| p.as_path())
     }
 
     /// Turns measurements into a record: rates, MFU, JSONL line, curve point and steady-window
@@ -217,16 +316,43 @@ impl MetricsLogger {
             self.window.flops += s.tokens as f64 * flops_per_token.unwrap_or(0.0);
         }
         self.train_curve.push((s.step, s.loss));
+        self.first_step.get_or_insert(s.step);
         self.write_json(&record)?;
+        if let Some(ev) = &mut self.events {
+            ev.scalar("train/loss", s.step, s.loss)?;
+            ev.scalar("train/grad_norm", s.step, s.grad_norm as f64)?;
+            ev.scalar("train/lr", s.step, s.lr)?;
+            ev.scalar("train/tokens_per_s", s.step, tokens_per_s)?;
+        }
         self.progress_to(s.step);
         Ok(record)
     }
 
-    /// Records, formats and prints one step (the usual call on logged steps).
+    /// Records, formats and prints one step (the usual call on logged steps), and rewrites the
+    /// plot. Without a progress bar the line ends with the elapsed time and the ETA of the run.
     pub fn log_step(&mut self, s: &StepStats) -> Result<StepRecord> {
         let record = self.record_step(s)?;
-        self.println(&format_step_line(&record));
+        let mut line = format_step_line(&record);
+        if self.bar.is_none() {
+            line.push_str(&self.timing(s.step));
+        }
+        self.println(&line);
+        self.write_plot()?;
         Ok(record)
+    }
+
+    /// ` | 0:01:05 elapsed | eta 0:04:20`: this process's time so far and the remaining steps at
+    /// its mean step time.
+    fn timing(&self, step: u64) -> String {
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let done = step + 1 - self.first_step.unwrap_or(step);
+        let left = self.total_steps.saturating_sub(step);
+        let eta = elapsed / done as f64 * left as f64;
+        format!(
+            " | {} elapsed | eta {}",
+            format_clock(elapsed),
+            format_clock(eta)
+        )
     }
 
     /// Records and prints an evaluation result.
@@ -240,6 +366,10 @@ impl MetricsLogger {
         };
         self.eval_curve.push((step, loss));
         self.write_json(&record)?;
+        if let Some(ev) = &mut self.events {
+            ev.scalar("eval/loss", step, loss)?;
+            ev.scalar("eval/perplexity", step, record.perplexity)?;
+        }
         self.println(&format!(
             "eval @ step {step} | loss {loss:.4} | ppl {:.2} | {tokens} tokens",
             record.perplexity
@@ -382,6 +512,12 @@ fn format_sci(x: f64) -> String {
         }
         None => s, // NaN, inf
     }
+}
+
+/// `h:mm:ss`.
+fn format_clock(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
 /// `412 ms` below ten seconds, `12.3 s` above.

@@ -169,17 +169,20 @@ pub fn loss_svg(train: &[(u64, f64)], eval: &[(u64, f64)], title: &str) -> Strin
     svg
 }
 
-/// Writes [`loss_svg`] to `path`.
+/// Writes [`loss_svg`] to `path` atomically (a viewer never sees half a file).
 pub fn write_loss_svg(
     path: &Path,
     train: &[(u64, f64)],
     eval: &[(u64, f64)],
     title: &str,
 ) -> Result<()> {
-    std::fs::write(path, loss_svg(train, eval, title)).map_err(|source| Error::MetricsIo {
-        path: path.to_path_buf(),
-        source,
-    })
+    let tmp = path.with_extension("svg.tmp");
+    std::fs::write(&tmp, loss_svg(train, eval, title))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|source| Error::MetricsIo {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// Min and max of the values, widened to a non-empty interval.

@@ -11,16 +11,13 @@
 //! Plain functions over the crates' types; the order in which they are called (and every
 //! collective) stays visible in the example.
 
-use std::path::{Path, PathBuf};
-
-use anyhow::{Context, Result};
+use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
 use g4ft_data::{Batch, DataLoader};
 use g4ft_ddp::{DdpError, DistributedDataParallel, NoSync, ProcessGroup, ReduceOp};
 use g4ft_gemma4::{Config, Gemma4Model, LayerType, LossStats, TokenBatch};
 use g4ft_lora::{AdapterGrads, LoraContext};
 
-use crate::checkpoint::{latest_complete_checkpoint, read_checkpoint};
 use crate::mfu::{AttnLayer, FlopsModel};
 use crate::optim::{AdamW, FlatBucket};
 
@@ -279,28 +276,6 @@ pub fn evaluate(
     Ok((total[0] / total[1], total[1] as u64))
 }
 
-/// The checkpoint to resume from: `--resume DIR` (validated), else under an elastic restart
-/// (`TORCHELASTIC_RESTART_COUNT` > 0) the latest complete checkpoint in `output`, else none.
-pub fn resume_dir(
-    resume: Option<&Path>,
-    output: &Path,
-    restart_count: Option<&str>,
-) -> Result<Option<PathBuf>> {
-    if let Some(dir) = resume {
-        return Ok(Some(read_checkpoint(dir)?.dir));
-    }
-    let restarts: u64 = match restart_count {
-        Some(v) if !v.is_empty() => v
-            .parse()
-            .with_context(|| format!("TORCHELASTIC_RESTART_COUNT={v:?} is not a number"))?,
-        _ => 0,
-    };
-    if restarts == 0 {
-        return Ok(None);
-    }
-    Ok(latest_complete_checkpoint(output)?.map(|c| c.dir))
-}
-
 /// The model's FLOP shape for MFU: frozen decoder projections, the tied head, each layer's
 /// attention (MoE experts are not counted).
 pub fn flops_model(cfg: &Config, prefix: &str) -> FlopsModel {
@@ -359,22 +334,5 @@ mod tests {
             global_tokens: 0,
         };
         assert_eq!(none.scale(0), 0.0);
-    }
-
-    #[test]
-    fn resume_only_on_flag_or_restart() {
-        let out = Path::new("/nonexistent-output");
-        assert_eq!(resume_dir(None, out, None).unwrap(), None);
-        assert_eq!(resume_dir(None, out, Some("0")).unwrap(), None);
-        assert_eq!(
-            resume_dir(None, out, Some("2")).unwrap(),
-            None,
-            "nothing saved yet"
-        );
-        assert!(resume_dir(None, out, Some("x")).is_err());
-        assert!(
-            resume_dir(Some(out), out, None).is_err(),
-            "an explicit dir must be valid"
-        );
     }
 }

@@ -11,7 +11,7 @@ use g4ft_trainer::clip::{clip_coef, grad_norm};
 use g4ft_trainer::optim::{AdamW, AdamWParams, FlatBucket};
 use g4ft_trainer::schedule::LrSchedule;
 use g4ft_trainer::state::{
-    config_fingerprint, config_rows, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
+    config_fingerprint, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
 };
 use g4ft_trainer::TrainConfig;
 
@@ -109,6 +109,7 @@ impl Run {
     fn save(&self, out: &Path, cfg: &TrainConfig) {
         let state = TrainerState {
             format: STATE_FORMAT,
+            run_id: "run-test".into(),
             step: self.step,
             epoch: 0,
             sampler: SamplerPosition {
@@ -124,7 +125,7 @@ impl Run {
             },
             world_size: 1,
             config_fingerprint: config_fingerprint(cfg),
-            config: config_rows(cfg),
+            config: cfg.clone(),
         };
         let adapter: HashMap<String, Tensor> = self
             .params
@@ -133,11 +134,17 @@ impl Run {
             .enumerate()
             .map(|(i, v)| (format!("p{i}"), v.as_tensor().clone()))
             .collect();
-        write_checkpoint_atomic(out, &format!("step-{}", self.step), self.step, |dir| {
-            candle_core::safetensors::save(&adapter, dir.join("adapter_model.safetensors"))?;
-            state.save(dir, &self.opt.state_tensors())?;
-            Ok(())
-        })
+        write_checkpoint_atomic(
+            out,
+            &format!("step-{}", self.step),
+            self.step,
+            "run-test",
+            |dir| {
+                candle_core::safetensors::save(&adapter, dir.join("adapter_model.safetensors"))?;
+                state.save(dir, &self.opt.state_tensors())?;
+                Ok(())
+            },
+        )
         .unwrap();
     }
 
@@ -145,8 +152,9 @@ impl Run {
         let info = latest_complete_checkpoint(out)
             .unwrap()
             .expect("a checkpoint was written");
-        let (state, moments) = TrainerState::load(&info.dir, dev).unwrap();
-        assert!(state.check_resume(&info.dir, cfg, 1).unwrap().is_empty());
+        let state = TrainerState::read(&info.dir).unwrap();
+        let moments = TrainerState::read_moments(&info.dir, dev).unwrap();
+        assert_eq!(&state.config, cfg, "the settings come back as saved");
         let adapter =
             candle_core::safetensors::load(info.dir.join("adapter_model.safetensors"), dev)
                 .unwrap();
