@@ -307,8 +307,13 @@ fn train_in_group(
         }
         if pos.step >= run_steps {
             if is_main {
+                let raise = if cfg.max_steps.is_some() {
+                    "--max-steps"
+                } else {
+                    "--epochs"
+                };
                 println!(
-                    "nothing to train: the checkpoint is at step {} of {run_steps} (raise --max-steps or --epochs to train further)",
+                    "nothing to train: the checkpoint is at step {} of {run_steps} (raise {raise} to train further)",
                     pos.step
                 );
             }
@@ -332,7 +337,7 @@ fn train_in_group(
             .with_history(history)
             .with_plot(&cfg.output.join("loss.svg"), &title);
         if cfg.report_to == ReportTo::Tensorboard {
-            let events = EventWriter::create(&cfg.output.join("tensorboard"), pos.step + 1)?;
+            let events = EventWriter::create(&cfg.output.join("tensorboard"), pos.step)?;
             println!("tensorboard: {}", events.path().display());
             logger = logger.with_tensorboard(events);
         }

@@ -10,9 +10,9 @@
 //! Summary    { repeated Value value = 1; }    Value { string tag = 1; float simple_value = 2; }
 //! SessionLog { Status status = 1; }           (START = 1)
 //! ```
-//! The first record names the format (`brain.Event:2`). A resumed run starts its file with a
-//! `SessionLog START` at its first step, which makes TensorBoard drop the older points from that
-//! step on (the steps the resumed run repeats).
+//! The first record names the format (`brain.Event:2`). A run resumed at step S starts its file
+//! with a `SessionLog START` at step S + 1, which makes TensorBoard keep only the older points
+//! before it (dropping the steps the resumed run repeats).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -143,9 +143,9 @@ pub struct EventWriter {
 
 impl EventWriter {
     /// Creates `dir` and a new event file in it, named as TensorBoard's writer names them
-    /// (`events.out.tfevents.<unix seconds>.<host>.<pid>.0`). `start_step`: the first step this
-    /// process will write, after a resume (a `SessionLog START` there), 0 for a fresh run.
-    pub fn create(dir: &Path, start_step: u64) -> Result<Self> {
+    /// (`events.out.tfevents.<unix seconds>.<host>.<pid>.0`). `resumed_at`: the step a resumed
+    /// run continues from (a `SessionLog START` at the step after it), 0 for a fresh run.
+    pub fn create(dir: &Path, resumed_at: u64) -> Result<Self> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| Error::MetricsIo { path, source }
@@ -164,8 +164,8 @@ impl EventWriter {
             file: BufWriter::new(file),
         };
         w.write(wall, 0, &EventKind::FileVersion("brain.Event:2"))?;
-        if start_step > 0 {
-            w.write(wall, start_step as i64, &EventKind::Start)?;
+        if resumed_at > 0 {
+            w.write(wall, resumed_at as i64 + 1, &EventKind::Start)?;
         }
         Ok(w)
     }

@@ -1,0 +1,310 @@
+//! What a new user runs into in the first hour, end to end on the tiny model: resume and
+//! `--init-adapter` that do what they say, output folders that other runs cannot clobber, and a
+//! run that can be watched (ETA lines, the loss plot over resumed history, TensorBoard).
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+/// A 1-rank run of `steps` optimizer steps on the fixture data (6 steps per epoch), LoRA r 4,
+/// saving every 2 steps.
+fn short(out: &Path, steps: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = args_with(
+        out,
+        &[
+            "--micro-batch",
+            "1",
+            "--accum",
+            "2",
+            "--lora-r",
+            "4",
+            "--lora-alpha",
+            "8",
+            "--save-every",
+            "2",
+            "--max-steps",
+            steps,
+        ],
+    );
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+#[test]
+fn the_same_command_twice_refuses_then_resume_latest_continues() {
+    let out = tmp("twice");
+    let first = short(&out, "4", &[]);
+    run_ok(1, &first, &[]);
+    assert_eq!(checkpoints(&out), ["step-2", "step-4"]);
+    let err = run_err(&first);
+    assert!(
+        err.contains("holds run run-")
+            && err.contains("checkpoints step-2, step-4")
+            && err.contains("--resume latest")
+            && err.contains("--overwrite-output"),
+        "{err}"
+    );
+    assert_eq!(
+        metrics(&out, "train").len(),
+        4,
+        "the refused run wrote nothing"
+    );
+
+    // --resume latest alone: the settings come from the checkpoint, and it is finished.
+    let log = run_ok(1, &short(&out, "4", &["--resume", "latest"]), &[]);
+    assert!(
+        log.contains("nothing to train: the checkpoint is at step 4 of 4"),
+        "{log}"
+    );
+    // ... raising --max-steps trains on from step 4, reported on the resume line.
+    let log = run_ok(1, &short(&out, "6", &["--resume", "latest"]), &[]);
+    assert!(
+        log.contains(&format!(
+            "resumed from {} at step 4",
+            out.join("step-4").display()
+        )) && log.contains("this run changes max_steps 4 → 6 (flag)")
+            && log.contains(
+                "schedule cosine, warmup 1, 4 steps, lr 0.001 → cosine, warmup 1, 6 steps"
+            ),
+        "{log}"
+    );
+    let steps: Vec<u64> = metrics(&out, "train")
+        .iter()
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5, 6], "one line per step");
+
+    // --overwrite-output replaces the run: only the new run's checkpoints remain.
+    let log = run_ok(1, &short(&out, "2", &["--overwrite-output"]), &[]);
+    assert!(log.contains("run run-"), "{log}");
+    assert_eq!(checkpoints(&out), ["step-2"]);
+    assert_eq!(metrics(&out, "train").len(), 2);
+}
+
+#[test]
+fn resume_takes_the_adapter_from_the_checkpoint_and_refuses_contradictions() {
+    let out = tmp("shape");
+    run_ok(1, &short(&out, "2", &[]), &[]);
+    let from = out.join("step-2").display().to_string();
+    for (flag, value, says) in [
+        (
+            "--lora-alpha",
+            "64",
+            "`lora_alpha` = 64 (set by flag) contradicts the checkpoint",
+        ),
+        (
+            "--lora-r",
+            "8",
+            "`lora_r` = 8 (set by flag) contradicts the checkpoint",
+        ),
+        ("--lora-dropout", "0.2", "`lora_dropout` = 0.2"),
+        ("--lora-targets", ".*q_proj", "`lora_targets` = .*q_proj"),
+        ("--micro-batch", "2", "`micro_batch` = 2"),
+    ] {
+        let mut args = short(&out, "4", &["--resume", &from]);
+        let i = args.iter().position(|a| a == flag);
+        match i {
+            Some(i) => args[i + 1] = value.into(),
+            None => args.extend([flag.to_string(), value.to_string()]),
+        }
+        let err = run_err(&args);
+        assert!(err.contains(says) && err.contains("hint:"), "{flag}: {err}");
+        assert_eq!(err.lines().count(), 2, "one error and its hint: {err}");
+    }
+    let err = run_err(&short(
+        &out,
+        "4",
+        &["--resume", &from, "--init-adapter", &from],
+    ));
+    assert!(err.contains("exclude each other"), "{err}");
+    assert_eq!(metrics(&out, "train").len(), 2, "nothing trained");
+
+    // A changed learning rate is used from the resumed step on, and said so.
+    let mut args = short(&out, "4", &["--resume", &from]);
+    let i = args.iter().position(|a| a == "--lr").unwrap();
+    args[i + 1] = "2e-3".into();
+    let log = run_ok(1, &args, &[]);
+    assert!(log.contains("lr 0.001 → 0.002 (flag)"), "{log}");
+    let lr3 = metrics(&out, "train")[2]["lr"].as_f64().unwrap();
+    let want = 2e-3 * 0.5 * (1.0 + (std::f64::consts::PI * 1.0 / 3.0).cos());
+    assert!((lr3 - want).abs() < 1e-15, "step 3 lr {lr3}, want {want}");
+    // The saved adapter says what was trained.
+    let cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("step-4/adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (cfg["r"].as_u64(), cfg["lora_alpha"].as_f64()),
+        (Some(4), Some(8.0))
+    );
+}
+
+#[test]
+fn init_adapter_takes_its_shape_and_the_table_shows_it() {
+    let init = fixture("init_adapter");
+    let want: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(&init).join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    let r = want["r"].as_u64().unwrap();
+    let out = tmp("init");
+    let mut args = args_with(
+        &out,
+        &[
+            "--init-adapter",
+            &init,
+            "--max-steps",
+            "1",
+            "--micro-batch",
+            "1",
+            "--accum",
+            "2",
+        ],
+    );
+    let log = run_ok(1, &args, &[]);
+    let row = log.lines().find(|l| l.starts_with("| lora_r ")).unwrap();
+    assert!(row.contains(&format!(" {r}   ({init})")), "{row}");
+    // A different rank than the adapter's is an error, not a silent r-{r} run.
+    args.extend([
+        "--lora-r".to_string(),
+        (r * 2).to_string(),
+        "--overwrite-output".into(),
+    ]);
+    let err = run_err(&args);
+    assert!(
+        err.contains(&format!("contradicts the adapter {init}, which has {r}")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_second_run_into_a_locked_folder_fails_at_once_naming_the_holder() {
+    let out = tmp("locked");
+    std::fs::create_dir_all(&out).unwrap();
+    let lock = std::fs::File::create(out.join(".lock")).unwrap();
+    lock.try_lock().unwrap();
+    std::fs::write(
+        out.join(".lock"),
+        "pid 4242 on node-7 (started at unix time 1)",
+    )
+    .unwrap();
+    let err = run_err(&short(&out, "2", &[]));
+    assert!(
+        err.contains("is in use by pid 4242 on node-7") && err.contains("hint:"),
+        "{err}"
+    );
+    drop(lock);
+    run_ok(1, &short(&out, "2", &[]), &[]);
+}
+
+#[test]
+fn an_elastic_restart_continues_only_its_own_run() {
+    let out = tmp("elastic");
+    let job = |id: &'static str, restart: &'static str| {
+        [
+            ("TORCHELASTIC_RUN_ID", id),
+            ("TORCHELASTIC_RESTART_COUNT", restart),
+        ]
+    };
+    run_ok(1, &short(&out, "2", &[]), &job("job-a", "0"));
+    // Another job's restart must not take job-a's checkpoints.
+    let outs = run(1, &short(&out, "4", &[]), &job("job-b", "1"));
+    let err = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(!outs[0].status.success());
+    assert!(
+        err.contains("elastic restart 1 of job \"job-b\"") && err.contains("job-a"),
+        "{err}"
+    );
+    // job-a's own restart resumes from its newest checkpoint.
+    let log = run_ok(1, &short(&out, "4", &[]), &job("job-a", "1"));
+    assert!(
+        log.contains("resumed from") && log.contains("at step 2"),
+        "{log}"
+    );
+    assert_eq!(checkpoints(&out), ["step-2", "step-4"]);
+}
+
+#[test]
+fn save_total_limit_keeps_the_newest_checkpoints() {
+    let out = tmp("limit");
+    run_ok(1, &short(&out, "6", &["--save-total-limit", "2"]), &[]);
+    assert_eq!(checkpoints(&out), ["epoch-0", "step-6"]);
+}
+
+#[test]
+fn a_resumed_run_keeps_one_metrics_line_per_step_and_plots_its_history() {
+    let out = tmp("history");
+    run_ok(1, &short(&out, "4", &[]), &[]);
+    // Resume from step 2 of the same run: steps 3-4 are trained again and recorded once.
+    let from = out.join("step-2").display().to_string();
+    let log = run_ok(1, &short(&out, "4", &["--resume", &from]), &[]);
+    assert!(
+        log.contains("eta 0:00:0"),
+        "the log lines carry an ETA under a pipe: {log}"
+    );
+    let steps: Vec<u64> = metrics(&out, "train")
+        .iter()
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4]);
+    let svg = std::fs::read_to_string(out.join("loss.svg")).unwrap();
+    let points = svg
+        .split("<polyline")
+        .nth(1)
+        .and_then(|p| p.split("points=\"").nth(1))
+        .and_then(|p| p.split('"').next())
+        .unwrap();
+    assert_eq!(
+        points.split_whitespace().count(),
+        4,
+        "the plot spans steps 1-4: {points}"
+    );
+}
+
+#[test]
+fn tensorboard_event_files_hold_the_logged_scalars() {
+    let out = tmp("tb");
+    run_ok(1, &short(&out, "3", &["--report-to", "tensorboard"]), &[]);
+    // A resumed run repeats step 3 in a second file; TensorBoard must show it once.
+    let from = out.join("step-2").display().to_string();
+    run_ok(
+        1,
+        &short(
+            &out,
+            "3",
+            &["--report-to", "tensorboard", "--resume", &from],
+        ),
+        &[],
+    );
+    let dir = out.join("tensorboard");
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    // Read back with TensorBoard itself where the reference environment has it.
+    let python = Path::new("/opt/refenv/bin/python");
+    let has_tb = python.exists()
+        && std::process::Command::new(python)
+            .args(["-c", "import tensorboard"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !has_tb {
+        eprintln!("note: /opt/refenv has no tensorboard package; the format is checked byte for byte by the trainer's unit test");
+        return;
+    }
+    let script = Path::new(ROOT).join("tools/reference/trainer/check_tensorboard.py");
+    let o = std::process::Command::new(python)
+        .arg(&script)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
