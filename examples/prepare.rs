@@ -10,7 +10,7 @@
 //! tokens, length percentiles), a warning per skipped row, and throughput (rows/s, tokens/s).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
@@ -50,8 +50,30 @@ struct Args {
     enable_thinking: bool,
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+fn main() -> std::process::ExitCode {
+    g4ft::trainer::cli::exit_code("", run(&Args::parse()))
+}
+
+/// Whether `a` and `b` name the same file (the same inode, whatever the spelling).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+fn run(args: &Args) -> anyhow::Result<()> {
+    if same_file(&args.data, &args.out) {
+        anyhow::bail!(
+            "--out {} is the --data file {}: writing it would replace the data with token rows; choose another --out",
+            args.out.display(),
+            args.data.display()
+        );
+    }
+    if args.max_len == 0 {
+        anyhow::bail!("--max-len must be at least 1");
+    }
     let encoder = match &args.model {
         Some(dir) => {
             let encoder = Encoder::from_model_dir(dir)?;

@@ -123,8 +123,11 @@ pub(crate) fn score(
     Ok((loss_sum, tokens))
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+fn main() -> std::process::ExitCode {
+    g4ft::trainer::cli::exit_code("", run(&Args::parse()))
+}
+
+fn run(args: &Args) -> Result<()> {
     if args.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }

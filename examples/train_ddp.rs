@@ -55,14 +55,8 @@ use g4ft::trainer::{cli, TrainConfig};
 
 fn main() -> ExitCode {
     let matches = cli::command().get_matches();
-    match train(&matches) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let rank = std::env::var("RANK").unwrap_or_else(|_| "0".into());
-            eprintln!("[rank {rank}] error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let rank = std::env::var("RANK").unwrap_or_else(|_| "0".into());
+    cli::exit_code(&format!("[rank {rank}] "), train(&matches))
 }
 
 fn train(matches: &ArgMatches) -> Result<()> {

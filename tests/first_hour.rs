@@ -308,3 +308,57 @@ fn tensorboard_event_files_hold_the_logged_scalars() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn prepare_refuses_to_overwrite_its_input_and_tools_print_one_error_line() {
+    let dir = tmp("prepare");
+    std::fs::create_dir_all(&dir).unwrap();
+    let chats = dir.join("chat.jsonl");
+    std::fs::copy(Path::new(ROOT).join("assets/sample/chat.jsonl"), &chats).unwrap();
+    let before = std::fs::read(&chats).unwrap();
+    let model = Path::new(ROOT).join("assets/tiny");
+    // The same file by another spelling.
+    let same = dir.join(".").join("chat.jsonl");
+    let o = std::process::Command::new(example("prepare"))
+        .args([
+            "--model".as_ref(),
+            model.as_os_str(),
+            "--data".as_ref(),
+            chats.as_os_str(),
+        ])
+        .args(["--out".as_ref(), same.as_os_str()])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.starts_with("error: --out") && err.contains("choose another --out"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one line, no backtrace: {err}");
+    assert_eq!(
+        std::fs::read(&chats).unwrap(),
+        before,
+        "the chats are untouched"
+    );
+
+    // score: an ordinary error is one line even with RUST_BACKTRACE set.
+    let o = std::process::Command::new(example("score"))
+        .args([
+            "--model".as_ref(),
+            model.as_os_str(),
+            "--data".as_ref(),
+            chats.as_os_str(),
+        ])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.starts_with("error: ") && err.contains("chat.jsonl:1: invalid row"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

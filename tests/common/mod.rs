@@ -13,20 +13,25 @@ use safetensors::SafeTensors;
 pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 pub const FIXTURES: &str = "tools/reference/trainer/fixtures/train";
 
-/// `target/<profile>/examples/train_ddp`, built by `cargo test` beside this test binary.
-pub fn train_ddp() -> PathBuf {
+/// `target/<profile>/examples/<name>`, built by `cargo test` beside this test binary.
+pub fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe
         .parent()
         .and_then(Path::parent)
         .expect("target/<profile>");
-    let bin = dir.join("examples").join("train_ddp");
+    let bin = dir.join("examples").join(name);
     assert!(
         bin.exists(),
         "{} missing: run through `cargo test` (it builds examples)",
         bin.display()
     );
     bin
+}
+
+/// The `train_ddp` example.
+pub fn train_ddp() -> PathBuf {
+    example("train_ddp")
 }
 
 pub fn fixture(p: &str) -> String {

@@ -151,6 +151,25 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// How a binary ends: success, or one `error: …` line on stderr (the error and its causes,
+/// `prefix` first, e.g. `[rank 1] `) and a failure exit code. The backtrace is added only when
+/// asked for twice: `RUST_BACKTRACE` set and `G4FT_DEBUG=1` (an ordinary error is not a crash).
+pub fn exit_code(prefix: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let debug = std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0")
+                && std::env::var("G4FT_DEBUG").is_ok_and(|v| v == "1");
+            if debug {
+                eprintln!("{prefix}error: {e:?}");
+            } else {
+                eprintln!("{prefix}error: {e:#}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// The flags `bench_train` and `memory_plan` share (`#[command(flatten)]` in both): the model
 /// config and the shape of one training micro-batch. Names and defaults are the ones
 /// `tools/gpu/*.sh` pass.
