@@ -105,3 +105,162 @@ fn two_nodes_on_loopback() {
         );
     }
 }
+
+#[test]
+fn worker_counts_that_make_no_sense_are_errors() {
+    for (n, says) in [
+        ("0", "at least 1"),
+        ("100000", "at most"),
+        ("lots", "gpu, cpu or auto"),
+    ] {
+        let t0 = std::time::Instant::now();
+        let o = sh(&["--standalone", "--nproc-per-node", n], "echo ran");
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{n}: {t}");
+        assert!(
+            t.contains("--nproc-per-node") && t.contains(says),
+            "{n}: {t}"
+        );
+        assert!(!t.contains("ran"), "{n}: no worker may start: {t}");
+        assert!(t0.elapsed().as_secs() < 5, "{n}: took {:?}", t0.elapsed());
+    }
+}
+
+/// Starts a launcher that waits (its stderr read on a thread), waits until it says `note`,
+/// sends `sig`, and returns its exit code and stderr.
+fn interrupt_waiting(args: &[&str], note: &str, sig: i32) -> (Option<i32>, String) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = Command::new(DDPRUN)
+        .args(args)
+        .args(["--", "sh", "-c", "echo ran"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let t0 = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains(note)) {
+        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+            Ok(line) => seen.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("no '{note}' within 10 s: {seen:?}");
+            }
+        }
+    }
+    assert!(
+        t0.elapsed().as_secs() < 6,
+        "the first note took {:?}",
+        t0.elapsed()
+    );
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+    let t1 = std::time::Instant::now();
+    let status = child.wait().unwrap();
+    assert!(
+        t1.elapsed().as_secs() < 3,
+        "took {:?} to stop",
+        t1.elapsed()
+    );
+    seen.extend(rx.try_iter());
+    (status.code(), seen.join("\n"))
+}
+
+#[test]
+fn a_launcher_waiting_for_another_node_says_so_and_stops_on_a_signal() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let ep = format!("127.0.0.1:{port}");
+    // Node 0 hosts the store and waits for node 1, which never starts.
+    let (code, err) = interrupt_waiting(
+        &["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", &ep],
+        "waiting for node(s) 1 of 2",
+        libc::SIGTERM,
+    );
+    assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
+    assert!(
+        err.contains("stopped by signal 15 while waiting for the other nodes"),
+        "{err}"
+    );
+    // Node 1 waits for a store nobody hosts.
+    let (code, err) = interrupt_waiting(
+        &["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", &ep],
+        "waiting for the store",
+        libc::SIGINT,
+    );
+    assert_eq!(code, Some(128 + libc::SIGINT), "{err}");
+    assert!(
+        err.contains("(hosted by node 0)") && err.contains("--rdzv-timeout"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_rendezvous_that_never_completes_times_out_naming_the_node() {
+    let t0 = std::time::Instant::now();
+    let o = sh(
+        &[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--rdzv-timeout",
+            "2",
+            "--master-port",
+            "0",
+        ],
+        "echo ran",
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("node(s) 1 of 2 never reached attempt_0/start"),
+        "{t}"
+    );
+    assert!(t0.elapsed().as_secs() < 8, "took {:?}", t0.elapsed());
+}
+
+#[test]
+fn a_rank_waiting_for_rank_0s_store_says_so() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // Rank 1 of 2 without rank 0: the store it should connect to never comes up.
+    let o = Command::new(WORKER)
+        .arg("collectives")
+        .envs([
+            ("RANK", "1"),
+            ("LOCAL_RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "False"),
+            ("G4FT_DDP_TIMEOUT_S", "6"),
+        ])
+        .env("MASTER_PORT", port.to_string())
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(
+        t.contains(&format!(
+            "store 127.0.0.1:{port}: not reachable yet after 5 s of 6 s"
+        )) && t.contains("waiting for rank 0 or the launcher"),
+        "{t}"
+    );
+}

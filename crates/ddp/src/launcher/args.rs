@@ -13,13 +13,14 @@ pub struct Args {
     /// Single-node job with a fresh store on a free local port.
     #[arg(long)]
     pub standalone: bool,
-    /// Worker processes on this node.
+    /// Worker processes on this node: a number, `gpu` (one per visible GPU), `cpu` (one per
+    /// CPU core) or `auto` (`gpu` if there are GPUs, else `cpu`), as torchrun.
     #[arg(
         long = "nproc-per-node",
         visible_alias = "nproc_per_node",
-        default_value_t = 1
+        default_value = "1"
     )]
-    pub nproc_per_node: usize,
+    pub nproc_per_node: String,
     /// Number of nodes (`N` or `N:N`).
     #[arg(long, default_value = "1")]
     pub nnodes: String,
@@ -52,6 +53,14 @@ pub struct Args {
     /// Store port for static launches.
     #[arg(long = "master-port", visible_alias = "master_port")]
     pub master_port: Option<u16>,
+    /// Seconds the nodes wait for each other at a rendezvous (and for the store to come up).
+    #[arg(
+        long = "rdzv-timeout",
+        visible_alias = "rdzv_timeout",
+        default_value_t = 300,
+        value_parser = clap::value_parser!(u64).range(1..=7 * 24 * 3600)
+    )]
+    pub rdzv_timeout: u64,
     /// Accepted for compatibility: the command always runs as an executable.
     #[arg(long = "no-python", visible_alias = "no_python")]
     pub no_python: bool,
@@ -60,7 +69,50 @@ pub struct Args {
     pub command: Vec<String>,
 }
 
+/// Upper bound of `--nproc-per-node` regardless of the machine.
+pub const MAX_NPROC: usize = 1024;
+
 impl Args {
+    /// `--nproc-per-node` resolved to a count: at least 1, at most [`MAX_NPROC`] and what the
+    /// open-file limit allows (each worker holds two pipes in the launcher).
+    pub fn nproc(&self) -> Result<usize> {
+        let bad = |reason: String| DdpError::Env {
+            var: "--nproc-per-node".into(),
+            value: self.nproc_per_node.clone(),
+            reason,
+        };
+        let cpus = || std::thread::available_parallelism().map_or(1, |n| n.get());
+        let n = match self.nproc_per_node.as_str() {
+            "gpu" => match visible_gpus() {
+                0 => {
+                    return Err(bad(
+                        "no GPU is visible (CUDA_VISIBLE_DEVICES, NVIDIA driver)".into(),
+                    ))
+                }
+                n => n,
+            },
+            "cpu" => cpus(),
+            "auto" => match visible_gpus() {
+                0 => cpus(),
+                n => n,
+            },
+            text => text
+                .parse::<usize>()
+                .map_err(|_| bad("expected a number, gpu, cpu or auto".into()))?,
+        };
+        if n == 0 {
+            return Err(bad("at least 1 worker is needed".into()));
+        }
+        let fd_limit = open_file_limit();
+        let max = MAX_NPROC.min(fd_limit.saturating_sub(64) / 3).max(1);
+        if n > max {
+            return Err(bad(format!(
+                "at most {max} workers per node (limit {MAX_NPROC}; open files allowed: {fd_limit})"
+            )));
+        }
+        Ok(n)
+    }
+
     /// `--nnodes` as a fixed count; elastic ranges with MIN != MAX are rejected.
     pub fn nnodes(&self) -> Result<usize> {
         let bad = |reason: &str| DdpError::Env {
@@ -89,6 +141,33 @@ impl Args {
     }
 }
 
+/// GPUs this process may use: the entries of `CUDA_VISIBLE_DEVICES` when it is set, else the
+/// GPUs the NVIDIA driver lists under `/proc/driver/nvidia/gpus`.
+fn visible_gpus() -> usize {
+    if let Ok(v) = std::env::var("CUDA_VISIBLE_DEVICES") {
+        return v
+            .split(',')
+            .filter(|d| !d.trim().is_empty() && !d.starts_with('-'))
+            .count();
+    }
+    std::fs::read_dir("/proc/driver/nvidia/gpus").map_or(0, |d| d.count())
+}
+
+/// The soft limit of open files of this process.
+fn open_file_limit() -> usize {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass and touches nothing else.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
+    if ok {
+        usize::try_from(r.rlim_cur).unwrap_or(usize::MAX)
+    } else {
+        1024
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,7 +187,7 @@ mod tests {
         ])
         .unwrap();
         assert!(a.standalone);
-        assert_eq!((a.nproc_per_node, a.max_restarts), (2, 1));
+        assert_eq!((a.nproc().unwrap(), a.max_restarts), (2, 1));
         assert_eq!(a.command, vec!["sh", "-c", "echo $RANK"]);
         let b = Args::try_parse_from([
             "ddprun",
@@ -124,5 +203,32 @@ mod tests {
         assert_eq!(b.command, vec!["prog", "--flag"]);
         let c = Args::try_parse_from(["ddprun", "--nnodes", "1:4", "prog"]).unwrap();
         assert!(c.nnodes().unwrap_err().to_string().contains("elastic"));
+    }
+
+    #[test]
+    fn nproc_per_node_is_bounded_and_takes_torchruns_words() {
+        let nproc = |v: &str| {
+            Args::try_parse_from(["ddprun", "--nproc-per-node", v, "prog"])
+                .unwrap()
+                .nproc()
+        };
+        for (v, says) in [
+            ("0", "at least 1"),
+            ("100000", "at most"),
+            ("two", "expected a number, gpu, cpu or auto"),
+        ] {
+            let msg = nproc(v).unwrap_err().to_string();
+            assert!(
+                msg.contains(says) && msg.contains("--nproc-per-node"),
+                "{v}: {msg}"
+            );
+        }
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(nproc("cpu").unwrap(), cpus.min(nproc("cpu").unwrap()));
+        assert!(nproc("auto").unwrap() >= 1);
+        match visible_gpus() {
+            0 => assert!(nproc("gpu").unwrap_err().to_string().contains("no GPU")),
+            n => assert_eq!(nproc("gpu").unwrap(), n),
+        }
     }
 }

@@ -20,8 +20,9 @@ use crate::store::{StoreClient, StoreServer};
 use std::time::{Duration, Instant};
 use workers::{Outcome, WorkerSet};
 
-/// How long nodes wait for each other at a rendezvous.
-const RDZV_TIMEOUT: Duration = Duration::from_secs(300);
+/// When a launcher that waits first says what it waits for, and how often after that.
+const FIRST_NOTE: Duration = Duration::from_secs(2);
+const NOTE_EVERY: Duration = Duration::from_secs(10);
 
 /// Resolved job layout of this node.
 #[derive(Debug, Clone)]
@@ -45,16 +46,16 @@ pub struct Layout {
 pub fn run(args: &Args) -> Result<i32> {
     signals::install();
     let (layout, _server) = rendezvous_setup(args)?;
-    let mut store =
-        StoreClient::connect(&layout.master_addr, layout.master_port, "", RDZV_TIMEOUT)?;
+    let timeout = Duration::from_secs(args.rdzv_timeout);
+    let Some(mut store) = connect(&layout, timeout)? else {
+        return Ok(interrupted("the store"));
+    };
     let ns = format!("ddprun/{}", layout.run_id);
     for attempt in 0..=args.max_restarts {
-        node_barrier(
-            &mut store,
-            &ns,
-            &format!("attempt_{attempt}/start"),
-            &layout,
-        )?;
+        let start = format!("attempt_{attempt}/start");
+        if let Some(code) = node_barrier(&mut store, &ns, &start, &layout, timeout)? {
+            return Ok(code);
+        }
         let env = workers::worker_env(&layout, attempt, args.max_restarts);
         let mut set = WorkerSet::spawn(&args.command, &layout, &env)?;
         let outcome = set.monitor(&mut store, &format!("{ns}/attempt_{attempt}"), &layout)?;
@@ -62,7 +63,10 @@ pub fn run(args: &Args) -> Result<i32> {
             Outcome::Success => {
                 // The store host keeps serving until every node's workers are done.
                 if layout.node_rank == 0 {
-                    node_barrier(&mut store, &ns, &format!("attempt_{attempt}/done"), &layout)?;
+                    let done = format!("attempt_{attempt}/done");
+                    if let Some(code) = node_barrier(&mut store, &ns, &done, &layout, timeout)? {
+                        return Ok(code);
+                    }
                 } else {
                     store.set(
                         &format!("{ns}/attempt_{attempt}/done/{}", layout.node_rank),
@@ -130,7 +134,7 @@ fn rendezvous_setup(args: &Args) -> Result<(Layout, Option<StoreServer>)> {
     let layout = Layout {
         nnodes,
         node_rank,
-        nproc: args.nproc_per_node,
+        nproc: args.nproc()?,
         master_addr: host,
         master_port: port,
         run_id,
@@ -148,10 +152,97 @@ fn split_endpoint(ep: &str) -> Result<(String, u16)> {
     Ok((h.to_string(), p.parse().map_err(|_| bad())?))
 }
 
-/// All nodes set `<ns>/<what>/<node>` and wait for each other's key.
-fn node_barrier(store: &mut StoreClient, ns: &str, what: &str, l: &Layout) -> Result<()> {
+/// The exit code after a signal stopped a wait, saying what was being waited for.
+fn interrupted(what: &str) -> i32 {
+    let sig = signals::received().unwrap_or(libc::SIGINT);
+    eprintln!("ddprun: stopped by signal {sig} while waiting for {what}");
+    128 + sig
+}
+
+/// Connects to the rendezvous store in one-second attempts, so that a signal stops the wait
+/// and after [`FIRST_NOTE`], then every [`NOTE_EVERY`], a line says who is awaited; `None` if a signal arrived first.
+fn connect(l: &Layout, timeout: Duration) -> Result<Option<StoreClient>> {
+    let start = Instant::now();
+    let mut next_note = start + FIRST_NOTE;
+    loop {
+        if signals::received().is_some() {
+            return Ok(None);
+        }
+        match StoreClient::connect(&l.master_addr, l.master_port, "", Duration::from_secs(1)) {
+            // Reconnect with the full timeout for the requests that follow.
+            Ok(_) => {
+                return StoreClient::connect(&l.master_addr, l.master_port, "", timeout).map(Some)
+            }
+            Err(e) if start.elapsed() >= timeout => return Err(e),
+            Err(_) => {}
+        }
+        if Instant::now() >= next_note {
+            eprintln!(
+                "ddprun: node {} waiting for the store at {}:{} (hosted by node 0): {} s of {} s (--rdzv-timeout); Ctrl-C stops",
+                l.node_rank,
+                l.master_addr,
+                l.master_port,
+                start.elapsed().as_secs(),
+                timeout.as_secs()
+            );
+            next_note += NOTE_EVERY;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// All nodes set `<ns>/<what>/<node>` and wait for each other's key, in one-second waits so
+/// that a signal stops it (returns the exit code) and after [`FIRST_NOTE`], then every
+/// [`NOTE_EVERY`], a line names the nodes still missing.
+fn node_barrier(
+    store: &mut StoreClient,
+    ns: &str,
+    what: &str,
+    l: &Layout,
+    timeout: Duration,
+) -> Result<Option<i32>> {
     store.set(&format!("{ns}/{what}/{}", l.node_rank), b"1")?;
     let keys: Vec<String> = (0..l.nnodes).map(|n| format!("{ns}/{what}/{n}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    store.wait(&refs, RDZV_TIMEOUT)
+    let start = Instant::now();
+    let mut next_note = start + FIRST_NOTE;
+    loop {
+        if signals::received().is_some() {
+            return Ok(Some(interrupted(&format!("the other nodes at {what}"))));
+        }
+        match store.wait(&refs, Duration::from_secs(1)) {
+            Ok(()) => return Ok(None),
+            Err(DdpError::StoreTimeout { keys: missing, .. }) => {
+                let nodes: Vec<String> = missing
+                    .iter()
+                    .filter_map(|k| k.rsplit('/').next())
+                    .map(str::to_string)
+                    .collect();
+                if start.elapsed() >= timeout {
+                    return Err(DdpError::StoreTimeout {
+                        addr: store.addr().to_string(),
+                        keys: missing,
+                        timeout,
+                        hint: format!(
+                            "; node(s) {} of {} never reached {what}: start a launcher on each with the same --rdzv-endpoint and --rdzv-id, or raise --rdzv-timeout",
+                            nodes.join(", "),
+                            l.nnodes
+                        ),
+                    });
+                }
+                if Instant::now() >= next_note {
+                    eprintln!(
+                        "ddprun: node {} waiting for node(s) {} of {} at {what}: {} s of {} s (--rdzv-timeout); Ctrl-C stops",
+                        l.node_rank,
+                        nodes.join(", "),
+                        l.nnodes,
+                        start.elapsed().as_secs(),
+                        timeout.as_secs()
+                    );
+                    next_note += NOTE_EVERY;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }

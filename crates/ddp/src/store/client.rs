@@ -11,6 +11,9 @@ use std::io::{self, BufReader};
 use std::net::{IpAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+/// How often a connection attempt that keeps failing says so.
+const CONNECT_NOTE_EVERY: Duration = Duration::from_secs(5);
+
 /// One connection to a TCPStore; keys get `prefix` prepended (PyTorch's `PrefixStore`).
 #[derive(Debug)]
 pub struct StoreClient {
@@ -27,7 +30,9 @@ impl StoreClient {
     /// (e.g. `/worker/attempt_0/`); `timeout` bounds every later request.
     pub fn connect(host: &str, port: u16, prefix: &str, timeout: Duration) -> Result<Self> {
         let addr = format!("{host}:{port}");
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let mut next_note = start + CONNECT_NOTE_EVERY;
         let stream = loop {
             let attempt = (host, port)
                 .to_socket_addrs()
@@ -45,7 +50,18 @@ impl StoreClient {
                         ),
                     })
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => {
+                    if Instant::now() >= next_note {
+                        // Nothing waits silently: say what, how long, and who should be there.
+                        eprintln!(
+                            "store {addr}: not reachable yet after {} s of {} s ({e}); waiting for rank 0 or the launcher to host it",
+                            start.elapsed().as_secs(),
+                            timeout.as_secs()
+                        );
+                        next_note += CONNECT_NOTE_EVERY;
+                    }
+                    std::thread::sleep(Duration::from_millis(50))
+                }
             }
         };
         let _ = stream.set_nodelay(true);
