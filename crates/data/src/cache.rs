@@ -2,10 +2,15 @@
 //! mode, line limit).
 //!
 //! Ranks and restarts reuse it. Every rank calls [`crate::TokenDataset::open`] itself before any
-//! collective: the first process to create `<cache>.lock` (O_EXCL) tokenizes and renames a
-//! finished temporary file into place (atomic); the others poll for the file, so a rank never
-//! sits in a collective while another tokenizes (a known cause of NCCL timeouts). A lock left by
-//! a dead process on this host is removed; after `lock_timeout` a waiter tokenizes itself.
+//! collective: the first process to create `<cache>.lock` tokenizes and renames a finished
+//! temporary file into place (atomic); the others poll for the file, so a rank never sits in a
+//! collective while another tokenizes (a known cause of NCCL timeouts).
+//!
+//! The lock file appears already `flock`ed by its builder (created under a temporary name,
+//! locked, then hard-linked into place) and names it (`host pid`). A waiter that can lock it
+//! knows the builder is gone, whatever host it ran on (the kernel, or the file server, drops the
+//! lock of a dead process), and removes it saying so; a waiter says every few seconds whose build
+//! it waits for and how to clear a lock by hand; after `lock_timeout` it tokenizes itself.
 //!
 //! Layout (little endian): magic `G4FTTOK1`; records, sample after sample, each its ids (u32)
 //! then its labels (i32), `len` words each; `n+1` u64 record offsets (in 4-byte words after the
@@ -232,9 +237,11 @@ impl CacheFile {
     }
 }
 
-/// Holds `<cache>.lock` while this process builds the cache; removes it when dropped.
+/// Holds `<cache>.lock` (and its `flock`) while this process builds the cache; removes it when
+/// dropped.
 pub struct BuildLock {
     path: PathBuf,
+    _file: File,
 }
 
 impl Drop for BuildLock {
@@ -251,40 +258,129 @@ pub enum Acquired {
     Build(Option<BuildLock>),
 }
 
+/// When a waiter first says what it waits for, and how often after that.
+const FIRST_NOTE: Duration = Duration::from_secs(2);
+const NOTE_EVERY: Duration = Duration::from_secs(10);
+
 /// Takes the build lock of `cache`, or waits until another process has written `cache`.
 pub fn acquire(cache: &Path, timeout: Duration) -> Result<Acquired> {
     let lock = cache.with_extension("lock");
     let start = Instant::now();
+    let mut next_note = start + FIRST_NOTE;
     loop {
         if cache.exists() {
             return Ok(Acquired::Ready);
         }
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&lock)
-        {
-            Ok(mut f) => {
-                let _ = writeln!(f, "{} {}", hostname(), std::process::id());
-                let guard = BuildLock { path: lock };
-                // Another process may have finished between our check and the lock.
-                if cache.exists() {
-                    return Ok(Acquired::Ready);
-                }
-                return Ok(Acquired::Build(Some(guard)));
+        if let Some(guard) = try_create_lock(&lock)? {
+            // Another process may have finished between our check and the lock.
+            if cache.exists() {
+                return Ok(Acquired::Ready);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                if lock_is_stale(&lock) {
-                    let _ = std::fs::remove_file(&lock);
-                    continue;
-                }
+            return Ok(Acquired::Build(Some(guard)));
+        }
+        match holder(&lock)? {
+            Holder::Gone(who) => {
+                eprintln!(
+                    "token cache: removed the stale lock {} of {who}, which is no longer running",
+                    lock.display()
+                );
+                continue;
+            }
+            Holder::Vanished => continue,
+            Holder::Alive(who) => {
                 if start.elapsed() > timeout {
+                    eprintln!(
+                        "token cache: {} still held by {who} after {} s; tokenizing here instead",
+                        lock.display(),
+                        timeout.as_secs()
+                    );
                     return Ok(Acquired::Build(None));
+                }
+                if Instant::now() >= next_note {
+                    eprintln!(
+                        "token cache: waiting for {who} to finish {} ({} s of {} s); if no such process is running, remove {}",
+                        cache.display(),
+                        start.elapsed().as_secs(),
+                        timeout.as_secs(),
+                        lock.display()
+                    );
+                    next_note += NOTE_EVERY;
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            Err(e) => return Err(DataError::io(&lock, e)),
         }
+    }
+}
+
+/// Creates `lock` already locked: a temporary file is locked and written, then hard-linked to
+/// the lock's name (which fails if the lock exists). `None` if another process holds it.
+fn try_create_lock(lock: &Path) -> Result<Option<BuildLock>> {
+    let tmp = lock.with_extension(format!("lock.{}-{}", hostname(), std::process::id()));
+    let mut file = File::create(&tmp).map_err(|e| DataError::io(&tmp, e))?;
+    // A file system without locks still gets the lock file; liveness then falls back to pids.
+    let _ = file.lock();
+    writeln!(file, "{} {}", hostname(), std::process::id()).map_err(|e| DataError::io(&tmp, e))?;
+    let linked = std::fs::hard_link(&tmp, lock);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(Some(BuildLock {
+            path: lock.to_path_buf(),
+            _file: file,
+        })),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(None),
+        Err(e) => Err(DataError::io(lock, e)),
+    }
+}
+
+/// What a waiter knows about the holder of an existing lock.
+enum Holder {
+    /// Still building (or undecidable): its description.
+    Alive(String),
+    /// Dead: the lock was removed; its description.
+    Gone(String),
+    /// The lock disappeared meanwhile.
+    Vanished,
+}
+
+/// Decides whether the builder named in `lock` still runs: it does while it holds the file's
+/// `flock`. A dead builder's lock is removed (only if `lock` is still the file that was checked).
+fn holder(lock: &Path) -> Result<Holder> {
+    use std::os::unix::fs::MetadataExt;
+    let mut file = match File::open(lock) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Holder::Vanished),
+        Err(e) => return Err(DataError::io(lock, e)),
+    };
+    let mut text = String::new();
+    let _ = std::io::Read::read_to_string(&mut file, &mut text);
+    let who = describe_holder(&text);
+    let dead = match file.try_lock() {
+        Ok(()) => true,
+        Err(std::fs::TryLockError::WouldBlock) => false,
+        // No locking on this file system: a process of this host that is gone is dead.
+        Err(std::fs::TryLockError::Error(_)) => pid_is_gone(&text),
+    };
+    if !dead {
+        return Ok(Holder::Alive(who));
+    }
+    let same = match (file.metadata(), std::fs::metadata(lock)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    };
+    if !same {
+        return Ok(Holder::Vanished);
+    }
+    let _ = std::fs::remove_file(lock);
+    Ok(Holder::Gone(who))
+}
+
+/// `process 123 on host-a` from the lock's text (`an unknown process` if it is empty or
+/// unreadable, as when its writer died right after creating it).
+fn describe_holder(text: &str) -> String {
+    let mut parts = text.split_whitespace();
+    match (parts.next(), parts.next()) {
+        (Some(host), Some(pid)) => format!("process {pid} on {host}"),
+        _ => "an unknown process (empty lock file)".into(),
     }
 }
 
@@ -294,11 +390,8 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// A lock written by a process of this host that no longer exists.
-fn lock_is_stale(lock: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string(lock) else {
-        return false;
-    };
+/// Whether the lock's text names a process of this host that no longer exists.
+fn pid_is_gone(text: &str) -> bool {
     let mut parts = text.split_whitespace();
     match (
         parts.next(),
@@ -330,6 +423,36 @@ mod tests {
             },
             report: PrepareReport::default(),
         }
+    }
+
+    #[test]
+    fn stale_and_foreign_locks_are_told_apart() {
+        let dir = std::env::temp_dir().join(format!("g4ft-cache-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cache = dir.join("x.g4tok");
+        let lock = cache.with_extension("lock");
+        // An empty lock nobody holds (its writer died before writing), and one of another
+        // host whose process is gone: both removed at once.
+        for text in ["", "other-host 4242\n"] {
+            std::fs::write(&lock, text).unwrap();
+            let t0 = Instant::now();
+            let Acquired::Build(Some(guard)) = acquire(&cache, Duration::from_secs(60)).unwrap()
+            else {
+                panic!("expected to take the lock");
+            };
+            assert!(t0.elapsed() < Duration::from_secs(1));
+            drop(guard);
+            assert!(!lock.exists(), "the builder removes its lock");
+        }
+        // A live holder (this test holds the flock): the waiter waits, then builds itself.
+        std::fs::write(&lock, "other-host 4242\n").unwrap();
+        let held = File::open(&lock).unwrap();
+        held.lock().unwrap();
+        let got = acquire(&cache, Duration::from_millis(300)).unwrap();
+        assert!(matches!(got, Acquired::Build(None)));
+        assert!(lock.exists(), "a live holder's lock is kept");
+        drop(held);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
