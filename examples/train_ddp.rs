@@ -20,7 +20,7 @@
 //! norm is taken and clipped after the all-reduce (same on every rank); AdamW steps; the cosine
 //! schedule advances.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -33,7 +33,7 @@ use g4ft::data::{
     LoaderConfig, PrepareOptions, TokenDataset,
 };
 use g4ft::ddp::{DdpError, DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
-use g4ft::gemma4::{Gemma4Model, ModelFiles};
+use g4ft::gemma4::{Checkpoint, Config, Gemma4Model, Hub, ModelFiles};
 use g4ft::lora::{self, LoraConfig, ParamReport, TargetModules};
 use g4ft::trainer::checkpoint::{prune_checkpoints, write_checkpoint_atomic};
 use g4ft::trainer::clip::{clip_coef, grad_norm};
@@ -158,7 +158,19 @@ fn train_in_group(
         DTypeKind::F32 => DType::F32,
         DTypeKind::Bf16 => DType::BF16,
     };
-    let mut model = Gemma4Model::load(&cfg.model, dtype, device)?;
+    //    A Hub id is downloaded once into the cache (config, weights, tokenizer, template).
+    let files = ModelFiles::resolve_with(&cfg.model, &Hub::from_env(cfg.revision.as_deref()))?;
+    let model_dir = files
+        .config
+        .parent()
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let mut model = Gemma4Model::from_checkpoint(
+        Config::from_file(&files.config)?,
+        &Checkpoint::open(&files.weights)?,
+        dtype,
+        device,
+    )?;
 
     // 3. LoRA: the same seed on every rank gives the same init (DDP's broadcast enforces it),
     //    or the weights of the PEFT adapter or checkpoint the run starts from, with their
@@ -200,11 +212,19 @@ fn train_in_group(
 
     // 5. Data: DistributedSampler(seed, drop_last) + loader with drop_last on every rank. Opened
     //    before the first collective, so that bad data is every rank's own error.
-    let loader = open_loader(cfg, model.config(), &cfg.data, rank, world_size, true)?;
+    let loader = open_loader(
+        cfg,
+        &model_dir,
+        model.config(),
+        &cfg.data,
+        rank,
+        world_size,
+        true,
+    )?;
     let eval_loader = cfg
         .eval_data
         .as_ref()
-        .map(|p| open_loader(cfg, model.config(), p, rank, world_size, false))
+        .map(|p| open_loader(cfg, &model_dir, model.config(), p, rank, world_size, false))
         .transpose()?;
 
     // 6. DDP wrap: checks names/shapes on every rank, broadcasts rank 0's values, builds the
@@ -593,9 +613,11 @@ struct Position {
 /// The post's `ChatJsonl` + `DistributedSampler` + `DataLoader(collate_fn=PadCollate)`.
 /// Every rank opens (and tokenizes, or reuses the cache of) the file before any collective.
 /// Pre-tokenized data needs no tokenizer: the pad id and vocabulary come from the model config.
-/// Rank 0 prints the dataset report and a warning per skipped row.
+/// Rank 0 prints the dataset report and a warning per skipped row. `model_dir` holds the
+/// tokenizer and chat template.
 fn open_loader(
     cfg: &TrainConfig,
+    model_dir: &Path,
     model: &g4ft::gemma4::Config,
     path: &Path,
     rank: usize,
@@ -617,13 +639,7 @@ fn open_loader(
     let encoder = match detect_format(path, &prepare)? {
         Format::Tokens => None,
         _ => {
-            let files = ModelFiles::resolve(&cfg.model)?;
-            let model_dir = files
-                .config
-                .parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| PathBuf::from("."));
-            let encoder = Encoder::from_model_dir(&model_dir)?;
+            let encoder = Encoder::from_model_dir(model_dir)?;
             Some(match cfg.enable_thinking {
                 Some(on) => encoder.with_enable_thinking(on),
                 None => encoder,

@@ -3,6 +3,8 @@
 //! outputs back.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod hub;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -38,5 +38,5 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use kv_cache::KvCache;
-pub use loader::{Checkpoint, ModelFiles};
+pub use loader::{Checkpoint, Hub, ModelFiles};
 pub use model::{shift_labels, Gemma4Model, LossOutput, TokenBatch};

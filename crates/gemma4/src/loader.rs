@@ -23,24 +23,78 @@ pub struct ModelFiles {
     pub weights: Vec<PathBuf>,
 }
 
+/// Where and how to reach the Hugging Face Hub, from the same environment variables as
+/// `huggingface_hub`: `HF_ENDPOINT`, `HF_TOKEN` (or `HUGGING_FACE_HUB_TOKEN`, else the token file
+/// `huggingface-cli login` writes), `HF_HOME`, `HF_HUB_OFFLINE`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hub {
+    /// Base URL (default `https://huggingface.co`).
+    pub endpoint: Option<String>,
+    /// Access token (gated repositories such as Gemma's need one).
+    pub token: Option<String>,
+    /// Branch, tag or commit (default `main`).
+    pub revision: Option<String>,
+    /// Cache root (`$HF_HOME/hub`, default `~/.cache/huggingface/hub`).
+    pub cache_dir: Option<PathBuf>,
+    /// Never download (`HF_HUB_OFFLINE=1`): use the cache only.
+    pub offline: bool,
+}
+
+impl Hub {
+    /// The settings of the environment, with `revision`.
+    pub fn from_env(revision: Option<&str>) -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Self {
+            endpoint: var("HF_ENDPOINT"),
+            token: var("HF_TOKEN").or_else(|| var("HUGGING_FACE_HUB_TOKEN")),
+            revision: revision.map(str::to_string),
+            cache_dir: None,
+            offline: var("HF_HUB_OFFLINE").is_some_and(|v| v == "1"),
+        }
+    }
+}
+
+/// Files a training run reads from a model repository besides the weights, and whether each
+/// must exist.
+pub const HUB_FILES: [(&str, bool); 6] = [
+    ("config.json", true),
+    ("tokenizer.json", true),
+    ("tokenizer_config.json", false),
+    ("chat_template.jinja", false),
+    ("special_tokens_map.json", false),
+    ("generation_config.json", false),
+];
+
 impl ModelFiles {
-    /// Resolves `model`: an existing directory is used as is; anything else is a Hub model id
-    /// (`owner/name`) looked up in the `hf-hub` cache (`$HF_HOME/hub`, default
-    /// `~/.cache/huggingface/hub`). When the cache has the files, nothing is downloaded; otherwise
-    /// they are downloaded unless `HF_HUB_OFFLINE=1`.
+    /// [`Self::resolve_with`] with the environment's [`Hub`] settings.
     pub fn resolve(model: &str) -> Result<Self> {
+        Self::resolve_with(model, &Hub::from_env(None))
+    }
+
+    /// Resolves `model`: an existing directory is used as is; a Hub model id (`owner/name`) is
+    /// looked up in the Hub cache and downloaded if missing (every file a run needs:
+    /// [`HUB_FILES`] and the weights), once: concurrent processes on one cache wait for the
+    /// first one's download, saying so, and then read the cache. Something that looks like a
+    /// path (`./x`, `/x`, `a/b/c`, or `dir/x` where `dir` is a local directory) but does not
+    /// exist is an error, not a Hub lookup.
+    pub fn resolve_with(model: &str, hub: &Hub) -> Result<Self> {
         let dir = Path::new(model);
         if dir.is_dir() {
             return Self::from_dir(dir);
         }
-        if dir.exists() || model.starts_with('.') || model.starts_with('/') {
-            return Err(Error::Resolve {
-                model: model.to_string(),
-                msg: "not a directory (expected a model directory or a Hub id like google/gemma-4-12B)"
-                    .into(),
-            });
+        let err = |msg: String| Error::Resolve {
+            model: model.to_string(),
+            msg,
+        };
+        if dir.exists() {
+            return Err(err("not a directory (expected a model directory or a Hub id like google/gemma-4-12B-it)".into()));
         }
-        Self::from_hub(model)
+        if let Some(why) = looks_like_a_path(model) {
+            return Err(err(format!(
+                "no such directory ({why}, so it is not taken for a Hub id)"
+            )));
+        }
+        Self::from_hub(model, hub)
     }
 
     /// Uses a local directory holding `config.json` and `model.safetensors` or
@@ -72,45 +126,208 @@ impl ModelFiles {
         Ok(ModelFiles { config, weights })
     }
 
-    fn from_hub(id: &str) -> Result<Self> {
+    fn from_hub(id: &str, hub: &Hub) -> Result<Self> {
         let resolve_err = |msg: String| Error::Resolve {
             model: id.to_string(),
             msg,
         };
-        let cache = hf_hub::Cache::from_env();
-        let cached = cache.model(id.to_string());
-        type Fetch = Box<dyn Fn(&str) -> std::result::Result<PathBuf, String>>;
-        let fetch: Fetch = if cached.get("config.json").is_some() {
-            // Cached: resolve every file from the cache only (offline).
-            Box::new(move |f: &str| {
-                cached
-                    .get(f)
-                    .ok_or_else(|| format!("{f} is not in the Hub cache"))
-            })
-        } else {
-            if std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1") {
-                return Err(resolve_err(format!(
-                    "not in the Hub cache {} and HF_HUB_OFFLINE=1",
-                    cache.path().display()
-                )));
+        let cache = match &hub.cache_dir {
+            Some(d) => hf_hub::Cache::new(d.clone()),
+            None => hf_hub::Cache::from_env(),
+        };
+        let repo = match &hub.revision {
+            Some(rev) => {
+                hf_hub::Repo::with_revision(id.into(), hf_hub::RepoType::Model, rev.clone())
             }
-            let api = hf_hub::api::sync::ApiBuilder::from_env()
-                .build()
-                .map_err(|e| resolve_err(format!("hf-hub: {e}")))?;
-            let repo = api.model(id.to_string());
-            Box::new(move |f: &str| repo.get(f).map_err(|e| format!("{f}: {e}")))
+            None => hf_hub::Repo::model(id.into()),
         };
-        let config = fetch("config.json").map_err(resolve_err)?;
-        let weights = match fetch("model.safetensors.index.json") {
-            Ok(index) => shard_files(&index)?
-                .iter()
-                .map(|f| fetch(f).map_err(resolve_err))
-                .collect::<Result<Vec<_>>>()?,
-            Err(index_err) => vec![fetch("model.safetensors")
-                .map_err(|e| resolve_err(format!("{e}; and {index_err}")))?],
+        if let Some(files) = from_cache(&cache.repo(repo.clone())) {
+            return Ok(files);
+        }
+        if hub.offline {
+            return Err(resolve_err(format!(
+                "not (completely) in the Hub cache {} and HF_HUB_OFFLINE=1",
+                cache.path().display()
+            )));
+        }
+        // One download per cache: the first process takes the lock, the others wait for it
+        // and then find everything in the cache.
+        let lock_path = cache
+            .path()
+            .join(format!("{}.g4ft-download.lock", repo.folder_name()));
+        let _lock = lock_download(&lock_path, id)?;
+        if let Some(files) = from_cache(&cache.repo(repo.clone())) {
+            return Ok(files);
+        }
+        let mut builder = hf_hub::api::sync::ApiBuilder::from_cache(cache.clone())
+            .with_progress(false)
+            .with_retries(3);
+        if let Some(e) = &hub.endpoint {
+            builder = builder.with_endpoint(e.trim_end_matches('/').to_string());
+        }
+        if let Some(t) = &hub.token {
+            builder = builder.with_token(Some(t.clone()));
+        }
+        let api = builder
+            .build()
+            .map_err(|e| resolve_err(format!("hf-hub: {e}")))?;
+        let remote = api.repo(repo.clone());
+        let token_hint = if hub.token.is_some() || cache.token().is_some() {
+            "check that the token may read this repository (gated models need the license accepted)"
+        } else {
+            "gated repositories need a token: set HF_TOKEN (or run huggingface-cli login)"
         };
-        Ok(ModelFiles { config, weights })
+        let fetch = |f: &str| -> std::result::Result<PathBuf, (bool, String)> {
+            remote
+                .download_with_progress(f, DownloadNote::new(id))
+                .map_err(|e| {
+                    let text = e.to_string();
+                    let missing = text.contains("404");
+                    let hint = if text.contains("401") || text.contains("403") {
+                        format!("{text}; {token_hint}")
+                    } else {
+                        text
+                    };
+                    (missing, format!("{f}: {hint}"))
+                })
+        };
+        for (file, required) in HUB_FILES {
+            match fetch(file) {
+                Ok(_) => {}
+                Err((true, _)) if !required => {}
+                Err((_, msg)) => return Err(resolve_err(msg)),
+            }
+        }
+        match fetch("model.safetensors.index.json") {
+            Ok(index) => {
+                for shard in shard_files(&index)? {
+                    fetch(&shard).map_err(|(_, m)| resolve_err(m))?;
+                }
+            }
+            Err((true, _)) => {
+                fetch("model.safetensors").map_err(|(_, m)| resolve_err(m))?;
+            }
+            Err((_, msg)) => return Err(resolve_err(msg)),
+        }
+        from_cache(&cache.repo(repo))
+            .ok_or_else(|| resolve_err("downloaded, but the cache does not hold every file".into()))
     }
+}
+
+/// The files of a cached repository, if the cache has every required one.
+fn from_cache(cached: &hf_hub::CacheRepo) -> Option<ModelFiles> {
+    let config = cached.get("config.json")?;
+    for (file, required) in HUB_FILES {
+        if required && cached.get(file).is_none() {
+            return None;
+        }
+    }
+    let weights = match cached.get("model.safetensors.index.json") {
+        Some(index) => shard_files(&index)
+            .ok()?
+            .iter()
+            .map(|f| cached.get(f))
+            .collect::<Option<Vec<_>>>()?,
+        None => vec![cached.get("model.safetensors")?],
+    };
+    Some(ModelFiles { config, weights })
+}
+
+/// Why `model` is a local path rather than a Hub id (`owner/name`), if it is one.
+fn looks_like_a_path(model: &str) -> Option<String> {
+    if model.starts_with(['.', '/', '~']) || model.contains('\\') {
+        return Some("it starts like a path".into());
+    }
+    let parts: Vec<&str> = model.split('/').collect();
+    if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+        return Some("a Hub id has exactly one `/` (owner/name)".into());
+    }
+    if Path::new(parts[0]).is_dir() {
+        return Some(format!("`{}` is a local directory", parts[0]));
+    }
+    None
+}
+
+/// Takes the download lock of a repository in the cache, waiting (and saying so every 10 s)
+/// while another process downloads it.
+fn lock_download(path: &Path, id: &str) -> Result<std::fs::File> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let file = std::fs::File::create(path).map_err(io)?;
+    let start = std::time::Instant::now();
+    let mut next_note = start + std::time::Duration::from_secs(2);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        if std::time::Instant::now() >= next_note {
+            eprintln!(
+                "hub: waiting for another process to download {id} into the cache ({} s)",
+                start.elapsed().as_secs()
+            );
+            next_note += std::time::Duration::from_secs(10);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// A download's progress as a line every 10 s (and one at the start of each file over 10 MB):
+/// the progress bar is invisible under a launcher.
+struct DownloadNote {
+    id: String,
+    file: String,
+    size: usize,
+    done: usize,
+    next: std::time::Instant,
+}
+
+impl DownloadNote {
+    fn new(id: &str) -> Self {
+        Self {
+            id: id.to_string(),
+            file: String::new(),
+            size: 0,
+            done: 0,
+            next: std::time::Instant::now(),
+        }
+    }
+}
+
+impl hf_hub::api::Progress for DownloadNote {
+    fn init(&mut self, size: usize, filename: &str) {
+        (self.size, self.done, self.file) = (size, 0, filename.to_string());
+        if size > 10 << 20 {
+            eprintln!(
+                "hub: downloading {} {filename} ({:.1} GiB)",
+                self.id,
+                size as f64 / (1u64 << 30) as f64
+            );
+        }
+        self.next = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    }
+
+    fn update(&mut self, size: usize) {
+        self.done += size;
+        if std::time::Instant::now() >= self.next {
+            eprintln!(
+                "hub: {} {}: {:.1} of {:.1} GiB",
+                self.id,
+                self.file,
+                self.done as f64 / (1u64 << 30) as f64,
+                self.size as f64 / (1u64 << 30) as f64
+            );
+            self.next += std::time::Duration::from_secs(10);
+        }
+    }
+
+    fn finish(&mut self) {}
 }
 
 fn shard_files(index: &Path) -> Result<Vec<String>> {

@@ -111,6 +111,9 @@ pub struct TrainConfig {
     /// Hub id or local directory of the base model (the post's MODEL_ID).
     #[arg(long, value_name = "ID|DIR", env = "MODEL_ID", default_value = "google/gemma-4-12B-it", help_heading = section::MODEL_DATA)]
     pub model: String,
+    /// Hub revision of --model: a branch, tag or commit (default: main).
+    #[arg(long, value_name = "REV", help_heading = section::MODEL_DATA)]
+    pub revision: Option<String>,
     /// Training data: JSONL or Parquet, chat/ShareGPT/prompt-completion/text/token rows (the
     /// post's DATA_PATH).
     #[arg(long, value_name = "FILE", env = "DATA_PATH", default_value = "train.jsonl", help_heading = section::MODEL_DATA)]
@@ -591,7 +594,8 @@ impl TrainConfig {
             return Err(bad(
                 "group_by_length",
                 "true".into(),
-                "has no effect with packing (packed rows are all about max_len long); set one".into(),
+                "has no effect with packing (packed rows are all about max_len long); set one"
+                    .into(),
             ));
         }
         if self.eval_every.is_some() && self.eval_data.is_none() {
