@@ -139,6 +139,53 @@ fn resume_takes_the_adapter_from_the_checkpoint_and_refuses_contradictions() {
         (cfg["r"].as_u64(), cfg["lora_alpha"].as_f64()),
         (Some(4), Some(8.0))
     );
+    check_in_peft(&out.join("step-4"));
+}
+
+/// `score`'s loss of the fixture rows with the adapter in `dir`, then, where /opt/refenv has
+/// PEFT, the same loss from PEFT loading that adapter
+/// (`tools/reference/trainer/check_adapter_loss.py`).
+fn check_in_peft(dir: &Path) {
+    let model = Path::new(ROOT).join("assets/tiny");
+    let data = fixture("data.jsonl");
+    let o = std::process::Command::new(example("score"))
+        .args([
+            "--model".as_ref(),
+            model.as_os_str(),
+            "--adapter".as_ref(),
+            dir.as_os_str(),
+        ])
+        .args(["--data", &data])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let loss = v["loss"].as_f64().unwrap();
+    let python = Path::new("/opt/refenv/bin/python");
+    let has_peft = python.exists()
+        && std::process::Command::new(python)
+            .args(["-c", "import peft, transformers, torch"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !has_peft {
+        eprintln!("note: /opt/refenv has no PEFT; the saved adapter was checked by score only");
+        return;
+    }
+    let script = Path::new(ROOT).join("tools/reference/trainer/check_adapter_loss.py");
+    let o = std::process::Command::new(python)
+        .arg(&script)
+        .args([model.as_os_str(), dir.as_os_str()])
+        .arg(&data)
+        .arg(loss.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    eprintln!("{}", String::from_utf8_lossy(&o.stdout).trim());
 }
 
 #[test]
