@@ -69,6 +69,17 @@ fn a_hub_id_downloads_every_file_once_and_then_reads_the_cache() {
         n,
         "no request when cached"
     );
+    // A cache holding the weights but not the tokenizer (an older download) gets the missing
+    // files only.
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    ModelFiles::resolve_with(REPO, &h).unwrap();
+    assert!(dir.join("tokenizer.json").is_file());
+    assert_eq!(server.downloads("tokenizer.json"), 2);
+    assert_eq!(
+        server.downloads("model.safetensors"),
+        1,
+        "the weights are not fetched again"
+    );
 }
 
 #[test]

@@ -55,10 +55,11 @@ impl Hub {
 }
 
 /// Files a training run reads from a model repository besides the weights, and whether each
-/// must exist.
+/// must exist (the tokenizer is not needed for pre-tokenized data; the data loader says so when
+/// it is missing and needed).
 pub const HUB_FILES: [(&str, bool); 6] = [
     ("config.json", true),
-    ("tokenizer.json", true),
+    ("tokenizer.json", false),
     ("tokenizer_config.json", false),
     ("chat_template.jinja", false),
     ("special_tokens_map.json", false),
@@ -141,14 +142,17 @@ impl ModelFiles {
             }
             None => hf_hub::Repo::model(id.into()),
         };
-        if let Some(files) = from_cache(&cache.repo(repo.clone())) {
+        if let Some(files) = from_cache(&cache.repo(repo.clone()), true) {
             return Ok(files);
         }
         if hub.offline {
-            return Err(resolve_err(format!(
-                "not (completely) in the Hub cache {} and HF_HUB_OFFLINE=1",
-                cache.path().display()
-            )));
+            // Offline, what the cache has must do (a tokenizer may not be needed).
+            return from_cache(&cache.repo(repo.clone()), false).ok_or_else(|| {
+                resolve_err(format!(
+                    "not in the Hub cache {} and HF_HUB_OFFLINE=1",
+                    cache.path().display()
+                ))
+            });
         }
         // One download per cache: the first process takes the lock, the others wait for it
         // and then find everything in the cache.
@@ -156,7 +160,7 @@ impl ModelFiles {
             .path()
             .join(format!("{}.g4ft-download.lock", repo.folder_name()));
         let _lock = lock_download(&lock_path, id)?;
-        if let Some(files) = from_cache(&cache.repo(repo.clone())) {
+        if let Some(files) = from_cache(&cache.repo(repo.clone()), true) {
             return Ok(files);
         }
         let mut builder = hf_hub::api::sync::ApiBuilder::from_cache(cache.clone())
@@ -177,7 +181,11 @@ impl ModelFiles {
         } else {
             "gated repositories need a token: set HF_TOKEN (or run huggingface-cli login)"
         };
+        let cached = cache.repo(repo.clone());
         let fetch = |f: &str| -> std::result::Result<PathBuf, (bool, String)> {
+            if let Some(p) = cached.get(f) {
+                return Ok(p);
+            }
             remote
                 .download_with_progress(f, DownloadNote::new(id))
                 .map_err(|e| {
@@ -209,18 +217,17 @@ impl ModelFiles {
             }
             Err((_, msg)) => return Err(resolve_err(msg)),
         }
-        from_cache(&cache.repo(repo))
+        from_cache(&cache.repo(repo), false)
             .ok_or_else(|| resolve_err("downloaded, but the cache does not hold every file".into()))
     }
 }
 
-/// The files of a cached repository, if the cache has every required one.
-fn from_cache(cached: &hf_hub::CacheRepo) -> Option<ModelFiles> {
+/// The files of a cached repository: config and weights, and with `with_tokenizer` also
+/// `tokenizer.json` (a cache from a download of the weights alone counts as incomplete).
+fn from_cache(cached: &hf_hub::CacheRepo, with_tokenizer: bool) -> Option<ModelFiles> {
     let config = cached.get("config.json")?;
-    for (file, required) in HUB_FILES {
-        if required && cached.get(file).is_none() {
-            return None;
-        }
+    if with_tokenizer && cached.get("tokenizer.json").is_none() {
+        return None;
     }
     let weights = match cached.get("model.safetensors.index.json") {
         Some(index) => shard_files(&index)
