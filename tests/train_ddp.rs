@@ -337,7 +337,10 @@ fn pre_tokenized_data_needs_no_tokenizer_and_trains_packed() {
     );
     assert_eq!(dataset["format"], "tokens");
     assert_eq!(losses(&dir.join("out")).len(), 2);
-    // these rows carry no labels: assistant_only cannot know what to train
+    // these rows carry no labels: assistant_only cannot know what to train (a fresh output folder,
+    // since the first run owns `out`)
+    let i = args.iter().position(|a| a == "--output").unwrap();
+    args[i + 1] = dir.join("out-assistant-only").display().to_string();
     args.extend(["--labels".to_string(), "assistant_only".to_string()]);
     let out = &run(1, &args, &[])[0];
     let err = String::from_utf8_lossy(&out.stderr);
