@@ -7,11 +7,13 @@ cd "$(dirname "$0")/.."
 runs=${1:-50}
 # The tests that start several processes (ranks, launchers, workers).
 suite() {
-  cargo test -q -p g4ft --test train_ddp "$@" &&
+  cargo test -q -p g4ft --test train_ddp --test first_hour "$@" &&
     cargo test -q -p g4ft-ddp --test ddp_faults --test ddp_launcher --test ddp_collectives \
       --test ddp_training "$@"
 }
 suite --no-run
+# The train_ddp tests run the example binary; `cargo test --test X` alone does not rebuild it.
+cargo build -q -p g4ft --examples
 
 hogs=()
 cleanup() { for p in "${hogs[@]}"; do kill "$p" 2>/dev/null || true; done; }

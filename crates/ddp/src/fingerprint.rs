@@ -11,11 +11,12 @@
 
 use crate::error::{DdpError, RankTag, Result};
 use crate::store::StoreClient;
+use crate::wait::WaitNotice;
 use serde::{Deserialize, Serialize};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What a collective is; part of the fingerprint compared across ranks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -233,14 +234,24 @@ impl Ledger {
     /// Explains a stuck collective: which ranks have not announced `fp` and where they are.
     /// Best effort: store errors are reported inside the text.
     pub fn diagnose(&self, fp: &Fingerprint) -> String {
+        Self::diagnose_with(&mut self.lock(), self.tag, &self.ns, fp)
+    }
+
+    /// [`Ledger::diagnose`] unless another thread of this rank is using the store connection
+    /// (an agreement waiting for the same peers): `None` then, instead of blocking.
+    pub fn try_diagnose(&self, fp: &Fingerprint) -> Option<String> {
+        let mut store = self.store.try_lock().ok()?;
+        Some(Self::diagnose_with(&mut store, self.tag, &self.ns, fp))
+    }
+
+    fn diagnose_with(store: &mut StoreClient, tag: RankTag, ns: &str, fp: &Fingerprint) -> String {
         let mut missing = Vec::new();
         let mut notes = Vec::new();
-        let mut store = self.lock();
-        for r in 0..self.tag.world {
-            if r == self.tag.rank {
+        for r in 0..tag.world {
+            if r == tag.rank {
                 continue;
             }
-            let key = format!("{}/progress/{r}", self.ns);
+            let key = format!("{}/progress/{r}", ns);
             let seen = match store.check(&[&key]) {
                 Ok(true) => store.get(&key).ok().and_then(|b| Fingerprint::decode(&b)),
                 Ok(false) => None,
@@ -312,20 +323,31 @@ impl Ledger {
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let mut store = self.lock();
         store.set(&keys[self.tag.rank], bytes)?;
-        match store.wait(&refs, timeout) {
-            Ok(()) => {}
-            Err(DdpError::StoreTimeout { keys: missing, .. }) => {
-                let ranks: Vec<usize> = (0..self.tag.world)
-                    .filter(|r| missing.contains(&keys[*r]))
-                    .collect();
-                return Err(DdpError::CollectiveTimeout {
-                    tag: self.tag,
-                    collective: fp.to_string(),
-                    timeout,
-                    detail: format!("ranks {ranks:?} did not arrive"),
-                });
+        // Waits in slices, so that a long wait is reported while it lasts.
+        let deadline = Instant::now() + timeout;
+        let mut notice = WaitNotice::new(self.tag, timeout);
+        loop {
+            let slice = notice
+                .due(deadline)
+                .saturating_duration_since(Instant::now());
+            match store.wait(&refs, slice.max(Duration::from_millis(1))) {
+                Ok(()) => break,
+                Err(DdpError::StoreTimeout { keys: missing, .. }) => {
+                    let ranks: Vec<usize> = (0..self.tag.world)
+                        .filter(|r| missing.contains(&keys[*r]))
+                        .collect();
+                    if Instant::now() >= deadline {
+                        return Err(DdpError::CollectiveTimeout {
+                            tag: self.tag,
+                            collective: fp.to_string(),
+                            timeout,
+                            detail: format!("ranks {ranks:?} did not arrive"),
+                        });
+                    }
+                    notice.tick(|| format!("ranks {ranks:?} to reach {fp}"));
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
         let values = store.multi_get(&refs)?;
         if fp.seq > 1 {

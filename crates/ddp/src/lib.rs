@@ -27,6 +27,7 @@ pub mod fingerprint;
 pub mod group;
 pub mod launcher;
 pub mod store;
+mod wait;
 
 pub use comm::{Backend, Communicator, ReduceOp, Work};
 pub use ddp::{Bucket, DdpOptions, DistributedDataParallel, NoSync};

@@ -97,6 +97,27 @@ fn queued_all_reduce_reports_a_desync_at_wait() {
 }
 
 #[test]
+fn a_late_rank_is_reported_while_the_others_wait() {
+    // A 20 s timeout: the first notice is due after 2 s, and rank 1 arrives after 3.5 s.
+    let runs = spawn_world(3, &["late", "1", "3.5"], 20.0, 30);
+    for r in &runs {
+        assert_eq!(r.code, Some(0), "rank {}:\n{}", r.rank, r.text);
+        if r.rank != 1 {
+            assert!(
+                r.text
+                    .contains(&format!("rank {}/3: still waiting for", r.rank))
+                    && r.text.contains("barrier")
+                    && r.text.contains("ranks [1] did not arrive")
+                    && r.text.contains("of the 20 s collective timeout"),
+                "rank {}:\n{}",
+                r.rank,
+                r.text
+            );
+        }
+    }
+}
+
+#[test]
 fn missing_rank_times_out_naming_it() {
     let runs = spawn_world(3, &["late", "2"], 1.0, 6);
     let r0 = &runs[0];

@@ -68,7 +68,7 @@ fn run(scenario: &str, a: &[String]) -> Res<()> {
         "kill" => kill(&pg, arg(a, 0, 1)),
         "skip" => skip(&pg),
         "async-skip" => async_skip(&pg),
-        "late" => late(&pg, arg(a, 0, 1)),
+        "late" => late(&pg, arg(a, 0, 1), arg(a, 1, 30.0)),
         "unused" => unused(&pg, arg(a, 0, 0) == 1),
         "drift" => drift(&pg),
         "decide" => decide(&pg),
@@ -535,9 +535,10 @@ fn async_skip(pg: &ProcessGroup) -> Res<()> {
     Ok(())
 }
 
-fn late(pg: &ProcessGroup, sleeper: usize) -> Res<()> {
+/// Rank `sleeper` reaches the barrier `secs` seconds after the others.
+fn late(pg: &ProcessGroup, sleeper: usize, secs: f64) -> Res<()> {
     if pg.rank() == sleeper {
-        std::thread::sleep(Duration::from_secs(30));
+        std::thread::sleep(Duration::from_secs_f64(secs));
     }
     pg.barrier()?;
     Ok(())

@@ -16,6 +16,7 @@ use super::{check_tensor, Backend, Communicator, ReduceOp, TensorOp, Work, WorkI
 use crate::error::{DdpError, RankTag, Result};
 use crate::fingerprint::{Fingerprint, Ledger};
 use crate::store::{is_timeout, StoreClient};
+use crate::wait::WaitNotice;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, InplaceOp1, Layout, Tensor};
 use std::cell::RefCell;
@@ -94,7 +95,7 @@ impl CpuComm {
             )
         })?;
         let mut got = [0u8; 12];
-        read_full(&mut rx, &mut got, deadline).map_err(setup)?;
+        read_full(&mut rx, &mut got, deadline, None).map_err(setup)?;
         let who = u64::from_ne_bytes(got[4..].try_into().expect("8 bytes"));
         if got[..4] != MAGIC.to_ne_bytes() || who != prev as u64 {
             return Err(tag.comm(
@@ -130,6 +131,7 @@ impl CpuComm {
             ledger,
             failed: None,
             timeout,
+            notice: WaitNotice::new(tag, timeout),
         };
         let (jtx, jrx) = channel();
         let worker = std::thread::Builder::new()
@@ -315,7 +317,7 @@ fn sender_loop(
         };
         if let Err(e) = &res {
             let mut f = failed.lock().expect("send_failed lock poisoned");
-            f.get_or_insert_with(|| e.to_string());
+            f.get_or_insert_with(|| peer_io_reason(e));
         }
         if res.is_err() || stop {
             for c in &shut {
@@ -337,6 +339,8 @@ struct Ring {
     ledger: Option<Arc<Ledger>>,
     failed: Option<String>,
     timeout: Duration,
+    /// Notices of the current collective's wait for the predecessor.
+    notice: WaitNotice,
 }
 
 impl Ring {
@@ -355,6 +359,7 @@ impl Ring {
             ));
         }
         self.timeout = timeout;
+        self.notice = WaitNotice::new(self.tag, timeout);
         let deadline = Instant::now() + timeout;
         // A collective completes only once our frames are on the wire: a rank may exit right
         // after its last collective, and its successor still needs those frames.
@@ -455,7 +460,13 @@ impl Ring {
     }
 
     fn read(&mut self, buf: &mut [u8], fp: &Fingerprint, deadline: Instant) -> Result<()> {
-        read_full(&mut self.rx, buf, deadline).map_err(|e| self.read_error(e, fp))
+        let (prev, ledger) = (self.prev, self.ledger.as_deref());
+        let what = || match ledger.and_then(|l| l.try_diagnose(fp)) {
+            Some(why) => format!("{fp}: {why}"),
+            None => format!("rank {prev}'s data in {fp}"),
+        };
+        read_full(&mut self.rx, buf, deadline, Some((&mut self.notice, &what)))
+            .map_err(|e| self.read_error(e, fp))
     }
 
     fn read_error(&self, e: io::Error, fp: &Fingerprint) -> DdpError {
@@ -479,14 +490,7 @@ impl Ring {
                 detail,
             };
         }
-        let why = match e.kind() {
-            io::ErrorKind::UnexpectedEof => {
-                "closed the connection (exited, crashed or was killed)".into()
-            }
-            io::ErrorKind::ConnectionReset => "reset the connection (crashed or was killed)".into(),
-            _ => e.to_string(),
-        };
-        self.peer_failed(fp, why)
+        self.peer_failed(fp, peer_io_reason(&e))
     }
 
     fn peer_failed(&self, fp: &Fingerprint, reason: String) -> DdpError {
@@ -668,18 +672,46 @@ fn head(seq: u64, fp: &[u8], payload_len: usize) -> Vec<u8> {
 }
 
 /// `read_exact` with an absolute deadline (the socket timeout is reset before each read).
-fn read_full(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+/// What an I/O error on a peer's socket says about the peer (the same words for both directions:
+/// whether a dead peer shows as EOF, a broken pipe or a reset depends on timing).
+fn peer_io_reason(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::BrokenPipe => {
+            "closed the connection (exited, crashed or was killed)".into()
+        }
+        io::ErrorKind::ConnectionReset => "reset the connection (crashed or was killed)".into(),
+        _ => e.to_string(),
+    }
+}
+
+/// Reads exactly `buf.len()` bytes before `deadline`. While it blocks, `notice` (if any) reports
+/// the wait, describing it with its closure.
+fn read_full(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+    mut notice: Option<(&mut WaitNotice, &dyn Fn() -> String)>,
+) -> io::Result<()> {
     let mut off = 0;
     while off < buf.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+        let now = Instant::now();
+        if now >= deadline {
             return Err(io::ErrorKind::TimedOut.into());
         }
-        s.set_read_timeout(Some(left))?;
+        let until = notice.as_ref().map_or(deadline, |(n, _)| n.due(deadline));
+        s.set_read_timeout(Some(
+            until
+                .saturating_duration_since(now)
+                .max(Duration::from_millis(1)),
+        ))?;
         match s.read(&mut buf[off..]) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => off += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted || is_timeout(&e) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted || is_timeout(&e) => {
+                if let Some((n, what)) = notice.as_mut() {
+                    n.tick(*what);
+                }
+            }
             Err(e) => return Err(e),
         }
     }

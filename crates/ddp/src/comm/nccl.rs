@@ -18,6 +18,7 @@ use super::{check_tensor, Backend, Communicator, ReduceOp, TensorOp, Work, WorkI
 use crate::error::{RankTag, Result};
 use crate::fingerprint::Fingerprint;
 use crate::store::StoreClient;
+use crate::wait::WaitNotice;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaStorage;
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
@@ -270,7 +271,9 @@ fn poll(
     failed: &AtomicBool,
 ) -> Result<()> {
     let start = Instant::now();
+    let mut notice = WaitNotice::new(tag, timeout);
     loop {
+        notice.tick(|| format!("NCCL {what} to complete"));
         match ev.try_is_complete() {
             Ok(true) => return Ok(()),
             Ok(false) => {}
