@@ -140,7 +140,7 @@ fn interrupt_waiting(args: &[&str], note: &str, sig: i32) -> (Option<i32>, Strin
         .unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             let _ = tx.send(line);
         }
@@ -172,6 +172,8 @@ fn interrupt_waiting(args: &[&str], note: &str, sig: i32) -> (Option<i32>, Strin
         "took {:?} to stop",
         t1.elapsed()
     );
+    // The reader ends at EOF, after the launcher's last line (it may lag the exit under load).
+    reader.join().unwrap();
     seen.extend(rx.try_iter());
     (status.code(), seen.join("\n"))
 }
