@@ -85,8 +85,12 @@ fn unused_parameter_is_named_or_zero_filled() {
     );
     let t = text(&o);
     assert!(!o.status.success(), "{t}");
+    // Each rank finds it on its own; the launcher stops the other on the first exit, so which
+    // rank gets to print is a race.
     assert!(
-        t.contains("got no gradient") && t.contains("linear.bias") && t.contains("rank 1/2"),
+        t.contains("got no gradient")
+            && t.contains("linear.bias")
+            && (t.contains("rank 0/2") || t.contains("rank 1/2")),
         "{t}"
     );
     let o = ddprun(

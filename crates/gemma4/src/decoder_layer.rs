@@ -188,7 +188,14 @@ impl DecoderLayer {
             let (b, t, h) = residual.dims3()?;
             let flat = residual.reshape((b * t, h))?;
             let u = rms_norm(&flat, Some(&moe.pre_feedforward_layernorm_2), self.eps)?;
-            let m2 = moe.moe.forward(&flat, &u)?.reshape((b, t, h))?;
+            // Without adapter gradients (evaluation, generation) nothing needs the graph: the
+            // device ops' path, with no host copy of the routing.
+            let m2 = if ctx.track_grad {
+                moe.moe.forward(&flat, &u)?
+            } else {
+                moe.moe.forward_saved(&flat, &u)?.0
+            };
+            let m2 = m2.reshape((b, t, h))?;
             let m2 = rms_norm(&m2, Some(&moe.post_feedforward_layernorm_2), self.eps)?;
             m = (m1 + m2)?;
         }

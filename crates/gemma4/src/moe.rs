@@ -10,7 +10,9 @@
 //! Two forwards with the same numerics: [`Moe::forward`] (differentiable by Candle's autograd, one
 //! matmul per expert over its rows: the reference) and [`Moe::forward_saved`] + [`Moe::backward_saved`]
 //! (the training path: routing, grouping and the expert matmuls as device ops of `g4ft-ops`, a
-//! handful of launches per layer whatever the number of experts, no host copy).
+//! handful of launches per layer whatever the number of experts, no host copy). The decoder
+//! layer's graph forward uses the second whenever no adapter gradient is tracked (evaluation,
+//! generation), so only autograd-based tests run the reference.
 
 use candle_core::{DType, Tensor, D};
 use g4ft_ops::{
