@@ -14,21 +14,24 @@
 //! - a layer's backward on top of its tape: the upstream gradient and one LoRA-dropout chunk (8M
 //!   elements) at the `down_proj` backward, or the grouped expert gradients of a MoE layer;
 //! - CE working set: one `(chunk_rows, V)` logits chunk in the weight dtype (d(logits) overwrite
-//!   it in place), plus d(hidden) and the normed hidden of all `b·t` rows.
+//!   it in place), plus d(hidden) and the normed hidden of all `b·t` rows;
+//! - the batch's prepared inputs, held through the step: the RoPE tables (cos and sin, `(b, t, d)`
+//!   per layer type) and the per-layer-embedding inputs `(b, t, L, P)`.
 //!
 //! The peak is the largest of two moments ([`PeakAt`]): the loss head (everything the forward
 //! held, plus the CE working set) and each layer's backward (what the layers below still hold,
 //! plus this layer's tape and backward working set). Layers below `j` hold the same at `j`'s
 //! backward whichever layers keep their activations, so keeping the *last* layers (freed first by
 //! the walk) costs the least peak for a given count; [`MemoryModel::plan`] keeps those. Not
-//! modelled: the RoPE tables and masks, the gradients of K/V lent to producers, the CUDA
-//! context and library workspaces (outside the allocator's pool).
+//! modelled: the attention masks (the dense `(b, t, t)` masks of packed batches among them), the
+//! gradients of K/V lent to producers, the CUDA context and library workspaces (outside the
+//! allocator's pool).
 
 use std::fmt;
 
 use candle_core::DType;
 
-use crate::config::{Config, KvSharing, LayerConfig};
+use crate::config::{Config, KvSharing, LayerConfig, LayerType};
 use crate::model::Gemma4Model;
 use crate::recompute::{KeepMask, Recompute};
 
@@ -52,6 +55,25 @@ pub struct StepShape {
     pub trainable: u64,
     /// Weight and activation dtype.
     pub dtype: DType,
+}
+
+impl StepShape {
+    /// `model`'s step on `micro_batch` samples of `seq` tokens: its dtype, and from its adapters
+    /// the largest rank and the trainable count.
+    pub fn of_model(model: &Gemma4Model, micro_batch: usize, seq: usize) -> Self {
+        let (mut lora_r, mut trainable) = (0, 0);
+        for a in model.projections().filter_map(|p| p.adapter()) {
+            lora_r = lora_r.max(a.a.dims()[0]);
+            trainable += (a.a.elem_count() + a.b.elem_count()) as u64;
+        }
+        StepShape {
+            micro_batch,
+            seq,
+            lora_r,
+            trainable,
+            dtype: model.dtype(),
+        }
+    }
 }
 
 /// The bytes one decoder layer holds and needs.
@@ -84,6 +106,16 @@ pub enum PeakAt {
     LayerBackward(usize),
 }
 
+impl fmt::Display for PeakAt {
+    /// `at the loss head`, `at layer 47's backward`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeakAt::LossHead => write!(f, "at the loss head"),
+            PeakAt::LayerBackward(i) => write!(f, "at layer {i}'s backward"),
+        }
+    }
+}
+
 /// A predicted peak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peak {
@@ -106,6 +138,8 @@ pub struct MemoryModel {
     pub lora_state: u64,
     /// DDP's fp32 gradient buckets, bytes.
     pub grad_buckets: u64,
+    /// The batch's RoPE tables and per-layer-embedding inputs, bytes.
+    pub prepared: u64,
     /// Each decoder layer, in order.
     pub layers: Vec<LayerMemory>,
     /// Rows of one logits chunk of the loss.
@@ -148,21 +182,29 @@ impl MemoryModel {
             .collect();
         let ce_chunk_rows = Gemma4Model::default_loss_chunk_rows(cfg.vocab_size) as u64;
         let ce = ce_chunk_rows.min(bt) * v * w + bt * h * (w + 4) + bt * h * w;
+        let rope: u64 = [LayerType::Sliding, LayerType::Full]
+            .into_iter()
+            .filter_map(|ty| cfg.rope_head_dim(ty))
+            .map(|d| 2 * bt * d as u64)
+            .sum();
+        let ple = bt * (cfg.num_hidden_layers * cfg.hidden_size_per_layer_input) as u64;
         MemoryModel {
             shape,
             n_params,
             weights: n_params * w,
             lora_state: 12 * shape.trainable,
             grad_buckets: 4 * shape.trainable,
+            prepared: (rope + ple) * w,
             layers,
             ce_chunk_rows,
             ce,
         }
     }
 
-    /// What the whole step holds regardless of the activations: weights, LoRA state, buckets.
+    /// What the whole step holds regardless of which layers keep their activations: weights,
+    /// LoRA state, buckets, prepared inputs.
     pub fn fixed(&self) -> u64 {
-        self.weights + self.lora_state + self.grad_buckets
+        self.weights + self.lora_state + self.grad_buckets + self.prepared
     }
 
     /// What layer `i` holds from the forward to its backward under `keep`.
@@ -249,28 +291,25 @@ impl RecomputePlan {
 }
 
 impl fmt::Display for RecomputePlan {
-    /// `recompute auto (budget 120.00 GB): 18 of 48 layers keep their activations (30-47), 30
-    /// recomputed; predicted peak 118.35 GB at the loss head`.
+    /// `recompute auto (budget 130.000 GB): 18 of 48 layers keep their activations (30-47), 30
+    /// recomputed; predicted peak 125.894 GB at the loss head`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let policy = match self.policy {
             Recompute::All => "all".to_string(),
             Recompute::None => "none".to_string(),
             Recompute::Auto { budget_bytes } => {
-                format!("auto (budget {:.2} GB)", budget_bytes as f64 / GB)
+                format!("auto (budget {:.3} GB)", budget_bytes as f64 / GB)
             }
-        };
-        let at = match self.peak.at {
-            PeakAt::LossHead => "at the loss head".to_string(),
-            PeakAt::LayerBackward(i) => format!("at layer {i}'s backward"),
         };
         write!(
             f,
-            "recompute {policy}: {} of {} layers keep their activations ({}), {} recomputed; predicted peak {:.2} GB {at}",
+            "recompute {policy}: {} of {} layers keep their activations ({}), {} recomputed; predicted peak {:.3} GB {}",
             self.keep.kept(),
             self.keep.len(),
             self.keep.describe_kept(),
             self.keep.recomputed(),
-            self.peak.bytes as f64 / GB
+            self.peak.bytes as f64 / GB,
+            self.peak.at
         )?;
         if !self.fits() {
             write!(f, " (over the budget even with every layer recomputed)")?;
@@ -344,6 +383,7 @@ mod tests {
             weights: 1000,
             lora_state: 0,
             grad_buckets: 0,
+            prepared: 0,
             layers: layers
                 .into_iter()
                 .map(|(saved, tape, backward)| LayerMemory {
@@ -389,8 +429,8 @@ mod tests {
         assert!(over.to_string().contains("over the budget"), "{over}");
         assert_eq!(
             plan(1260).to_string(),
-            "recompute auto (budget 0.00 GB): 2 of 3 layers keep their activations (1-2), 1 \
-             recomputed; predicted peak 0.00 GB at the loss head"
+            "recompute auto (budget 0.000 GB): 2 of 3 layers keep their activations (1-2), 1 \
+             recomputed; predicted peak 0.000 GB at the loss head"
         );
     }
 }
