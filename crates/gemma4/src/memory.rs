@@ -22,8 +22,10 @@
 //! held, plus the CE working set) and each layer's backward (what the layers below still hold,
 //! plus this layer's tape and backward working set). Layers below `j` hold the same at `j`'s
 //! backward whichever layers keep their activations, so keeping the *last* layers (freed first by
-//! the walk) costs the least peak for a given count; [`MemoryModel::plan`] keeps those. Not
-//! modelled: the attention masks (the dense `(b, t, t)` masks of packed batches among them), the
+//! the walk) costs the least peak for a given count; [`MemoryModel::plan`] keeps those. The
+//! forward is not a separate moment: at a layer it holds about what that layer's backward holds
+//! (its output in place of the upstream gradient), and the loss head that follows holds
+//! everything. Not modelled: the attention masks (the dense `(b, t, t)` masks of packed batches among them), the
 //! gradients of K/V lent to producers, the CUDA context and library workspaces (outside the
 //! allocator's pool).
 
