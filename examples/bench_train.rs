@@ -31,7 +31,11 @@
 //! Peak memory: on CUDA the default memory pool's high-water mark (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`,
 //! reset after the model and adapters are built, as the baseline resets torch's peak stats), with
 //! the pool's release threshold raised to `u64::MAX` at startup; on CPU the process's peak RSS.
-//! MFU uses `g4ft_trainer::mfu::FlopsModel` (the baseline's `brief` formula).
+//! `--recompute all|none|auto` (and `--memory-budget-gb`) as in `train_ddp`; the plan and its
+//! predicted peak are printed before the first step and again in the summary, beside the
+//! measured peak. MFU uses `g4ft_trainer::mfu::FlopsModel` both ways: `mfu_model` (the step's
+//! work without recompute) and `mfu_hw` (what runs under the policy); the JSON also has the
+//! baseline's `brief` convention (`MFU_brief`) for its tables.
 //!
 //! ```text
 //! cargo run --release --example bench_train -- --config assets/tiny/config.json --seq 64 \
@@ -53,7 +57,7 @@ use g4ft_lora::{attach, lora_parameters, LoraConfig, LoraContext, TargetModules}
 use g4ft_trainer::cli::ShapeArgs;
 use g4ft_trainer::clip::{clip_coef, grad_norm};
 use g4ft_trainer::config::POST_LORA_TARGETS;
-use g4ft_trainer::memory::MemProbe;
+use g4ft_trainer::memory::{self, MemProbe};
 use g4ft_trainer::mfu::mfu;
 use g4ft_trainer::optim::{AdamW, AdamWParams};
 use g4ft_trainer::schedule::LrSchedule;
@@ -197,6 +201,7 @@ fn main() -> Result<()> {
     let cfg = Config::from_file(&shape.config)
         .with_context(|| format!("reading {}", shape.config.display()))?;
 
+    let free_at_start = memory::free_memory(&device, group.env().local_world_size);
     let t0 = Instant::now();
     let mut model = Gemma4Model::random_init(&cfg, dtype, &device, args.seed)?;
     let mut lcfg = LoraConfig::new(
@@ -206,6 +211,8 @@ fn main() -> Result<()> {
     );
     lcfg.lora_dropout = args.lora_dropout;
     let adapted = attach(&lcfg, model.projections_mut(), args.seed)?;
+    let policy = shape.recompute_policy(|| free_at_start)?;
+    let recompute = memory::apply_recompute(&mut model, policy, shape.micro_batch, shape.seq)?;
     let params: Vec<(String, Var)> = lora_parameters(model.projections())
         .into_iter()
         .map(|p| (p.name, p.var))
@@ -242,6 +249,7 @@ fn main() -> Result<()> {
             adapted.len(),
             ddp.buckets()?.len(),
         );
+        println!("{recompute}");
     }
 
     let optim = AdamW::new(
@@ -309,19 +317,25 @@ fn main() -> Result<()> {
     let tps = (step_tokens * (n - lo)) as f64 / window_s;
     let s_per_step = window_s / (n - lo) as f64;
     let peak = probe.peak()?;
-    let fl = step::flops_model(&cfg, model.prefix()).flops_per_token(t);
+    let fl = step::flops_model(&model).flops_per_token(t);
     let peak_tflops = args
         .peak_tflops
         .or_else(|| g4ft_trainer::mfu::device_peak_tflops(&device));
     // MFU per GPU: tokens/s of this rank's device.
     let tps_device = tps / world as f64;
-    let achieved = tps_device * fl.brief / 1e12;
-    let mfu_v = peak_tflops.map_or(f64::NAN, |p| mfu(tps_device, fl.brief, p));
+    let achieved = tps_device * fl.hardware / 1e12;
+    let mfu_of = |flops: f64| peak_tflops.map(|p| mfu(tps_device, flops, p));
+    let show = |m: Option<f64>| m.map_or_else(|| "-".to_string(), |m| format!("{m:.3}"));
     if main_rank {
         println!(
-            "SUMMARY tokens_per_s={tps:.0} s_per_step={s_per_step:.3} (steps {lo}..{}) peak_gb={:.2} mfu={mfu_v:.3} achieved_tflops={achieved:.1} trainable={trainable} world={world}",
+            "SUMMARY tokens_per_s={tps:.0} s_per_step={s_per_step:.3} (steps {lo}..{}) peak_gb={:.2} mfu_model={} mfu_hw={} achieved_tflops_hw={achieved:.1} predicted_peak_gb={:.2} kept_layers={}/{} trainable={trainable} world={world}",
             n - 1,
-            peak as f64 / 1e9
+            peak as f64 / 1e9,
+            show(mfu_of(fl.model)),
+            show(mfu_of(fl.hardware)),
+            recompute.peak.bytes as f64 / 1e9,
+            recompute.keep.kept(),
+            recompute.keep.len(),
         );
         let res = serde_json::json!({
             "seq": t, "micro_batch": b, "accum": args.accum, "world": world, "steps": n,
@@ -329,10 +343,14 @@ fn main() -> Result<()> {
             "s_per_step": s_per_step, "step_s_all": durs,
             "peak_GB": peak as f64 / 1e9, "peak_GiB": peak as f64 / (1u64 << 30) as f64,
             "peak_what": probe.what(), "mem_after_build_GB": weights_bytes as f64 / 1e9,
-            "trainable_params": trainable, "flops_per_token_brief": fl.brief,
-            "flops_per_token_exact": fl.exact, "attn_flops_per_token": fl.attention,
-            "achieved_TFLOPs_brief": achieved, "peak_matmul_TFLOPs": peak_tflops,
-            "MFU_brief": peak_tflops.map(|p| mfu(tps_device, fl.brief, p)),
+            "trainable_params": trainable, "flops_per_token_model": fl.model,
+            "flops_per_token_hw": fl.hardware, "flops_per_token_brief": fl.brief,
+            "attn_fwd_flops_per_token": fl.attention_forward,
+            "achieved_TFLOPs_hw": achieved, "peak_matmul_TFLOPs": peak_tflops,
+            "MFU_model": mfu_of(fl.model), "MFU_hw": mfu_of(fl.hardware),
+            "MFU_brief": mfu_of(fl.brief),
+            "recompute": recompute.to_string(), "kept_layers": recompute.keep.kept(),
+            "predicted_peak_GB": recompute.peak.bytes as f64 / 1e9,
             "dtype": format!("{dtype:?}"), "lora_r": shape.lora_r,
             "bucket_cap_mb": args.bucket_cap_mb,
         });

@@ -39,7 +39,7 @@ use g4ft::trainer::checkpoint::{prune_checkpoints, write_checkpoint_atomic};
 use g4ft::trainer::clip::{clip_coef, grad_norm};
 use g4ft::trainer::config::ResolvedConfig;
 use g4ft::trainer::config::{DTypeKind, DeviceKind, LabelsKind, ReportTo};
-use g4ft::trainer::memory::MemProbe;
+use g4ft::trainer::memory::{self, MemProbe};
 use g4ft::trainer::metrics::{truncate_metrics, MetricsLogger, MfuSpec, StepStats};
 use g4ft::trainer::nonfinite::{decide, stop_error, StepDecision};
 use g4ft::trainer::optim::{AdamW, AdamWParams};
@@ -127,6 +127,8 @@ fn train_in_group(
     let (rank, world_size) = (group.rank(), group.world_size());
     let is_main = rank == 0;
     start.plan.check_world_size(world_size)?;
+    // What the device could allocate before the model is loaded: --recompute auto's default budget.
+    let free_at_start = memory::free_memory(device, group.env().local_world_size);
 
     // The output folder: rank 0 locks it for the run's lifetime and claims it (a folder holding
     // another run is refused unless --overwrite-output). Only rank 0 writes there.
@@ -195,6 +197,18 @@ fn train_in_group(
         }
     };
     check_rank_fits(&model)?;
+
+    // 4. Recompute policy: which layers keep their activations for the backward and which are
+    //    recomputed, from the memory model's predicted peak for micro-batches of max_len tokens
+    //    (the gradients are the same bits either way). Each rank plans for its own device.
+    let policy = memory::recompute_policy(cfg.recompute, cfg.memory_budget_gb, || free_at_start)?;
+    let recompute = memory::apply_recompute(&mut model, policy, cfg.micro_batch, cfg.max_len)?;
+    if is_main {
+        println!("{recompute}");
+        if !recompute.fits() {
+            eprintln!("warning: the predicted peak is over --memory-budget-gb even with every layer recomputed; lower --micro-batch or --max-len if the run runs out of memory");
+        }
+    }
     if is_main {
         let shapes: Vec<lora::ProjectionShape> = model
             .projections()
@@ -340,7 +354,7 @@ fn train_in_group(
             .peak_tflops
             .or_else(|| g4ft_trainer::mfu::device_peak_tflops(device));
         let mfu = peak.map(|peak_tflops| MfuSpec {
-            model: step::flops_model(model.config(), model.prefix()),
+            model: step::flops_model(&model),
             peak_tflops,
         });
         // metrics.jsonl keeps the steps up to the resumed one; the plot covers them too.

@@ -1,5 +1,6 @@
 //! End-to-end tests of `examples/train_ddp` on CPU with the tiny model: multi-rank equivalence,
-//! exact resume, crash-safe checkpoints, bad data, and parity with PyTorch + PEFT
+//! exact resume, the recompute policies, crash-safe checkpoints, bad data, and parity with
+//! PyTorch + PEFT
 //! (`tools/reference/trainer/make_train_fixtures.py`).
 //!
 //! Ranks are spawned here with torchrun's environment (rank 0 hosts the store), so the tests need
@@ -119,6 +120,71 @@ fn resumed_run_matches_an_uninterrupted_one_bit_for_bit() {
         adapter(&part.join("epoch-1")),
         "final adapters differ"
     );
+}
+
+#[test]
+fn every_recompute_policy_trains_the_same_bits() {
+    // f32, CPU, dropout on: keeping layers' activations instead of recomputing them changes no
+    // loss, gradient norm or adapter bit. `auto` with a budget between the predicted peaks of
+    // `all` and `none` keeps some of the 4 layers. MFU both ways: with nothing recomputed the
+    // hardware FLOPs are the model FLOPs; recomputing every layer runs more.
+    let common = [
+        "--lora-dropout",
+        "0.1",
+        "--micro-batch",
+        "2",
+        "--accum",
+        "2",
+        "--max-steps",
+        "3",
+        "--lora-r",
+        "4",
+        "--peak-tflops",
+        "1",
+    ];
+    let policies: [&[&str]; 3] = [
+        &["--recompute", "all"],
+        &["--recompute", "none"],
+        &["--recompute", "auto", "--memory-budget-gb", "0.0045"],
+    ];
+    let mut runs = Vec::new();
+    for (k, policy) in policies.iter().enumerate() {
+        let out = tmp(&format!("recompute{k}"));
+        let stdout = run_ok(1, &args_with(&out, &[&common[..], policy].concat()), &[]);
+        let plan = stdout
+            .lines()
+            .find(|l| l.starts_with("recompute "))
+            .unwrap_or_else(|| panic!("no recompute plan line:\n{stdout}"))
+            .to_string();
+        assert!(stdout.contains("% hw"), "no MFU in the log line:\n{stdout}");
+        runs.push((out, plan));
+    }
+    let kept = |plan: &str| -> usize {
+        let (_, rest) = plan.split_once(": ").unwrap();
+        rest.split(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(kept(&runs[0].1), 0, "{}", runs[0].1);
+    assert_eq!(kept(&runs[1].1), 4, "{}", runs[1].1);
+    assert!((1..4).contains(&kept(&runs[2].1)), "{}", runs[2].1);
+    let (all, _) = &runs[0];
+    for (out, plan) in &runs[1..] {
+        assert_eq!(losses(out), losses(all), "{plan}: losses and norms");
+        assert_eq!(
+            adapter(&out.join("epoch-0")),
+            adapter(&all.join("epoch-0")),
+            "{plan}: adapters differ"
+        );
+    }
+    let mfu = |out: &Path, key: &str| -> Vec<f64> {
+        metrics(out, "train")
+            .iter()
+            .map(|v| v[key].as_f64().unwrap())
+            .collect()
+    };
+    assert_eq!(mfu(&runs[1].0, "mfu_hw"), mfu(&runs[1].0, "mfu_model"));
+    for (hw, model) in mfu(all, "mfu_hw").iter().zip(mfu(all, "mfu_model")) {
+        assert!(*hw > model * 1.2, "recompute all: hw {hw} vs model {model}");
+    }
 }
 
 #[test]

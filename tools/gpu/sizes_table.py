@@ -9,7 +9,7 @@ SIZES = ["E2B", "E4B", "12B", "26B-A4B", "31B"]
 
 
 def ours(text):
-    m = re.search(r"SUMMARY tokens_per_s=(\d+) s_per_step=([\d.]+).*?peak_gb=([\d.]+) mfu=([\d.]+)", text)
+    m = re.search(r"SUMMARY tokens_per_s=(\d+) s_per_step=([\d.]+).*?peak_gb=([\d.]+) mfu_model=[\d.-]+ mfu_hw=([\d.]+)", text)
     return None if m is None else (float(m[1]), float(m[2]), float(m[3]), float(m[4]))
 
 
@@ -20,7 +20,7 @@ def script(text):
 
 def main():
     out = pathlib.Path(sys.argv[1])
-    print("| size | ours tok/s | script tok/s | ratio | ours peak GB | script peak GB | ours MFU (experts counted) |")
+    print("| size | ours tok/s | script tok/s | ratio | ours peak GB | script peak GB | ours MFU, hardware FLOPs (experts counted) |")
     print("|---|---|---|---|---|---|---|")
     for size in SIZES:
         o_log, s_log = out / f"ours_{size}.log", out / f"script_{size}.log"

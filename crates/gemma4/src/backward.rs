@@ -1,12 +1,15 @@
-//! Layer-wise backward with per-layer recompute (gradient checkpointing), so each layer's
-//! gradients are final — and can be handed to DDP — while earlier layers are still pending.
+//! Layer-wise backward with per-layer recompute (gradient checkpointing) of the layers the
+//! model's [`crate::KeepMask`] does not keep, so each layer's gradients are final — and can be
+//! handed to DDP — while earlier layers are still pending.
 //!
-//! 1. Forward without a graph (`decoder_layer/explicit.rs`), saving each layer's input and the
-//!    K/V each KV producer lends its consumers.
+//! 1. Forward without a graph (`decoder_layer/explicit.rs`), saving each recomputed layer's input,
+//!    each kept layer's tape (which holds its input), and the K/V each KV producer lends its
+//!    consumers.
 //! 2. Head + loss on the final hidden state (a `Var`), backward → d(hidden).
-//! 3. For layers `L−1 … 0`: recompute the layer from its saved input without a graph, keeping its
-//!    tape, and run the fused ops' backward in reverse with the upstream gradient; report the
-//!    layer's adapter gradients ([`AdapterGrads`]); carry d(input) to the layer below.
+//! 3. For layers `L−1 … 0`: take the kept tape, or recompute the layer from its saved input
+//!    without a graph, keeping its tape; run the fused ops' backward in reverse with the upstream
+//!    gradient; report the layer's adapter gradients ([`AdapterGrads`]); carry d(input) to the
+//!    layer below.
 //!
 //! KV sharing: a consumer's backward returns the gradient of the producer's K/V it attended to;
 //! it is summed per producer and added to the producer's own K/V gradient when the walk reaches
@@ -21,6 +24,7 @@ use g4ft_lora::{AdapterGrads, LoraContext};
 
 use crate::attention::KvPair;
 use crate::config::KvSharing;
+use crate::decoder_layer::explicit::LayerTape;
 use crate::error::Error;
 use crate::model::{shift_labels, Gemma4Model, TokenBatch};
 
@@ -40,6 +44,14 @@ impl LossStats {
     }
 }
 
+/// What the forward keeps of one layer for the backward walk.
+enum Saved {
+    /// A recomputed layer: its input.
+    Input(candle_core::Tensor),
+    /// A layer that keeps its activations: its tape (which holds its input).
+    Tape(Box<LayerTape>),
+}
+
 impl Gemma4Model {
     /// Forward + layer-wise backward of one micro-batch.
     ///
@@ -50,7 +62,8 @@ impl Gemma4Model {
     /// as soon as layer `i`'s gradients are final; `grads` holds the gradients of the adapter
     /// `Var`s of that layer (look them up with `grads.get(&var)`). `ctx.track_grad` is ignored
     /// (no graph is recorded; the recompute keeps what the backward reads); dropout replays because
-    /// both passes use the same `seed`/`micro_step`.
+    /// both passes use the same `seed`/`micro_step`. Layers in [`Gemma4Model::keep_mask`] keep
+    /// their tape from the forward and are not recomputed; the gradients are the same bits.
     pub fn forward_backward<F, E>(
         &self,
         batch: &TokenBatch,
@@ -76,18 +89,27 @@ impl Gemma4Model {
             ..*ctx
         };
 
-        // 1. Forward without a graph; keep layer inputs and producers' K/V.
+        // 1. Forward without a graph; keep the recomputed layers' inputs, the kept layers' tapes
+        //    and the producers' K/V.
         let n_layers = self.layers.len();
+        let keep = self.keep_mask();
         let mut saved = Vec::with_capacity(n_layers);
         let mut stored: HashMap<usize, KvPair> = HashMap::new();
         let mut h = prep.embeds.detach();
         for (i, layer) in self.layers.iter().enumerate() {
             let shared = layer.producer().map(|p| &stored[&p]);
-            let (out, kv) = layer.forward_graph_free(&h, shared, &prep.inputs, &fwd_ctx)?;
+            let (out, kv, held) = if keep.keeps(i) {
+                let (tape, out) = layer.forward_with_tape(&h, shared, &prep.inputs, &bwd_ctx)?;
+                (out, tape.kv(), Saved::Tape(Box::new(tape)))
+            } else {
+                let (out, kv) = layer.forward_graph_free(&h, shared, &prep.inputs, &fwd_ctx)?;
+                (out, kv, Saved::Input(h))
+            };
             if layer.config().kv_sharing == KvSharing::Store {
                 stored.insert(i, kv);
             }
-            saved.push(std::mem::replace(&mut h, out));
+            saved.push(held);
+            h = out;
         }
 
         // 2. Head and loss → d(final hidden).
@@ -109,15 +131,18 @@ impl Gemma4Model {
         };
         drop((grads, hv, h));
 
-        // 3. Walk the layers backwards with recompute.
+        // 3. Walk the layers backwards, recomputing those that saved only their input.
         let mut lent: HashMap<usize, KvPair> = HashMap::new();
         for i in (0..n_layers).rev() {
             let layer = &self.layers[i];
-            let input = saved.pop().expect("one saved input per layer");
             let producer = layer.producer();
-            let shared = producer.map(|p| &stored[&p]);
-            let tape = layer.forward_saved(&input, shared, &prep.inputs, &bwd_ctx)?;
-            drop(input);
+            let tape = match saved.pop().expect("one saved input or tape per layer") {
+                Saved::Tape(tape) => *tape,
+                Saved::Input(input) => {
+                    let shared = producer.map(|p| &stored[&p]);
+                    layer.forward_saved(&input, shared, &prep.inputs, &bwd_ctx)?
+                }
+            };
             if layer.config().kv_sharing == KvSharing::Store {
                 stored.remove(&i); // its last consumer is done
             }

@@ -87,6 +87,14 @@ pub enum Error {
         /// What is wrong (expected vs got).
         msg: String,
     },
+    /// A recompute keep mask whose length is not the model's layer count.
+    #[error("the recompute keep mask covers {mask_layers} layers, the model has {model_layers}")]
+    KeepMask {
+        /// Layers the mask covers.
+        mask_layers: usize,
+        /// Layers of the model.
+        model_layers: usize,
+    },
     /// An error from a Candle tensor operation.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::loader::{Checkpoint, ModelFiles};
 use crate::mask::AttentionBias;
 use crate::numerics::{mul_scalar, round_to_dtype};
+use crate::recompute::KeepMask;
 use crate::rope::RopeTable;
 use crate::weights::Weights;
 
@@ -157,6 +158,7 @@ pub struct Gemma4Model {
     ple: Option<PleGlobal>,
     pub(crate) layers: Vec<DecoderLayer>,
     loss_chunk_rows: usize,
+    keep: KeepMask,
 }
 
 impl Gemma4Model {
@@ -218,6 +220,7 @@ impl Gemma4Model {
             .map(|i| DecoderLayer::new(&cfg, i, w))
             .collect::<Result<Vec<_>>>()?;
         let loss_chunk_rows = Self::default_loss_chunk_rows(cfg.vocab_size);
+        let keep = KeepMask::recompute_all(l);
         Ok(Gemma4Model {
             prefix: w.prefix().to_string(),
             cfg,
@@ -228,6 +231,7 @@ impl Gemma4Model {
             ple,
             layers,
             loss_chunk_rows,
+            keep,
         })
     }
 
@@ -266,6 +270,21 @@ impl Gemma4Model {
     /// Sets the rows of logits per chunk in the loss (working set `rows × vocab`).
     pub fn set_loss_chunk_rows(&mut self, rows: usize) {
         self.loss_chunk_rows = rows.max(1);
+    }
+
+    /// Which layers [`Gemma4Model::forward_backward`] keeps the activations of instead of
+    /// recomputing them (default: none, every layer recomputed).
+    pub fn keep_mask(&self) -> &KeepMask {
+        &self.keep
+    }
+
+    /// Sets which layers keep their activations through the forward (see [`crate::recompute`];
+    /// resolve a policy with [`crate::memory::MemoryModel::plan`]). The gradients do not depend
+    /// on it. Errors if the mask does not cover exactly the model's layers.
+    pub fn set_keep_mask(&mut self, keep: KeepMask) -> Result<()> {
+        keep.check_len(self.layers.len())?;
+        self.keep = keep;
+        Ok(())
     }
 
     /// All projections in model order: layer 0..L, each `q, k, v, o, gate, up, down` it has.

@@ -2,7 +2,8 @@
 //! autograd over the reference forward, for LoRA adapters (with dropout) on every projection of
 //! every tiny variant: own K/V with `attention_k_eq_v`, KV sharing (producers receive their
 //! consumers' gradients) with per-layer embeddings and double-wide MLPs, the MoE block, and
-//! packed batches (dense masks, positions restarting per sequence).
+//! packed batches (dense masks, positions restarting per sequence); and the same bits whichever
+//! layers keep their activations instead of being recomputed.
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Tensor, Var};
 use common::{golden, golden_dir, test_device, Checks, GoldenBatch};
-use g4ft_gemma4::{Gemma4Model, TokenBatch};
+use g4ft_gemma4::{Gemma4Model, KeepMask, TokenBatch};
 use g4ft_hash::stream_u64;
 use g4ft_lora::{Adapter, LoraContext};
 
@@ -102,24 +103,37 @@ enum Layout {
     Packed,
 }
 
+/// Positions of the packed layout: each row holds two sequences, the second restarting at 0.
+fn packed_positions((b, t): (usize, usize)) -> Vec<u32> {
+    (0..b)
+        .flat_map(|_| (0..t / 2).chain(0..t - t / 2))
+        .map(|p| p as u32)
+        .collect()
+}
+
+/// The golden batch in `layout` (`positions`: [`packed_positions`] of its dims).
+fn layout_batch<'a>(
+    golden_batch: &'a GoldenBatch,
+    positions: &'a [u32],
+    layout: Layout,
+) -> TokenBatch<'a> {
+    match layout {
+        Layout::Padded => golden_batch.tokens(),
+        Layout::Packed => TokenBatch {
+            attention_mask: None,
+            position_ids: Some(positions),
+            ..golden_batch.tokens()
+        },
+    }
+}
+
 /// Layer-wise gradients == full-graph ones, within `rtol` of the largest gradient.
 fn check_case(case: &str, dtype: DType, rtol: f64, dropout: f64, layout: Layout) {
     println!("== {case} {dtype:?} dropout {dropout} {layout:?}");
     let golden_batch = GoldenBatch::new(&golden(case));
-    let (b, t) = golden_batch.dims;
-    let packed_positions: Vec<u32> = (0..b)
-        .flat_map(|_| (0..t / 2).chain(0..t - t / 2))
-        .map(|p| p as u32)
-        .collect();
+    let positions = packed_positions(golden_batch.dims);
     let labels = &golden_batch.labels;
-    let batch = match layout {
-        Layout::Padded => golden_batch.tokens(),
-        Layout::Packed => TokenBatch {
-            attention_mask: None,
-            position_ids: Some(&packed_positions),
-            ..golden_batch.tokens()
-        },
-    };
+    let batch = layout_batch(&golden_batch, &positions, layout);
     let mut model = load(case, dtype);
     let adapters = attach_all(&mut model, dropout);
     let scale = 0.25;
@@ -274,4 +288,72 @@ fn batch_without_targets_gives_zero_gradients_for_every_layer() {
     assert_eq!(stats.n_tokens, 0);
     assert!(stats.mean().is_nan());
     assert_eq!(layers, (0..6).rev().collect::<Vec<_>>());
+}
+
+/// The same bits of the loss and of every adapter gradient (dropout on) whether every layer is
+/// recomputed (the default), none is, or a mix: the kept layers run the same kernels on the same
+/// inputs in the same order in the forward instead of the recompute. Alternating masks put a
+/// kept KV producer before recomputed consumers and the reverse (`gemma4-b-ple-kvshare`: layers
+/// 1 and 2 lend K/V to 3, 4 and 5).
+#[test]
+fn gradients_are_the_same_bits_whichever_layers_are_recomputed() {
+    let cases = [
+        ("gemma4-a-unified-keqv", Layout::Padded),
+        ("gemma4-b-ple-kvshare", Layout::Padded),
+        ("gemma4-c-moe", Layout::Padded),
+        ("gemma4-d-dense-keqv", Layout::Padded),
+        ("gemma4-b-ple-kvshare", Layout::Packed),
+        ("gemma4-c-moe", Layout::Packed),
+    ];
+    for (case, layout) in cases {
+        let golden_batch = GoldenBatch::new(&golden(case));
+        let positions = packed_positions(golden_batch.dims);
+        let batch = layout_batch(&golden_batch, &positions, layout);
+        let mut model = load(case, DType::F32);
+        let adapters = attach_all(&mut model, 0.25);
+        let n = model.config().num_hidden_layers;
+        let alternating =
+            |first: bool| KeepMask::from_layers((0..n).map(|i| (i % 2 == 0) == first).collect());
+        let masks = [
+            KeepMask::recompute_all(n),
+            KeepMask::keep_all(n),
+            alternating(true),
+            alternating(false),
+            KeepMask::keep_last(n, 2),
+        ];
+        let mut runs = Vec::new();
+        for mask in masks {
+            model.set_keep_mask(mask.clone()).unwrap();
+            let (grads, stats) =
+                layerwise_grads(&model, &batch, &golden_batch.labels, &adapters, 0.25);
+            runs.push((mask, grads, stats));
+        }
+        let (_, want, want_stats) = &runs[0];
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            v.into_iter().map(f32::to_bits).collect()
+        };
+        for (mask, grads, stats) in &runs[1..] {
+            let what = format!("{case} {layout:?}, layers kept: {}", mask.describe_kept());
+            assert_eq!(stats, want_stats, "{what}: loss");
+            assert_eq!(grads.len(), adapters.len(), "{what}: adapters reported");
+            for (path, (ga, gb)) in grads {
+                let (wa, wb) = &want[path];
+                assert!(bits(ga) == bits(wa), "{what}: {path}.lora_A differs");
+                assert!(bits(gb) == bits(wb), "{what}: {path}.lora_B differs");
+            }
+        }
+        println!("{case} {layout:?}: {} masks, same bits", runs.len());
+    }
+}
+
+#[test]
+fn a_keep_mask_must_cover_every_layer() {
+    let mut model = load("gemma4-a-unified-keqv", DType::F32);
+    let err = model.set_keep_mask(KeepMask::keep_all(5)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the recompute keep mask covers 5 layers, the model has 6"
+    );
+    assert_eq!(model.keep_mask(), &KeepMask::recompute_all(6));
 }

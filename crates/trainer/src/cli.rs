@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use candle_core::DType;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use g4ft_gemma4::Recompute;
 
-use crate::config::{settings, Origin, ResolvedConfig, TrainConfig};
+use crate::config::{settings, Origin, RecomputeKind, ResolvedConfig, TrainConfig};
 use crate::error::{Error, Result};
 
 /// LoRA fine-tuning of Gemma 4 with DDP: the post's `train_ddp.py`. Every flag overrides the TOML
@@ -171,8 +172,8 @@ pub fn exit_code(prefix: &str, result: anyhow::Result<()>) -> std::process::Exit
 }
 
 /// The flags `bench_train` and `memory_plan` share (`#[command(flatten)]` in both): the model
-/// config and the shape of one training micro-batch. Names and defaults are the ones
-/// `tools/gpu/*.sh` pass.
+/// config, the shape of one training micro-batch and the recompute policy (`train_ddp`'s
+/// settings of the same names). Names and defaults are the ones `tools/gpu/*.sh` pass.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ShapeArgs {
     /// Gemma 4 config.json (text or multimodal).
@@ -190,6 +191,14 @@ pub struct ShapeArgs {
     /// Frozen weight / activation dtype: bf16 or f32.
     #[arg(long, default_value = "bf16")]
     pub dtype: String,
+    /// Which layers the backward recomputes: all, none, or auto (as many kept as fit
+    /// --memory-budget-gb).
+    #[arg(long, value_enum, default_value_t = RecomputeKind::All)]
+    pub recompute: RecomputeKind,
+    /// With --recompute auto: the predicted peak memory may reach this many GB (10^9 bytes)
+    /// (unset: as train_ddp, from the device's free memory).
+    #[arg(long, value_name = "GB")]
+    pub memory_budget_gb: Option<f64>,
 }
 
 impl ShapeArgs {
@@ -200,6 +209,24 @@ impl ShapeArgs {
             "f32" => Ok(DType::F32),
             other => anyhow::bail!("--dtype: expected bf16 or f32, got {other:?}"),
         }
+    }
+
+    /// `--recompute` and `--memory-budget-gb` as the model's policy
+    /// ([`crate::memory::recompute_policy`]; `free_at_start` is asked only for `auto` without a
+    /// budget). A budget must be a positive number and comes only with `auto`.
+    pub fn recompute_policy(
+        &self,
+        free_at_start: impl FnOnce() -> anyhow::Result<u64>,
+    ) -> anyhow::Result<Recompute> {
+        if let Some(gb) = self.memory_budget_gb {
+            if !(gb.is_finite() && gb > 0.0) {
+                anyhow::bail!("--memory-budget-gb: expected a positive number of GB, got {gb}");
+            }
+            if self.recompute != RecomputeKind::Auto {
+                anyhow::bail!("--memory-budget-gb is the budget of --recompute auto; add it");
+            }
+        }
+        crate::memory::recompute_policy(self.recompute, self.memory_budget_gb, free_at_start)
     }
 }
 

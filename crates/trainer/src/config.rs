@@ -69,6 +69,20 @@ pub enum OnNonFinite {
     Skip,
 }
 
+/// Which layers the backward recomputes (`--recompute`; `docs/layer-backward.md`). The gradients
+/// are the same under every choice; memory and speed are not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum RecomputeKind {
+    /// Recompute every layer from its saved input (the least memory).
+    All,
+    /// Keep every layer's activations from the forward (no second forward, the most memory).
+    None,
+    /// Keep the activations of as many of the last layers as fit --memory-budget-gb by the
+    /// memory model's prediction, recompute the others.
+    Auto,
+}
+
 /// The `--help` sections. Each setting sits in one, and the section says what `--resume` does
 /// with it (see [`ResumeRule`]).
 pub mod section {
@@ -87,6 +101,9 @@ pub mod section {
     pub const RUN: &str = "Output, checkpoints and logging";
     /// Collectives and non-finite steps: free to change on resume.
     pub const FAULTS: &str = "Distributed and faults";
+    /// Activation memory against recompute (the gradients do not depend on it): free to change
+    /// on resume.
+    pub const MEMORY: &str = "Memory and recompute";
 }
 
 /// Where metrics go besides the log lines, `metrics.jsonl` and `loss.svg` (transformers'
@@ -260,6 +277,16 @@ pub struct TrainConfig {
     /// With --on-nonfinite skip: stop after this many skipped steps in a row.
     #[arg(long, value_name = "N", default_value_t = 10, help_heading = section::FAULTS)]
     pub max_nonfinite_skips: usize,
+    /// Which layers the backward recomputes: all (least memory), none (keep every layer's
+    /// activations), or auto (as many kept as fit --memory-budget-gb).
+    #[arg(long, value_enum, default_value_t = RecomputeKind::All, help_heading = section::MEMORY)]
+    pub recompute: RecomputeKind,
+    /// With --recompute auto: the predicted peak memory per device may reach this many GB (10^9
+    /// bytes) (unset: the memory free at start, less 5% and 2 GB; on the CPU the available RAM
+    /// shared by this node's ranks).
+    #[arg(long, value_parser = parse_finite, value_name = "GB", help_heading = section::MEMORY)]
+    #[serde(deserialize_with = "finite_opt")]
+    pub memory_budget_gb: Option<f64>,
     /// Dense bf16 peak TFLOP/s of one device, for MFU (unset: look the GPU up in a table).
     #[arg(long, value_parser = parse_finite, value_name = "TFLOPS", help_heading = section::RUN)]
     #[serde(deserialize_with = "finite_opt")]
@@ -355,7 +382,7 @@ impl SettingInfo {
 
 /// Every setting in declaration order (the order of the table and of `--help` within a section).
 pub fn settings() -> Vec<SettingInfo> {
-    const SECTIONS: [&str; 7] = [
+    const SECTIONS: [&str; 8] = [
         section::MODEL_DATA,
         section::ADAPTER,
         section::LAYOUT,
@@ -363,6 +390,7 @@ pub fn settings() -> Vec<SettingInfo> {
         section::START,
         section::RUN,
         section::FAULTS,
+        section::MEMORY,
     ];
     TrainConfig::augment_args(clap::Command::new("settings"))
         .get_arguments()
@@ -548,6 +576,7 @@ impl TrainConfig {
                 65536.0,
             ),
             ("peak_tflops", self.peak_tflops, 0.0, false, 1e6),
+            ("memory_budget_gb", self.memory_budget_gb, 0.0, false, 1e9),
         ];
         for (field, v, lo, lo_ok, hi) in reals {
             let Some(v) = v else { continue };
@@ -595,6 +624,15 @@ impl TrainConfig {
                 "group_by_length",
                 "true".into(),
                 "has no effect with packing (packed rows are all about max_len long); set one"
+                    .into(),
+            ));
+        }
+        if let (Some(gb), false) = (self.memory_budget_gb, self.recompute == RecomputeKind::Auto) {
+            return Err(bad(
+                "memory_budget_gb",
+                gb.to_string(),
+                "is the budget of recompute = auto and has no effect otherwise; set recompute \
+                 to auto or leave the budget unset"
                     .into(),
             ));
         }
@@ -676,6 +714,10 @@ mod tests {
         assert_eq!((c.log_every, c.seed), (10, 42));
         assert_eq!((c.lora_r, c.lora_alpha, c.lora_dropout), (16, 32.0, 0.05));
         assert_eq!(c.weight_decay, 0.0);
+        assert_eq!(
+            (c.recompute, c.memory_budget_gb),
+            (RecomputeKind::All, None)
+        );
         assert!(c.shuffle);
         assert_eq!(c.global_batch(8), 64);
         resolved(c).validate().unwrap();
@@ -725,6 +767,21 @@ mod tests {
             ..TrainConfig::default()
         });
         assert!(r.validate().is_err());
+
+        let budget = |recompute| TrainConfig {
+            recompute,
+            memory_budget_gb: Some(80.0),
+            ..TrainConfig::default()
+        };
+        let msg = resolved(budget(RecomputeKind::All))
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("memory_budget_gb") && msg.contains("recompute"),
+            "{msg}"
+        );
+        resolved(budget(RecomputeKind::Auto)).validate().unwrap();
     }
 
     #[test]

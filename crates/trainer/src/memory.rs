@@ -1,9 +1,79 @@
 //! Peak memory for the log line and benchmarks: on CUDA the device's default memory pool (Candle
 //! allocates every tensor with `cuMemAllocAsync` from it), whose used-memory high-water mark is
-//! the analogue of `torch.cuda.max_memory_allocated`; on CPU the process's resident set.
+//! the analogue of `torch.cuda.max_memory_allocated`; on CPU the process's resident set. And the
+//! `--recompute` setting resolved against the step's memory model ([`apply_recompute`]).
 
 use anyhow::{Context, Result};
 use candle_core::Device;
+use g4ft_gemma4::memory::GB;
+use g4ft_gemma4::{Gemma4Model, MemoryModel, Recompute, RecomputePlan, StepShape};
+
+use crate::config::RecomputeKind;
+
+/// Bytes the device could still allocate now: on CUDA the driver's free memory (`cuMemGetInfo`),
+/// on the CPU the kernel's `MemAvailable` divided among the `local_world_size` ranks of this node
+/// (they share the RAM).
+pub fn free_memory(device: &Device, local_world_size: usize) -> Result<u64> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => {
+            let (free, _total) = d
+                .cuda_stream()
+                .context()
+                .mem_get_info()
+                .context("cuMemGetInfo")?;
+            Ok(free as u64)
+        }
+        _ => {
+            let kb = meminfo_kb("MemAvailable:")?;
+            Ok(kb * 1024 / local_world_size.max(1) as u64)
+        }
+    }
+}
+
+/// `--recompute auto`'s budget without `--memory-budget-gb`: the memory `free` at start less 5%
+/// (the allocator pool's fragmentation and the memory model's error, measured within 0.4% on an
+/// H200) and less 2 GB (what is allocated outside the pool: cuBLAS workspaces, NCCL buffers,
+/// loaded kernels).
+pub fn default_budget(free: u64) -> u64 {
+    (free - free / 20).saturating_sub(2_000_000_000)
+}
+
+/// The `--recompute` setting as the model's policy: `auto` plans for `budget_gb` (GB), or, unset,
+/// for [`default_budget`] of what `free_at_start` reports.
+pub fn recompute_policy(
+    kind: RecomputeKind,
+    budget_gb: Option<f64>,
+    free_at_start: impl FnOnce() -> Result<u64>,
+) -> Result<Recompute> {
+    Ok(match kind {
+        RecomputeKind::All => Recompute::All,
+        RecomputeKind::None => Recompute::None,
+        RecomputeKind::Auto => Recompute::Auto {
+            budget_bytes: match budget_gb {
+                Some(gb) => (gb * GB) as u64,
+                None => default_budget(
+                    free_at_start().context("--recompute auto: the default memory budget")?,
+                ),
+            },
+        },
+    })
+}
+
+/// Resolves `policy` for `model`'s training step of `micro_batch` samples of `seq` tokens (the
+/// longest the run sees) with the model's adapters, and sets the model's keep mask to it. Returns
+/// the plan (print it: the choice and the predicted peak).
+pub fn apply_recompute(
+    model: &mut Gemma4Model,
+    policy: Recompute,
+    micro_batch: usize,
+    seq: usize,
+) -> Result<RecomputePlan> {
+    let shape = StepShape::of_model(model, micro_batch, seq);
+    let plan = MemoryModel::new(model.config(), shape).plan(policy);
+    model.set_keep_mask(plan.keep.clone())?;
+    Ok(plan)
+}
 
 /// Peak-memory probe: the CUDA pool's high-water mark or the process's peak RSS.
 pub enum MemProbe {
@@ -63,11 +133,21 @@ impl MemProbe {
 
 /// A `kB` field of `/proc/self/status`.
 fn proc_status_kb(field: &str) -> Result<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    kb_field("/proc/self/status", field)
+}
+
+/// A `kB` field of `/proc/meminfo`.
+fn meminfo_kb(field: &str) -> Result<u64> {
+    kb_field("/proc/meminfo", field)
+}
+
+/// The `kB` value of the line starting with `field` in the `/proc` file `path`.
+fn kb_field(path: &str, field: &str) -> Result<u64> {
+    let s = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
     let line = s
         .lines()
         .find(|l| l.starts_with(field))
-        .with_context(|| format!("/proc/self/status has no {field}"))?;
+        .with_context(|| format!("{path} has no {field}"))?;
     line[field.len()..]
         .trim()
         .trim_end_matches("kB")
@@ -138,6 +218,7 @@ mod cuda_pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::bail;
 
     #[test]
     fn cpu_probe_reports_resident_memory() {
@@ -145,5 +226,40 @@ mod tests {
         assert!(p.current().unwrap() > 0);
         assert!(p.peak().unwrap() >= p.current().unwrap());
         assert_eq!(p.what(), "process peak RSS (VmHWM)");
+    }
+
+    #[test]
+    fn cpu_free_memory_is_shared_by_the_nodes_ranks() {
+        let one = free_memory(&Device::Cpu, 1).unwrap();
+        assert!(one > 0);
+        // MemAvailable moves between the two reads, by far less than this factor.
+        let shared = free_memory(&Device::Cpu, 1 << 20).unwrap();
+        assert!(shared < one / 1000, "{shared} vs {one}");
+    }
+
+    #[test]
+    fn policy_of_the_setting() {
+        let no_device = || -> Result<u64> { bail!("no device") };
+        assert_eq!(
+            recompute_policy(RecomputeKind::All, None, no_device).unwrap(),
+            Recompute::All
+        );
+        assert_eq!(
+            recompute_policy(RecomputeKind::Auto, Some(80.5), no_device).unwrap(),
+            Recompute::Auto {
+                budget_bytes: 80_500_000_000
+            }
+        );
+        // 100 GB free: less 5 GB and 2 GB.
+        let free = || Ok(100_000_000_000);
+        assert_eq!(
+            recompute_policy(RecomputeKind::Auto, None, free).unwrap(),
+            Recompute::Auto {
+                budget_bytes: 93_000_000_000
+            }
+        );
+        let err = recompute_policy(RecomputeKind::Auto, None, no_device).unwrap_err();
+        assert!(format!("{err:#}").contains("no device"), "{err:#}");
+        assert_eq!(default_budget(1_000_000_000), 0);
     }
 }

@@ -18,7 +18,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::mfu::{mfu, FlopsModel};
+use crate::mfu::{mfu, FlopsModel, FlopsPerToken};
 use crate::plot::write_loss_svg;
 use crate::tensorboard::EventWriter;
 
@@ -68,8 +68,11 @@ pub struct StepRecord {
     pub tokens: u64,
     /// `tokens / step_s`.
     pub tokens_per_s: f64,
-    /// Model FLOPs utilisation per device in [0, 1], when a FLOP model and a peak are known.
-    pub mfu: Option<f64>,
+    /// Model FLOPs utilisation per device in [0, 1] (the step's work without recompute,
+    /// [`crate::mfu`]), when a FLOP model and a peak are known.
+    pub mfu_model: Option<f64>,
+    /// Hardware FLOPs utilisation per device in [0, 1] (what runs, recomputed layers included).
+    pub mfu_hw: Option<f64>,
     /// Peak device memory in bytes.
     pub peak_mem_bytes: Option<u64>,
 }
@@ -98,14 +101,16 @@ pub struct Summary {
     pub tokens_per_s: f64,
     /// Mean seconds per optimizer step.
     pub s_per_step: f64,
-    /// MFU at the window's throughput, if known.
-    pub mfu: Option<f64>,
+    /// Model-FLOPs MFU at the window's throughput, if known.
+    pub mfu_model: Option<f64>,
+    /// Hardware-FLOPs MFU at the window's throughput, if known.
+    pub mfu_hw: Option<f64>,
 }
 
 /// How to compute MFU: the model's FLOP shape and one device's peak TFLOP/s.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MfuSpec {
-    /// FLOP shape of the model.
+    /// FLOP shape of the model, with the layers the recompute policy recomputes.
     pub model: FlopsModel,
     /// Peak of one device in TFLOP/s.
     pub peak_tflops: f64,
@@ -185,7 +190,8 @@ struct Window {
     steps: u64,
     tokens: u64,
     secs: f64,
-    flops: f64,
+    /// Model and hardware FLOPs of the window.
+    flops: (f64, f64),
 }
 
 impl MetricsLogger {
@@ -285,15 +291,14 @@ impl MetricsLogger {
         } else {
             0.0
         };
-        let flops_per_token = self
+        let flops = self
             .mfu
             .as_ref()
-            .map(|m| m.model.flops_per_token(s.seq_len).brief);
-        let mfu_now = self
-            .mfu
-            .as_ref()
-            .zip(flops_per_token)
-            .map(|(m, f)| mfu(tokens_per_s / self.world_size as f64, f, m.peak_tflops));
+            .map(|m| (m.model.flops_per_token(s.seq_len), m.peak_tflops));
+        let per_device = tokens_per_s / self.world_size as f64;
+        let mfu_of = |pick: fn(&FlopsPerToken) -> f64| {
+            flops.map(|(f, peak)| mfu(per_device, pick(&f), peak))
+        };
         let record = StepRecord {
             kind: "train",
             epoch: s.epoch,
@@ -305,7 +310,8 @@ impl MetricsLogger {
             step_s: s.step_s,
             tokens: s.tokens,
             tokens_per_s,
-            mfu: mfu_now,
+            mfu_model: mfu_of(|f| f.model),
+            mfu_hw: mfu_of(|f| f.hardware),
             peak_mem_bytes: s.peak_mem_bytes,
         };
         self.window.recorded += 1;
@@ -313,7 +319,10 @@ impl MetricsLogger {
             self.window.steps += 1;
             self.window.tokens += s.tokens;
             self.window.secs += s.step_s;
-            self.window.flops += s.tokens as f64 * flops_per_token.unwrap_or(0.0);
+            if let Some((f, _)) = flops {
+                self.window.flops.0 += s.tokens as f64 * f.model;
+                self.window.flops.1 += s.tokens as f64 * f.hardware;
+            }
         }
         self.train_curve.push((s.step, s.loss));
         self.first_step.get_or_insert(s.step);
@@ -414,15 +423,17 @@ impl MetricsLogger {
             return None;
         }
         let tokens_per_s = w.tokens as f64 / w.secs;
-        let mfu = self
-            .mfu
-            .as_ref()
-            .map(|m| w.flops / w.secs / self.world_size as f64 / (m.peak_tflops * 1e12));
+        let mfu_of = |flops: f64| {
+            self.mfu
+                .as_ref()
+                .map(|m| flops / w.secs / self.world_size as f64 / (m.peak_tflops * 1e12))
+        };
         Some(Summary {
             steps: w.steps,
             tokens_per_s,
             s_per_step: w.secs / w.steps as f64,
-            mfu,
+            mfu_model: mfu_of(w.flops.0),
+            mfu_hw: mfu_of(w.flops.1),
         })
     }
 
@@ -473,9 +484,9 @@ impl MetricsLogger {
     }
 }
 
-/// The rank-0 line, e.g.
-/// `epoch 0 | step  12/400 | loss 1.2345 | norm 0.810 | lr 2.0e-04 | 412 ms | 61.2k tok/s | 38.1% MFU | 52.3 GiB peak`;
-/// MFU and memory are left out when unknown.
+/// The rank-0 line, e.g. `epoch 0 | step  12/400 | loss 1.2345 | norm 0.810 | lr 2.0e-04 | 412 ms
+/// | 61.2k tok/s | MFU 38.1% model, 52.3% hw | 52.3 GiB peak`; MFU and memory are left out when
+/// unknown.
 pub fn format_step_line(r: &StepRecord) -> String {
     let width = r.total_steps.to_string().len();
     let mut line = format!(
@@ -489,8 +500,12 @@ pub fn format_step_line(r: &StepRecord) -> String {
         format_duration(r.step_s),
         format_count(r.tokens_per_s),
     );
-    if let Some(m) = r.mfu {
-        line.push_str(&format!(" | {:.1}% MFU", m * 100.0));
+    if let (Some(model), Some(hw)) = (r.mfu_model, r.mfu_hw) {
+        line.push_str(&format!(
+            " | MFU {:.1}% model, {:.1}% hw",
+            model * 100.0,
+            hw * 100.0
+        ));
     }
     if let Some(b) = r.peak_mem_bytes {
         line.push_str(&format!(
@@ -543,7 +558,7 @@ fn format_count(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mfu::AttnLayer;
+    use crate::mfu::{AttnLayer, LayerFlops};
 
     fn stats(step: u64, step_s: f64) -> StepStats {
         StepStats {
@@ -572,15 +587,17 @@ mod tests {
             step_s: 0.412,
             tokens: 25214,
             tokens_per_s: 61_200.0,
-            mfu: Some(0.381),
+            mfu_model: Some(0.381),
+            mfu_hw: Some(0.523),
             peak_mem_bytes: Some((52.3 * (1u64 << 30) as f64) as u64),
         };
         assert_eq!(
             format_step_line(&r),
-            "epoch 0 | step  12/400 | loss 1.2345 | norm 0.810 | lr 2.0e-04 | 412 ms | 61.2k tok/s | 38.1% MFU | 52.3 GiB peak"
+            "epoch 0 | step  12/400 | loss 1.2345 | norm 0.810 | lr 2.0e-04 | 412 ms | 61.2k tok/s | MFU 38.1% model, 52.3% hw | 52.3 GiB peak"
         );
         let r = StepRecord {
-            mfu: None,
+            mfu_model: None,
+            mfu_hw: None,
             peak_mem_bytes: None,
             step_s: 12.34,
             tokens_per_s: 950.0,
@@ -600,14 +617,18 @@ mod tests {
     #[test]
     fn first_step_is_left_out_of_averages() {
         let model = FlopsModel {
-            n_linear: 1_000_000,
-            n_routed: 0,
-            n_head: 0,
-            layers: vec![AttnLayer {
-                n_heads: 1,
-                head_dim: 1,
-                window: Some(1),
+            layers: vec![LayerFlops {
+                n_linear: 1_000_000,
+                n_routed: 0,
+                attention: AttnLayer {
+                    n_heads: 1,
+                    head_dim: 1,
+                    window: Some(1),
+                },
+                recomputed: true,
             }],
+            n_head: 0,
+            n_once: 0,
         };
         let spec = MfuSpec {
             model,
@@ -620,9 +641,11 @@ mod tests {
         log.record_step(&stats(3, 1.0)).unwrap();
         let s = log.summary().unwrap();
         assert_eq!((s.steps, s.tokens_per_s, s.s_per_step), (2, 1000.0, 1.0));
-        // 500 tok/s per device × (6e6 + 16) FLOP/token / 1e9 FLOP/s
-        let want = 500.0 * (6e6 + 16.0) / 1e9;
-        assert!((s.mfu.unwrap() - want).abs() < 1e-12, "{s:?}");
+        // 500 tok/s per device × FLOP/token / 1e9 FLOP/s; the window-1 attention is 4 FLOP/token
+        // per forward: model 4e6 + 3·4, hardware 6e6 + 4·4 (the layer is recomputed).
+        let (model, hw) = (500.0 * (4e6 + 12.0) / 1e9, 500.0 * (6e6 + 16.0) / 1e9);
+        assert!((s.mfu_model.unwrap() - model).abs() < 1e-12, "{s:?}");
+        assert!((s.mfu_hw.unwrap() - hw).abs() < 1e-12, "{s:?}");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! ([`accumulate_window`], observable phase by phase through [`StepObserver`]), the loss scale
 //! of the two loss modes ([`LossWeighting`]), AdamW over DDP's flat buckets ([`adamw_step`]),
 //! scalar all-reduces ([`all_reduce_sum`]), evaluation ([`evaluate`]) and the FLOP shape for MFU
-//! ([`flops_model`]).
+//! under the model's recompute policy ([`flops_model`]).
 //!
 //! Plain functions over the crates' types; the order in which they are called (and every
 //! collective) stays visible in the example.
@@ -15,10 +15,10 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
 use g4ft_data::{Batch, DataLoader};
 use g4ft_ddp::{DdpError, DistributedDataParallel, NoSync, ProcessGroup, ReduceOp};
-use g4ft_gemma4::{Config, Gemma4Model, LayerType, LossStats, TokenBatch};
+use g4ft_gemma4::{Gemma4Model, LayerType, LossStats, TokenBatch};
 use g4ft_lora::{AdapterGrads, LoraContext};
 
-use crate::mfu::{AttnLayer, FlopsModel};
+use crate::mfu::{AttnLayer, FlopsModel, LayerFlops};
 use crate::optim::{AdamW, FlatBucket};
 
 /// Where a layer's finished gradients go: DDP itself on the synchronised micro-batch (buckets
@@ -276,14 +276,11 @@ pub fn evaluate(
     Ok((total[0] / total[1], total[1] as u64))
 }
 
-/// The model's FLOP shape for MFU: frozen decoder projections, the tied head, each layer's
-/// attention (MoE experts are not counted).
-pub fn flops_model(cfg: &Config, prefix: &str) -> FlopsModel {
-    let n_linear = cfg
-        .projection_shapes(prefix)
-        .iter()
-        .map(|p| (p.in_features * p.out_features) as u64)
-        .sum();
+/// The model's FLOP shape for MFU: each layer's frozen projections, routed experts and router,
+/// per-layer-embedding matrices, attention and whether its keep mask recomputes it; the tied head;
+/// the per-layer-embedding model projection (run once, nothing to differentiate).
+pub fn flops_model(model: &Gemma4Model) -> FlopsModel {
+    let cfg = model.config();
     let h = cfg.hidden_size as u64;
     let per_layer_moe = cfg.moe.as_ref().map_or(0, |m| {
         let im = m.moe_intermediate_size as u64;
@@ -291,20 +288,30 @@ pub fn flops_model(cfg: &Config, prefix: &str) -> FlopsModel {
     });
     let p = cfg.hidden_size_per_layer_input as u64;
     let per_layer_ple = 2 * p * h;
-    let global_ple = cfg.num_hidden_layers as u64 * p * h;
-    FlopsModel {
-        n_linear,
-        n_routed: cfg.num_hidden_layers as u64 * (per_layer_moe + per_layer_ple) + global_ple,
-        n_head: (cfg.vocab_size * cfg.hidden_size) as u64,
-        layers: cfg
-            .layers
-            .iter()
-            .map(|l| AttnLayer {
+    let shapes = cfg.projection_shapes(model.prefix());
+    let layers = cfg
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| LayerFlops {
+            n_linear: shapes
+                .iter()
+                .filter(|s| s.layer == i)
+                .map(|s| (s.in_features * s.out_features) as u64)
+                .sum(),
+            n_routed: per_layer_moe + per_layer_ple,
+            attention: AttnLayer {
                 n_heads: cfg.num_attention_heads,
                 head_dim: l.head_dim,
                 window: (l.layer_type == LayerType::Sliding).then_some(cfg.sliding_window),
-            })
-            .collect(),
+            },
+            recomputed: !model.keep_mask().keeps(i),
+        })
+        .collect();
+    FlopsModel {
+        layers,
+        n_head: (cfg.vocab_size * cfg.hidden_size) as u64,
+        n_once: cfg.num_hidden_layers as u64 * p * h,
     }
 }
 

@@ -1,8 +1,9 @@
-//! Explicit backward of a decoder layer (llm.c / torchtune style): a graph-free recompute that
-//! keeps exactly what the backward reads ([`LayerTape`]), then each fused op's backward in reverse
-//! order. Compared with Candle's autograd walk over the same layer it skips the zero-fill and add
-//! of a gradient buffer per graph edge, frees every saved tensor right after its last use, and does
-//! not compute the layer output the backward never reads. Same kernels and roundings as
+//! Explicit backward of a decoder layer (llm.c / torchtune style): a graph-free forward that keeps
+//! exactly what the backward reads ([`LayerTape`]), either in the first forward (a layer that keeps
+//! its activations) or in a recompute from the saved input, then each fused op's backward in
+//! reverse order. Compared with Candle's autograd walk over the same layer it skips the zero-fill
+//! and add of a gradient buffer per graph edge, frees every saved tensor right after its last use,
+//! and the recompute does not compute the layer output the backward never reads. Same kernels and roundings as
 //! [`DecoderLayer::forward`], which stays the reference (checked in `tests/layerwise.rs`).
 //!
 //! Covers every layer kind: own or shared K/V (a KV-sharing consumer returns the gradient of the
@@ -30,7 +31,7 @@ use crate::rope::RopeTable;
 /// What [`DecoderLayer::backward_saved`] reads, kept by [`DecoderLayer::forward_saved`]. The
 /// normed inputs (of the attention, the MLP and the experts) are recomputed instead.
 pub(crate) struct LayerTape {
-    /// The layer input (input norm backward).
+    /// The layer input (input norm backward): a layer that keeps its tape saves no other copy.
     x: Tensor,
     attn: AttentionTape,
     /// Attention output before `post_attention_layernorm`.
@@ -40,6 +41,14 @@ pub(crate) struct LayerTape {
     mlp: MlpTape,
     moe: Option<MoeBranchTape>,
     ple: Option<PleTape>,
+}
+
+impl LayerTape {
+    /// The K/V the layer attended to (a producer lends them to its consumers; they share storage
+    /// with the tape).
+    pub(crate) fn kv(&self) -> KvPair {
+        self.attn.kv()
+    }
 }
 
 /// The dense MLP `down(gelu(gate(hn)) · up(hn))`.
@@ -111,7 +120,8 @@ impl DecoderLayer {
     }
 
     /// Recomputes the layer on `x (b, t, h)` without a graph and keeps its tape (the output itself
-    /// is not computed). `shared`: the producer's K/V for a KV-sharing consumer.
+    /// is not computed): the backward walk's recompute of a layer that saved only its input.
+    /// `shared`: the producer's K/V for a KV-sharing consumer.
     pub(crate) fn forward_saved(
         &self,
         x: &Tensor,
@@ -122,10 +132,24 @@ impl DecoderLayer {
         Ok(self.run(x, shared, inputs, ctx, false)?.0)
     }
 
+    /// The layer output without a graph and the tape [`DecoderLayer::forward_saved`] would keep,
+    /// from the same ops (residual adds fused into the norms): the forward of a layer that keeps
+    /// its activations for its backward instead of recomputing them.
+    pub(crate) fn forward_with_tape(
+        &self,
+        x: &Tensor,
+        shared: Option<&KvPair>,
+        inputs: &LayerInputs,
+        ctx: &LoraContext,
+    ) -> Result<(LayerTape, Tensor)> {
+        let (tape, out) = self.run(x, shared, inputs, ctx, true)?;
+        Ok((tape, out.expect("run computes the output when asked")))
+    }
+
     /// The layer output without a graph, through the same fused ops as
-    /// [`DecoderLayer::forward_saved`] (residual adds fused into the norms): the first,
-    /// checkpointing forward of the training path. Also the K/V the layer attended to (what a
-    /// KV producer lends its consumers).
+    /// [`DecoderLayer::forward_saved`]: the first, checkpointing forward of a layer that is
+    /// recomputed later. Also the K/V the layer attended to (what a KV producer lends its
+    /// consumers); the tape is dropped.
     pub(crate) fn forward_graph_free(
         &self,
         x: &Tensor,
@@ -133,11 +157,8 @@ impl DecoderLayer {
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<(Tensor, KvPair)> {
-        let (tape, out) = self.run(x, shared, inputs, ctx, true)?;
-        Ok((
-            out.expect("run computes the output when asked"),
-            tape.attn.kv(),
-        ))
+        let (tape, out) = self.forward_with_tape(x, shared, inputs, ctx)?;
+        Ok((out, tape.kv()))
     }
 
     /// The graph-free forward: the tape, and the output if `with_output`.

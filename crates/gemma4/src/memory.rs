@@ -1,0 +1,438 @@
+//! The memory model of one LoRA training step on one device: what
+//! [`crate::Gemma4Model::forward_backward`] and the trainer around it hold, and the predicted
+//! peak under a [`KeepMask`]. `examples/memory_plan.rs` prints it; `--recompute auto` resolves
+//! its budget with [`MemoryModel::plan`].
+//!
+//! Bytes, with `b` micro-batch, `t` sequence length, `H` hidden, `w` bytes per weight/activation
+//! element:
+//! - frozen weights: every text parameter in the weight dtype;
+//! - LoRA state: fp32 parameters + AdamW `m` and `v` (12 B/param), and DDP's flat fp32 gradient
+//!   buckets, the only copy of the gradients (4 B/param);
+//! - per layer, held from the forward to its backward ([`LayerMemory`]): a recomputed layer its
+//!   input `b·t·H·w` (plus the K/V a KV producer lends its consumers), a layer that keeps its
+//!   activations its explicit-backward tape (which holds the input and the lent K/V);
+//! - a layer's backward on top of its tape: the upstream gradient and one LoRA-dropout chunk (8M
+//!   elements) at the `down_proj` backward, or the grouped expert gradients of a MoE layer;
+//! - CE working set: one `(chunk_rows, V)` logits chunk in the weight dtype (d(logits) overwrite
+//!   it in place), plus d(hidden) and the normed hidden of all `b·t` rows;
+//! - the batch's prepared inputs, held through the step: the RoPE tables (cos and sin, `(b, t, d)`
+//!   per layer type) and the per-layer-embedding inputs `(b, t, L, P)`.
+//!
+//! The peak is the largest of two moments ([`PeakAt`]): the loss head (everything the forward
+//! held, plus the CE working set) and each layer's backward (what the layers below still hold,
+//! plus this layer's tape and backward working set). Layers below `j` hold the same at `j`'s
+//! backward whichever layers keep their activations, so keeping the *last* layers (freed first by
+//! the walk) costs the least peak for a given count; [`MemoryModel::plan`] keeps those. The
+//! forward is not a separate moment: at a layer it holds about what that layer's backward holds
+//! (its output in place of the upstream gradient), and the loss head that follows holds
+//! everything. Not modelled: the attention masks (the dense `(b, t, t)` masks of packed batches among them), the
+//! gradients of K/V lent to producers, the CUDA context and library workspaces (outside the
+//! allocator's pool).
+
+use std::fmt;
+
+use candle_core::DType;
+
+use crate::config::{Config, KvSharing, LayerConfig, LayerType};
+use crate::model::Gemma4Model;
+use crate::recompute::{KeepMask, Recompute};
+
+/// Bytes per GB in what this module prints (`1e9`, as `nvidia-smi` and the benchmarks).
+pub const GB: f64 = 1e9;
+
+/// Elements of one LoRA-dropout chunk (`g4ft_ops::lora_dropout`).
+const DROPOUT_CHUNK: u64 = 8 << 20;
+
+/// The step the memory is modelled for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepShape {
+    /// Samples per micro-batch.
+    pub micro_batch: usize,
+    /// Tokens per sample (the longest batch of the run: the model holds the most for it).
+    pub seq: usize,
+    /// LoRA rank; the tapes keep one `(b·t, r)` LoRA input per projection (all 7 of a layer
+    /// counted).
+    pub lora_r: usize,
+    /// Trainable LoRA parameters (fp32).
+    pub trainable: u64,
+    /// Weight and activation dtype.
+    pub dtype: DType,
+}
+
+impl StepShape {
+    /// `model`'s step on `micro_batch` samples of `seq` tokens: its dtype, and from its adapters
+    /// the largest rank and the trainable count.
+    pub fn of_model(model: &Gemma4Model, micro_batch: usize, seq: usize) -> Self {
+        let (mut lora_r, mut trainable) = (0, 0);
+        for a in model.projections().filter_map(|p| p.adapter()) {
+            lora_r = lora_r.max(a.a.dims()[0]);
+            trainable += (a.a.elem_count() + a.b.elem_count()) as u64;
+        }
+        StepShape {
+            micro_batch,
+            seq,
+            lora_r,
+            trainable,
+            dtype: model.dtype(),
+        }
+    }
+}
+
+/// The bytes one decoder layer holds and needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerMemory {
+    /// Held from the forward to its backward when recomputed: its input, plus the K/V of a KV
+    /// producer (kept for its consumers).
+    pub saved: u64,
+    /// Held from the forward to its backward when it keeps its activations, and built by the
+    /// recompute otherwise: the explicit-backward tape (`decoder_layer/explicit.rs`): layer input,
+    /// raw q (and raw k/v of a layer with its own K/V), the K/V attended to (a consumer's alias its
+    /// producer's: not counted), attention output, the two residual-stream tensors, gate, up, their
+    /// product, the MLP output, the LoRA inputs; the expert tape of a MoE layer (router
+    /// probabilities, the `n·k` grouped gate, up and expert output rows, the branch's two
+    /// outputs); the gate, input and projection of a per-layer-embedding layer.
+    pub tape: u64,
+    /// Needed on top of the tape during its backward: the upstream gradient and one dropout chunk
+    /// at the `down_proj` backward (d(MLP output) and d(product) take the memory of the MLP output
+    /// and of the product), and for a MoE layer the grouped gradients (d(output rows), d(act),
+    /// d(gate‖up), d(input rows)).
+    pub backward: u64,
+}
+
+/// Where the predicted peak is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeakAt {
+    /// The fused linear cross-entropy on the final hidden state.
+    LossHead,
+    /// The backward of this layer.
+    LayerBackward(usize),
+}
+
+impl fmt::Display for PeakAt {
+    /// `at the loss head`, `at layer 47's backward`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeakAt::LossHead => write!(f, "at the loss head"),
+            PeakAt::LayerBackward(i) => write!(f, "at layer {i}'s backward"),
+        }
+    }
+}
+
+/// A predicted peak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peak {
+    /// Bytes.
+    pub bytes: u64,
+    /// When.
+    pub at: PeakAt,
+}
+
+/// The memory of one training step of one model shape; see the module docs for each term.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryModel {
+    /// The step it is modelled for.
+    pub shape: StepShape,
+    /// Text parameters (frozen).
+    pub n_params: u64,
+    /// Frozen weights, bytes.
+    pub weights: u64,
+    /// LoRA parameters and AdamW moments, bytes.
+    pub lora_state: u64,
+    /// DDP's fp32 gradient buckets, bytes.
+    pub grad_buckets: u64,
+    /// The batch's RoPE tables and per-layer-embedding inputs, bytes.
+    pub prepared: u64,
+    /// Each decoder layer, in order.
+    pub layers: Vec<LayerMemory>,
+    /// Rows of one logits chunk of the loss.
+    pub ce_chunk_rows: u64,
+    /// The loss head's working set, bytes.
+    pub ce: u64,
+}
+
+/// A [`Recompute`] policy resolved for one [`MemoryModel`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecomputePlan {
+    /// What was asked for.
+    pub policy: Recompute,
+    /// Which layers keep their activations.
+    pub keep: KeepMask,
+    /// The predicted peak under `keep`.
+    pub peak: Peak,
+}
+
+impl MemoryModel {
+    /// The model of `cfg`'s training step of `shape`, with the loss head's default chunking
+    /// ([`Gemma4Model::default_loss_chunk_rows`]).
+    pub fn new(cfg: &Config, shape: StepShape) -> Self {
+        let w = shape.dtype.size_in_bytes() as u64;
+        let bt = (shape.micro_batch * shape.seq) as u64;
+        let n_params = cfg.num_text_parameters();
+        let h = cfg.hidden_size as u64;
+        let v = cfg.vocab_size as u64;
+        let layers = cfg
+            .layers
+            .iter()
+            .map(|l| {
+                let e = layer_elements(cfg, l, bt, shape.lora_r as u64);
+                LayerMemory {
+                    saved: e.saved * w,
+                    tape: e.tape * w,
+                    backward: e.backward * w,
+                }
+            })
+            .collect();
+        let ce_chunk_rows = Gemma4Model::default_loss_chunk_rows(cfg.vocab_size) as u64;
+        let ce = ce_chunk_rows.min(bt) * v * w + bt * h * (w + 4) + bt * h * w;
+        let rope: u64 = [LayerType::Sliding, LayerType::Full]
+            .into_iter()
+            .filter_map(|ty| cfg.rope_head_dim(ty))
+            .map(|d| 2 * bt * d as u64)
+            .sum();
+        let ple = bt * (cfg.num_hidden_layers * cfg.hidden_size_per_layer_input) as u64;
+        MemoryModel {
+            shape,
+            n_params,
+            weights: n_params * w,
+            lora_state: 12 * shape.trainable,
+            grad_buckets: 4 * shape.trainable,
+            prepared: (rope + ple) * w,
+            layers,
+            ce_chunk_rows,
+            ce,
+        }
+    }
+
+    /// What the whole step holds regardless of which layers keep their activations: weights,
+    /// LoRA state, buckets, prepared inputs.
+    pub fn fixed(&self) -> u64 {
+        self.weights + self.lora_state + self.grad_buckets + self.prepared
+    }
+
+    /// What layer `i` holds from the forward to its backward under `keep`.
+    fn held(&self, keep: &KeepMask, i: usize) -> u64 {
+        let l = &self.layers[i];
+        if keep.keeps(i) {
+            l.tape
+        } else {
+            l.saved
+        }
+    }
+
+    /// Bytes the forward leaves held for the backward under `keep`: (recomputed layers' saved
+    /// inputs, kept layers' tapes).
+    pub fn held_by_kind(&self, keep: &KeepMask) -> (u64, u64) {
+        (0..self.layers.len()).fold((0, 0), |(saved, tapes), i| {
+            if keep.keeps(i) {
+                (saved, tapes + self.layers[i].tape)
+            } else {
+                (saved + self.layers[i].saved, tapes)
+            }
+        })
+    }
+
+    /// The predicted peak under `keep` (which must cover every layer).
+    pub fn peak(&self, keep: &KeepMask) -> Peak {
+        let base = self.fixed();
+        let mut below = 0u64; // held by layers 0..j
+        let mut peak = Peak {
+            bytes: 0,
+            at: PeakAt::LossHead,
+        };
+        for (j, l) in self.layers.iter().enumerate() {
+            let at_backward = base + below + l.tape + l.backward;
+            if at_backward > peak.bytes {
+                peak = Peak {
+                    bytes: at_backward,
+                    at: PeakAt::LayerBackward(j),
+                };
+            }
+            below += self.held(keep, j);
+        }
+        let at_head = base + below + self.ce;
+        if at_head >= peak.bytes {
+            peak = Peak {
+                bytes: at_head,
+                at: PeakAt::LossHead,
+            };
+        }
+        peak
+    }
+
+    /// Resolves `policy`: `All` recomputes every layer, `None` keeps every layer, `Auto` keeps
+    /// the last `k` layers for the largest `k` whose predicted peak is within the budget (none if
+    /// even recomputing everything is predicted over it: see [`RecomputePlan::fits`]).
+    pub fn plan(&self, policy: Recompute) -> RecomputePlan {
+        let n = self.layers.len();
+        let keep = match policy {
+            Recompute::All => KeepMask::recompute_all(n),
+            Recompute::None => KeepMask::keep_all(n),
+            Recompute::Auto { budget_bytes } => {
+                // The peak grows with every layer kept (a tape holds more than the input).
+                let kept = (1..=n)
+                    .take_while(|&k| self.peak(&KeepMask::keep_last(n, k)).bytes <= budget_bytes)
+                    .last()
+                    .unwrap_or(0);
+                KeepMask::keep_last(n, kept)
+            }
+        };
+        let peak = self.peak(&keep);
+        RecomputePlan { policy, keep, peak }
+    }
+}
+
+impl RecomputePlan {
+    /// `false` only for `Auto` whose predicted peak is over the budget even with every layer
+    /// recomputed (the run may still fit: the model is a prediction).
+    pub fn fits(&self) -> bool {
+        match self.policy {
+            Recompute::Auto { budget_bytes } => self.peak.bytes <= budget_bytes,
+            _ => true,
+        }
+    }
+}
+
+impl fmt::Display for RecomputePlan {
+    /// `recompute auto (budget 130.000 GB): 18 of 48 layers keep their activations (30-47), 30
+    /// recomputed; predicted peak 125.894 GB at the loss head`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let policy = match self.policy {
+            Recompute::All => "all".to_string(),
+            Recompute::None => "none".to_string(),
+            Recompute::Auto { budget_bytes } => {
+                format!("auto (budget {:.3} GB)", budget_bytes as f64 / GB)
+            }
+        };
+        write!(
+            f,
+            "recompute {policy}: {} of {} layers keep their activations ({}), {} recomputed; predicted peak {:.3} GB {}",
+            self.keep.kept(),
+            self.keep.len(),
+            self.keep.describe_kept(),
+            self.keep.recomputed(),
+            self.peak.bytes as f64 / GB,
+            self.peak.at
+        )?;
+        if !self.fits() {
+            write!(f, " (over the budget even with every layer recomputed)")?;
+        }
+        Ok(())
+    }
+}
+
+/// [`LayerMemory`] in elements of the weight dtype (fp32 values of the MoE tape count twice).
+struct LayerElements {
+    saved: u64,
+    tape: u64,
+    backward: u64,
+}
+
+/// One layer's [`LayerElements`] for `bt` tokens and LoRA rank `r`.
+fn layer_elements(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> LayerElements {
+    let d = l.head_dim as u64;
+    let h = cfg.hidden_size as u64;
+    let q = cfg.num_attention_heads as u64 * d;
+    let kvd = l.num_key_value_heads as u64 * d;
+    let im = l.intermediate_size as u64;
+    // Raw k (and v) projections of a layer with its own K/V; without v_proj, v's raw is k's.
+    let own_raw = if l.has_kv_proj() {
+        kvd + if l.has_v_proj { kvd } else { 0 }
+    } else {
+        0
+    };
+    // The normed, roped K and the normed V: a consumer's are its producer's.
+    let attended = if l.has_kv_proj() { 2 * kvd } else { 0 };
+    let dense = bt * (h + q + own_raw + attended + q + 2 * h + 3 * im + h + 7 * r);
+    let p = cfg.hidden_size_per_layer_input as u64;
+    let ple = bt * (2 * p + h);
+    let (moe_tape, moe_backward) = cfg.moe.as_ref().map_or((0, 0), |m| {
+        let (e, k, mi) = (
+            m.num_experts as u64,
+            m.top_k_experts as u64,
+            m.moe_intermediate_size as u64,
+        );
+        (
+            bt * (2 * e + 3 * k + k * (2 * mi + h) + 2 * h),
+            bt * k * (h + mi + 2 * mi + h),
+        )
+    });
+    let lent = if l.kv_sharing == KvSharing::Store {
+        bt * 2 * kvd
+    } else {
+        0
+    };
+    LayerElements {
+        saved: bt * h + lent,
+        tape: dense + if p > 0 { ple } else { 0 } + moe_tape,
+        backward: bt * h + DROPOUT_CHUNK.min(bt * im) + moe_backward,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(layers: Vec<(u64, u64, u64)>, ce: u64) -> MemoryModel {
+        MemoryModel {
+            shape: StepShape {
+                micro_batch: 1,
+                seq: 1,
+                lora_r: 1,
+                trainable: 0,
+                dtype: DType::BF16,
+            },
+            n_params: 0,
+            weights: 1000,
+            lora_state: 0,
+            grad_buckets: 0,
+            prepared: 0,
+            layers: layers
+                .into_iter()
+                .map(|(saved, tape, backward)| LayerMemory {
+                    saved,
+                    tape,
+                    backward,
+                })
+                .collect(),
+            ce_chunk_rows: 1,
+            ce,
+        }
+    }
+
+    #[test]
+    fn peak_is_the_larger_of_the_head_and_each_backward() {
+        // Three layers: input 10, tape 100, backward 5; the head needs 50.
+        let m = model(vec![(10, 100, 5); 3], 50);
+        // Recompute all: head 1000 + 30 + 50 = 1080; layer 2's backward 1000 + 20 + 105 = 1125.
+        let all = m.peak(&KeepMask::recompute_all(3));
+        assert_eq!((all.bytes, all.at), (1125, PeakAt::LayerBackward(2)));
+        // Keep the last: head 1000 + 10 + 10 + 100 + 50 = 1170.
+        let last = m.peak(&KeepMask::keep_last(3, 1));
+        assert_eq!((last.bytes, last.at), (1170, PeakAt::LossHead));
+        // Keeping the first instead costs the same at the head, more at layer 2's backward.
+        let first = m.peak(&KeepMask::from_layers(vec![true, false, false]));
+        assert_eq!(first.bytes, 1000 + 100 + 10 + 105);
+        assert_eq!(m.peak(&KeepMask::keep_all(3)).bytes, 1000 + 300 + 50);
+    }
+
+    #[test]
+    fn auto_keeps_the_most_last_layers_within_the_budget() {
+        let m = model(vec![(10, 100, 5); 3], 50);
+        let plan = |budget_bytes| m.plan(Recompute::Auto { budget_bytes });
+        assert_eq!(plan(1169).keep, KeepMask::recompute_all(3));
+        assert!(plan(1169).fits());
+        assert_eq!(plan(1170).keep, KeepMask::keep_last(3, 1));
+        assert_eq!(plan(1259).keep, KeepMask::keep_last(3, 1));
+        assert_eq!(plan(1260).keep, KeepMask::keep_last(3, 2));
+        assert_eq!(plan(1350).keep, KeepMask::keep_all(3));
+        let over = plan(1100);
+        assert_eq!(over.keep, KeepMask::recompute_all(3));
+        assert!(!over.fits());
+        assert!(over.to_string().contains("over the budget"), "{over}");
+        assert_eq!(
+            plan(1260).to_string(),
+            "recompute auto (budget 0.000 GB): 2 of 3 layers keep their activations (1-2), 1 \
+             recomputed; predicted peak 0.000 GB at the loss head"
+        );
+    }
+}

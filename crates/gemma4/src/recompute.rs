@@ -1,0 +1,140 @@
+//! Which decoder layers [`crate::Gemma4Model::forward_backward`] recomputes in its backward walk
+//! (`docs/layer-backward.md`, "Recompute policy").
+//!
+//! A recomputed layer saves only its input in the forward and runs again, keeping its tape, when
+//! the walk reaches it (gradient checkpointing): least memory, one more forward of the layer. A
+//! layer that *keeps* its activations keeps its tape from the forward until its backward: no second
+//! forward, its tape held through the loss head and the walk down to it. The gradients are the same
+//! either way (same kernels in the same order on the same inputs).
+
+use crate::error::{Error, Result};
+
+/// What the user asks for. [`crate::memory::MemoryModel::plan`] resolves it to a [`KeepMask`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Recompute {
+    /// Recompute every layer (the least memory; the default).
+    All,
+    /// Recompute no layer: every layer keeps its activations (the most memory, no second forward).
+    None,
+    /// Keep the activations of as many layers as fit `budget_bytes` of predicted peak memory (the
+    /// last layers, which the backward walk frees first) and recompute the others.
+    Auto {
+        /// Bytes the step's predicted peak may reach (weights, adapters and optimizer included).
+        budget_bytes: u64,
+    },
+}
+
+/// Per layer: does it keep its activations from the forward to its backward (`true`) or save only
+/// its input and recompute (`false`)?
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeepMask(Vec<bool>);
+
+impl KeepMask {
+    /// Every one of `n_layers` layers recomputed.
+    pub fn recompute_all(n_layers: usize) -> Self {
+        KeepMask(vec![false; n_layers])
+    }
+
+    /// Every one of `n_layers` layers keeps its activations.
+    pub fn keep_all(n_layers: usize) -> Self {
+        KeepMask(vec![true; n_layers])
+    }
+
+    /// The last `kept` of `n_layers` layers keep their activations, the others are recomputed.
+    pub fn keep_last(n_layers: usize, kept: usize) -> Self {
+        let kept = kept.min(n_layers);
+        KeepMask((0..n_layers).map(|i| i >= n_layers - kept).collect())
+    }
+
+    /// An explicit mask, `keep[i]` for layer `i`.
+    pub fn from_layers(keep: Vec<bool>) -> Self {
+        KeepMask(keep)
+    }
+
+    /// Layers covered.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Covers no layer.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether layer `i` keeps its activations.
+    pub fn keeps(&self, i: usize) -> bool {
+        self.0[i]
+    }
+
+    /// Number of layers that keep their activations.
+    pub fn kept(&self) -> usize {
+        self.0.iter().filter(|&&k| k).count()
+    }
+
+    /// Number of layers recomputed in the backward walk.
+    pub fn recomputed(&self) -> usize {
+        self.len() - self.kept()
+    }
+
+    /// The per-layer flags.
+    pub fn as_slice(&self) -> &[bool] {
+        &self.0
+    }
+
+    /// An error unless the mask covers exactly `n_layers` layers.
+    pub(crate) fn check_len(&self, n_layers: usize) -> Result<()> {
+        if self.len() != n_layers {
+            return Err(Error::KeepMask {
+                mask_layers: self.len(),
+                model_layers: n_layers,
+            });
+        }
+        Ok(())
+    }
+
+    /// `none`, `all 48`, or the kept layers as ranges: `40-47`, `1, 3, 5`.
+    pub fn describe_kept(&self) -> String {
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        for (i, _) in self.0.iter().enumerate().filter(|(_, &k)| k) {
+            match ranges.last_mut() {
+                Some((_, end)) if *end + 1 == i => *end = i,
+                _ => ranges.push((i, i)),
+            }
+        }
+        match ranges.as_slice() {
+            [] => "none".into(),
+            [(0, e)] if *e + 1 == self.len() => format!("all {}", self.len()),
+            _ => ranges
+                .iter()
+                .map(|&(a, b)| {
+                    if a == b {
+                        a.to_string()
+                    } else {
+                        format!("{a}-{b}")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_count_and_describe_their_layers() {
+        let m = KeepMask::keep_last(6, 2);
+        assert_eq!(m.as_slice(), [false, false, false, false, true, true]);
+        assert_eq!((m.kept(), m.recomputed()), (2, 4));
+        assert_eq!(m.describe_kept(), "4-5");
+        assert_eq!(KeepMask::keep_last(3, 9), KeepMask::keep_all(3));
+        assert_eq!(KeepMask::keep_all(3).describe_kept(), "all 3");
+        assert_eq!(KeepMask::recompute_all(3).describe_kept(), "none");
+        let odd = KeepMask::from_layers(vec![false, true, false, true, true]);
+        assert_eq!(odd.describe_kept(), "1, 3-4");
+        assert!(odd.check_len(5).is_ok());
+        assert!(odd.check_len(6).is_err());
+    }
+}
