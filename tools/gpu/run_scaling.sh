@@ -6,7 +6,7 @@
 #  2. ours: bench_train under ddprun for each world size in WORLDS (default "1 N"); the largest
 #     world also runs --overlap (one more step: the all-reduce the backward did not hide, and the
 #     buckets' all-reduce alone with algorithm / bus bandwidth);
-#  3. the PyTorch + PEFT baseline (.gpu/pyref/train_ddp_anchor.py, not part of this repository) under
+#  3. the PyTorch + PEFT baseline (.gpu/bench/pytorch-reference/train_ddp_anchor.py, not part of this repository) under
 #     torchrun for the same world sizes;
 #  4. tools/gpu/scaling_table.py: tokens/s, s/step, peak GB, MFU and scaling efficiency
 #     tokens_per_s(N) / (N x tokens_per_s(1)) for both.
@@ -37,7 +37,7 @@ done
 [ "${ANCHOR:-1}" = 0 ] && WORLDS_ANCHOR="" || WORLDS_ANCHOR=$WORLDS
 for n in $WORLDS_ANCHOR; do
   step "PyTorch + PEFT script (anchor), world $n"
-  (cd .gpu/pyref && PEAK_TFLOPS=$P STEPS="${ANCHOR_STEPS:-5}" ACCUM_STEPS=8 WARMUP_DISCARD=2 timeout 300 \
+  (cd .gpu/bench/pytorch-reference && PEAK_TFLOPS=$P STEPS="${ANCHOR_STEPS:-5}" ACCUM_STEPS=8 WARMUP_DISCARD=2 timeout 300 \
     torchrun --standalone --nproc_per_node="$n" train_ddp_anchor.py) > "$OUT/anchor_w$n.log" 2>&1
   echo "exit $?"; grep -E "SUMMARY" "$OUT/anchor_w$n.log"
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every Gemma 4 size on one H200: our LoRA step (bench_train) and the PyTorch + PEFT script
-# (the post's train_ddp.py with random weights, .gpu/pyref, not part of this repository; see
+# (the post's train_ddp.py with random weights, .gpu/bench/pytorch-reference, not part of this repository; see
 # docs/benchmarks.md) back to back per size,
 # then the table (tools/gpu/sizes_table.py). Run on the GPU machine from the repository root after
 # tools/gpu/build.sh. Settings: SIZES ("E2B E4B 12B 26B-A4B 31B"), STEPS (4), ANCHOR_STEPS (5),
@@ -22,7 +22,7 @@ for size in ${SIZES:-E2B E4B 12B 26B-A4B 31B}; do
   grep -E "^(model|lora|SUMMARY)|launches" "$OUT/ours_$size.log" | head -8
   [ "${OURS_ONLY:-0}" = 1 ] && continue
   echo "=== $size: PyTorch script"
-  (cd .gpu/pyref && CONFIG_PATH="configs/${REF[$size]}.json" PEAK_TFLOPS=$P STEPS="${ANCHOR_STEPS:-5}" \
+  (cd .gpu/bench/pytorch-reference && CONFIG_PATH="configs/${REF[$size]}.json" PEAK_TFLOPS=$P STEPS="${ANCHOR_STEPS:-5}" \
     ACCUM_STEPS=8 WARMUP_DISCARD=2 timeout 420 torchrun --standalone --nproc_per_node=1 train_ddp_anchor.py) \
     > "$OUT/script_$size.log" 2>&1
   grep -E "SUMMARY" "$OUT/script_$size.log"

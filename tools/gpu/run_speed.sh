@@ -1,24 +1,44 @@
 #!/usr/bin/env bash
 # The one-GPU speed benchmark (docs/benchmarks.md), from the repository root after tools/gpu/build.sh
-# (carry .gpu): the bf16 matmul ceiling, our 12B LoRA step (bench_train, with --profile), then the
-# PyTorch + PEFT baseline (.gpu/pyref/train_ddp_anchor.py, not part of this repository; see
-# docs/benchmarks.md) in the same call, so the ratio compares one card.
-# Logs go to $OUT. Settings: STEPS (4), ANCHOR_STEPS (6).
+# (carry .gpu): the bf16 matmul ceiling, our 12B LoRA step (bench_train) under each recompute
+# policy, then the peers in the same call: the PyTorch + PEFT script (.gpu/bench/pytorch-reference,
+# not part of this repository; see docs/benchmarks.md) with and without checkpointing, and Unsloth
+# (.gpu/bench/unsloth-reference with its packages in .gpu/unsloth_site) when present.
+# Logs go to $OUT. Settings: SEQ (2048), POLICIES ("all none auto"), PROFILE (the policy that gets
+# --profile, default all), STEPS (4), SCRIPT_CKPT ("1 0": GRAD_CKPT values of the script),
+# UNSLOTH_GC ("false": values of Unsloth's UNSLOTH_GC; empty skips it), ANCHOR_STEPS (6).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 (cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
 source tools/cuda/device_env.sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+CFG=crates/gemma4/tests/configs/gemma-4-12B-it.json
+REF=.gpu/bench/pytorch-reference
+SEQ=${SEQ:-2048}; ACCUM=$(( 16384 / SEQ > 0 ? 16384 / SEQ : 1 ))
 step() { echo; echo "=== $*"; }
 step "bf16 matmul ceiling"
 python3 tools/gpu/matmul_ceiling.py /tmp/peak_tflops 2>&1 | tail -1
 P=$(cat /tmp/peak_tflops)
-step "ours: bench_train, 12B shape, seq 2048, micro-batch 1, accum 8"
-timeout 300 .gpu/bench_train --config crates/gemma4/tests/configs/gemma-4-12B-it.json --device cuda --dtype bf16 \
-  --seq 2048 --micro-batch 1 --accum 8 --steps "${STEPS:-4}" --warmup-discard 1 --peak-tflops "$P" --profile \
-  > "$OUT/bench_train.log" 2>&1
-grep -E "^(model|lora|step=|SUMMARY)|%$" "$OUT/bench_train.log"
-step "PyTorch + PEFT script (anchor), same settings"
-(cd .gpu/pyref && PEAK_TFLOPS=$P STEPS="${ANCHOR_STEPS:-6}" ACCUM_STEPS=8 WARMUP_DISCARD=2 timeout 300 \
-  torchrun --standalone --nproc_per_node=1 train_ddp_anchor.py) > "$OUT/anchor.log" 2>&1
-grep -E "SUMMARY" "$OUT/anchor.log"
+for policy in ${POLICIES:-all none auto}; do
+  step "ours: bench_train, 12B shape, seq $SEQ, micro-batch 1, accum $ACCUM, --recompute $policy"
+  prof=(); [ "$policy" = "${PROFILE:-all}" ] && prof=(--profile)
+  timeout 400 .gpu/bench_train --config "$CFG" --device cuda --dtype bf16 --seq "$SEQ" --micro-batch 1 \
+    --accum "$ACCUM" --steps "${STEPS:-4}" --warmup-discard 1 --peak-tflops "$P" --recompute "$policy" "${prof[@]}" \
+    > "$OUT/bench_train_$policy.log" 2>&1
+  grep -E "^(model|lora|plan|recompute|SUMMARY)|%$" "$OUT/bench_train_$policy.log"
+done
+for ckpt in ${SCRIPT_CKPT:-1 0}; do
+  step "PyTorch + PEFT script, same settings, GRAD_CKPT=$ckpt"
+  (cd "$REF" && MAX_LEN=$SEQ GRAD_CKPT=$ckpt PEAK_TFLOPS=$P STEPS="${ANCHOR_STEPS:-6}" ACCUM_STEPS=$ACCUM \
+    WARMUP_DISCARD=2 timeout 400 torchrun --standalone --nproc_per_node=1 train_ddp_anchor.py) \
+    > "$OUT/anchor_ckpt$ckpt.log" 2>&1
+  grep -E "SUMMARY|out of memory" "$OUT/anchor_ckpt$ckpt.log" | head -3
+done
+if [ -d .gpu/unsloth_site ]; then
+  for gc in ${UNSLOTH_GC-false}; do
+    step "Unsloth, same settings, UNSLOTH_GC=$gc"
+    UNSLOTH_GC=$gc MAX_LEN=$SEQ ACCUM_STEPS=$ACCUM bash .gpu/bench/unsloth-reference/run_unsloth.sh \
+      .gpu/unsloth_site > "$OUT/unsloth_gc$gc.log" 2>&1
+    grep -E "SUMMARY|out of memory" "$OUT/unsloth_gc$gc.log" | head -3
+  done
+fi
