@@ -1,9 +1,10 @@
 // Fused attention forward (FlashAttention-2's scheme) for 16-bit inputs and head dims 16 / 32 /
-// 64 / 128 / 256: one pass over the visible keys with an online softmax, S and P never leave registers.
+// 64 / 128 / 256 / 512: one pass over the visible keys with an online softmax, S and P never leave
+// registers.
 // Host side: src/attention_cuda.rs (`flash_fwd`); CPU reference: src/attention.rs; the blocked
 // cuBLAS path (attention.cu) serves f32, other head dims and the backward.
 //
-// A block owns WARPS·16 query rows of one (batch, kv head) slab in the grouped order: row R is
+// A block owns (WARPS / DSPLIT)·16 query rows of one (batch, kv head) slab in the grouped order: row R is
 // query qi = R / g of head kv·g + R % g (g = nh / nkv), read from and written to the (b, nh, t, d)
 // tensors directly (every row is a contiguous d-vector, so no regroup copy is needed). Keys come in
 // tiles of BC rows through shared memory (cp.async; the next K tile loads during P·V, the V tile
@@ -12,6 +13,9 @@
 // dtype straight into A fragments, O += P·V. Query qi sees key j iff j <= qi, qi − j < window
 // (window 0 = none) and key_mask[b, j] != 0; a row that sees no key outputs zeros and lse = +inf.
 // lse[b, h, qi] = max + log(sum) in natural-log units, as the blocked softmax writes it.
+// DSPLIT = 2 (head dim 512, whose 16×512 fp32 O tile per warp would not fit the registers): two
+// warps own the same 16 rows, each computes the whole S = Q·Kᵀ and the softmax (the same values:
+// same inputs, same order) and accumulates its half of O's columns.
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -59,11 +63,13 @@ constexpr float RESCALE_SLACK = 8.f;
 // STAGES = 1: one K and one V buffer (the next K tile loads during P·V, the V tile during Q·Kᵀ;
 // two blocks per SM hide the waits). STAGES = 2: both double-buffered, the next tile's K and V load
 // during this whole tile (for the one-block-per-SM 8-warp shape).
-template <typename T, int D, int WARPS, int STAGES>
+template <typename T, int D, int WARPS, int STAGES, int DSPLIT>
 __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const uint8_t* mask, T* o,
                                     float* lse, float scale, int nh, int g, int t, int window) {
-    constexpr int BR = WARPS * 16, LD = D + 8, THREADS = WARPS * 32, DT = D / 8, ST = BC / 8;
+    constexpr int ROWW = WARPS / DSPLIT, BR = ROWW * 16, LD = D + 8, THREADS = WARPS * 32;
+    constexpr int DT = D / 8, DTW = DT / DSPLIT, ST = BC / 8;  // DTW: O column tiles of one warp
     static_assert(STAGES == 1 || STAGES == 2, "one or two K/V stages");
+    static_assert(WARPS % DSPLIT == 0 && DTW % 2 == 0, "column split shape");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* sq = reinterpret_cast<T*>(smem_raw);
     T* const sk0 = sq + BR * LD;           // K stage 0; stage 1 follows V stage 0
@@ -71,6 +77,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
     __shared__ uint8_t skm[BC];
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int rw = warp % ROWW, part = warp / ROWW;  // row group, column part
     const int slab = blockIdx.y, nkv = nh / g, bi = slab / nkv, kvh = slab % nkv;
     const int rows = t * g;
     const int r0 = (gridDim.x - 1 - blockIdx.x) * BR;  // the longest key ranges first
@@ -88,13 +95,13 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
     cp_async_commit();
 
     // This thread's two rows (the C-fragment rows lane/4 and lane/4 + 8 of its warp).
-    const int ra = r0 + warp * 16 + lane / 4, rb = ra + 8;
+    const int ra = r0 + rw * 16 + lane / 4, rb = ra + 8;
     const int qa = ra / g, qb = rb / g;
     const float sl2 = scale * G4FT_LOG2E;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    float acc[DT][4];
+    float acc[DTW][4];
 #pragma unroll
-    for (int i = 0; i < DT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int i = 0; i < DTW; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
     for (int j0 = klo, it = 0; j0 <= qhi; j0 += BC, ++it) {
         const int stage = STAGES == 2 ? it & 1 : 0;
@@ -131,7 +138,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             uint32_t a[4];
-            ldsm4(a, sq + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+            ldsm4(a, sq + (rw * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
 #pragma unroll
             for (int np = 0; np < BC / 16; ++np) {
                 uint32_t b[4];
@@ -178,7 +185,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
                 l[h] *= alpha[h];
             }
 #pragma unroll
-            for (int i = 0; i < DT; ++i) {
+            for (int i = 0; i < DTW; ++i) {
                 acc[i][0] *= alpha[0];
                 acc[i][1] *= alpha[0];
                 acc[i][2] *= alpha[1];
@@ -220,16 +227,19 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
 #pragma unroll
         for (int ks = 0; ks < BC / 16; ++ks)
 #pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
+            for (int dw = 0; dw < DTW / 2; ++dw) {
+                const int dp = part * (DTW / 2) + dw;
                 uint32_t b[4];
                 ldsm4_trans(b, sv + (ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD + dp * 16 + (lane / 16) * 8);
-                mma<T>(acc[2 * dp], pa[ks], b[0], b[1]);
-                mma<T>(acc[2 * dp + 1], pa[ks], b[2], b[3]);
+                mma<T>(acc[2 * dw], pa[ks], b[0], b[1]);
+                mma<T>(acc[2 * dw + 1], pa[ks], b[2], b[3]);
             }
         if (STAGES == 2) __syncthreads();  // every warp is done with this stage and the key mask
     }
 
-    // Normalise, stage the warp's 16 rows in its own Q rows of shared memory, store 16-byte packs.
+    // Normalise, stage the warp's 16 rows in its own Q rows of shared memory (its own columns of
+    // them when split, once the other part's warp is done reading Q), store 16-byte packs.
+    if (DSPLIT > 1) __syncthreads();
     float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -237,19 +247,19 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
         inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
     }
-    T* so = sq + warp * 16 * LD;
+    T* so = sq + rw * 16 * LD;
 #pragma unroll
-    for (int i = 0; i < DT; ++i) {
-        const int c = i * 8 + 2 * (lane % 4);
+    for (int i = 0; i < DTW; ++i) {
+        const int c = (part * DTW + i) * 8 + 2 * (lane % 4);
         *reinterpret_cast<uint32_t*>(so + (lane / 4) * LD + c) = pack2<T>(acc[i][0] * inv[0], acc[i][1] * inv[0]);
         *reinterpret_cast<uint32_t*>(so + (lane / 4 + 8) * LD + c) = pack2<T>(acc[i][2] * inv[1], acc[i][3] * inv[1]);
     }
     __syncwarp();
-    for (int c = lane; c < 16 * DT; c += 32) {
-        const int r = c / DT, x = (c % DT) * 8, R = r0 + warp * 16 + r;
+    for (int c = lane; c < 16 * DTW; c += 32) {
+        const int r = c / DTW, x = (part * DTW + c % DTW) * 8, R = r0 + rw * 16 + r;
         if (R < rows) *reinterpret_cast<uint4*>(o + qrow(R) + x) = *reinterpret_cast<const uint4*>(so + r * LD + x);
     }
-    if (lane % 4 == 0)
+    if (part == 0 && lane % 4 == 0)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int R = h ? rb : ra;
@@ -262,17 +272,20 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
 }  // namespace flash
 
 // Entry points attn_flash_fwd_d{D}_w{WARPS}_{bf16,f16}: WARPS·32 threads, grid
-// (ceil(t·g / (WARPS·16)), b·nkv), dynamic shared memory (WARPS·16 + 2·64·STAGES)·(D + 8)·2 bytes
-// with STAGES = 2 for 8 warps, else 1 (the host mirrors this in `flash_fwd`).
-#define FLASH_INST(T, S, D, W)                                                                       \
+// (ceil(t·g / ROWS), b·nkv) with ROWS = (WARPS / DSPLIT)·16 query rows per block, dynamic shared
+// memory (ROWS + 2·64·STAGES)·(D + 8)·2 bytes. Head dims up to 256: DSPLIT = 1, STAGES = 2 for 8
+// warps, else 1; head dim 512: 8 warps, DSPLIT = 2, STAGES = 1 (~195 KiB). The host mirrors this
+// in `flash_fwd`.
+#define FLASH_KERNEL(T, S, D, W, STAGES, DSPLIT)                                                    \
     extern "C" __global__ void __launch_bounds__(W * 32)                                             \
         attn_flash_fwd_d##D##_w##W##_##S(const T* q, const T* k, const T* v, const uint8_t* mask,    \
                                          T* o, float* lse, float scale, int nh, int g, int t,       \
                                          int window) {                                               \
-        flash::fwd<T, D, W, W == 8 ? 2 : 1>(q, k, v, mask, o, lse, scale, nh, g, t, window);         \
+        flash::fwd<T, D, W, STAGES, DSPLIT>(q, k, v, mask, o, lse, scale, nh, g, t, window);        \
     }
+#define FLASH_INST(T, S, D, W) FLASH_KERNEL(T, S, D, W, W == 8 ? 2 : 1, 1)
 #define FLASH_DIMS(T, S) \
     FLASH_INST(T, S, 16, 4) FLASH_INST(T, S, 32, 4) FLASH_INST(T, S, 64, 4) FLASH_INST(T, S, 128, 4) \
-    FLASH_INST(T, S, 256, 4) FLASH_INST(T, S, 256, 8)
+    FLASH_INST(T, S, 256, 4) FLASH_INST(T, S, 256, 8) FLASH_KERNEL(T, S, 512, 8, 1, 2)
 FLASH_DIMS(__nv_bfloat16, bf16)
 FLASH_DIMS(__half, f16)

@@ -5,7 +5,7 @@
 //! CUDA (`attention_cuda.rs`) the queries go in blocks through cuBLAS tensor-core GEMMs with fp32
 //! scores and two row kernels (`kernels/attention.cu`); memory per call is O(t·block), and the
 //! block-wise causal / window bounds skip the masked key ranges. The forward of 16-bit inputs with
-//! head dim 16–256 is one fused kernel instead (`kernels/attention_flash.cu`, FlashAttention-2's
+//! head dim 16–512 is one fused kernel instead (`kernels/attention_flash.cu`, FlashAttention-2's
 //! one-pass online softmax on tensor cores).
 //!
 //! Mask semantics (transformers Gemma 4, `docs/gemma4.md` §4.3): query i attends key j iff

@@ -17,7 +17,7 @@
 //! O(t²) per layer. Numerics: fp32 scores, softmax and accumulation; P and dS are rounded to the
 //! input dtype before their GEMMs (as FlashAttention does); exact fp32 for f32 inputs.
 //!
-//! For bf16 / f16 inputs with head dim 16, 32, 64, 128 or 256 (16-byte aligned) the forward is
+//! For bf16 / f16 inputs with head dim 16, 32, 64, 128, 256 or 512 (16-byte aligned) the forward is
 //! one fused kernel instead (`kernels/attention_flash.cu`, FlashAttention-2's one-pass online
 //! softmax on `mma.sync`, S and P in registers, Q / O read and written in `(b, nh, t, d)` without
 //! a regroup); the same numerics except that P is rounded before its normalisation.
@@ -41,7 +41,7 @@ const MODULE: Module = cuda_module!("attention");
 const FLASH: Module = cuda_module!("attention_flash");
 
 /// Head dims the fused forward kernel is instantiated for.
-const FLASH_DIMS: [usize; 5] = [16, 32, 64, 128, 256];
+const FLASH_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
 /// Keys per shared-memory tile of the fused forward (`BC` in the kernel).
 const FLASH_KEYS: usize = 64;
 /// Warps (16 query rows each) per block of the d-256 fused forward: 8 (double-buffered K/V, one
@@ -374,14 +374,18 @@ impl<'a> Ctx<'a> {
     /// The fused forward: `o` and `lse` from `q`, `k`, `v` and the key mask in one launch.
     fn flash_fwd(&self, [q, k, v, mask, o, lse]: [u64; 6]) -> Result<()> {
         let n = &self.n;
-        let warps = if n.d == 256 {
-            forward_choice_from_env().unwrap_or(FLASH_WARPS.load(Ordering::Relaxed))
-        } else {
-            4
+        // (warps, K/V stages, query rows per block), as the kernel's entry points: head dim 512
+        // splits O's columns over two warps per 16 rows.
+        let (warps, stages, rows) = match n.d {
+            512 => (8, 1, 64),
+            256 => {
+                let w = forward_choice_from_env().unwrap_or(FLASH_WARPS.load(Ordering::Relaxed));
+                (w, if w == 8 { 2 } else { 1 }, w * 16)
+            }
+            _ => (4, 1, 64),
         };
         let f = self.func_of(&FLASH, &format!("attn_flash_fwd_d{}_w{warps}", n.d))?;
-        let stages = if warps == 8 { 2 } else { 1 }; // as the kernel's entry points
-        let smem = (warps * 16 + 2 * FLASH_KEYS * stages) * (n.d + 8) * 2;
+        let smem = (rows + 2 * FLASH_KEYS * stages) * (n.d + 8) * 2;
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem as i32,
@@ -389,7 +393,7 @@ impl<'a> Ctx<'a> {
         .w()?;
         let cfg = LaunchConfig {
             grid_dim: (
-                (n.t * self.groups()).div_ceil(warps * 16) as u32,
+                (n.t * self.groups()).div_ceil(rows) as u32,
                 (n.b * n.nkv) as u32,
                 1,
             ),

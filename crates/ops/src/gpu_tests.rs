@@ -422,12 +422,13 @@ fn gpu_kernels_table() -> Result<()> {
         let mask = Tensor::new(&[[1u8; 320], [1u8; 320]], &Device::Cpu)?.narrow(1, 0, 300)?;
         let mask = Tensor::cat(&[mask, Tensor::zeros((2, 20), DType::U8, &Device::Cpu)?], 1)?;
         // One block (the default bound) with the fused forward where it applies (16-bit, d 16 /
-        // 32 / 64 / 128 / 256), then the blocked forward with 48-row (nh 8) / 96-row (nh 4)
+        // 32 / 64 / 128 / 256 / 512), then the blocked forward with 48-row (nh 8) / 96-row (nh 4)
         // blocks and a ragged last block: 983,040 B = 48 rows of b·nh·t fp32 scores at nh 8. GQA
         // groups of 2 and 8 (Q regrouped) and of 1 (no copy).
         for ((nh, nkv, d, win), (score_bytes, flash)) in [
             (8, 4, 256, Some(128)),
             (8, 1, 512, None),
+            (4, 2, 512, Some(100)),
             (4, 2, 80, Some(33)),
             (4, 4, 64, Some(50)),
             (6, 2, 128, None),
@@ -601,6 +602,7 @@ fn gpu_kernels_table() -> Result<()> {
         (16, 8, 256, Some(1024), "fused w4"),
         (16, 8, 256, Some(1024), "fused w8"),
         (16, 8, 256, Some(1024), "blocked"),
+        (16, 1, 512, None, "fused w8"),
         (16, 1, 512, None, "blocked"),
     ] {
         crate::attention::set_flash_forward(fwd != "blocked");
