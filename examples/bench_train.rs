@@ -28,6 +28,9 @@
 //! is the communication the backward did not hide; beside it, the same buckets all-reduced with
 //! nothing else running (time, algorithm and bus bandwidth, the post's 100 GB/s estimate).
 //!
+//! `--attention-forward` and `--attention-score-mib` run the step with another
+//! `g4ft_ops::AttentionPlan` (the attention kernels) than the default, to compare them.
+//!
 //! Peak memory: on CUDA the default memory pool's high-water mark (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`,
 //! reset after the model and adapters are built, as the baseline resets torch's peak stats), with
 //! the pool's release threshold raised to `u64::MAX` at startup; on CPU the process's peak RSS.
@@ -54,6 +57,7 @@ use g4ft_ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup, 
 use g4ft_gemma4::{Config, Gemma4Model, LayerType};
 use g4ft_hash::{mix64, GAMMA};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, LoraContext, TargetModules};
+use g4ft_ops::{AttentionForward, AttentionPlan};
 use g4ft_trainer::cli::ShapeArgs;
 use g4ft_trainer::clip::{clip_coef, grad_norm};
 use g4ft_trainer::config::POST_LORA_TARGETS;
@@ -102,6 +106,13 @@ struct Args {
     /// DDP bucket capacity in MiB of fp32 gradients (train_ddp's default).
     #[arg(long, default_value_t = 25.0)]
     bucket_cap_mb: f64,
+    /// Forward kernel of the causal attention on CUDA: fused-w8 (the default plan), fused-w4
+    /// (4 warps per block at head dim 256 too) or blocked.
+    #[arg(long, default_value = "fused-w8", value_parser = parse_attention_forward)]
+    attention_forward: AttentionForward,
+    /// Bound of one fp32 score buffer of the blocked attention, MiB (default: the plan's 32).
+    #[arg(long)]
+    attention_score_mib: Option<usize>,
     /// After the summary, run one more step with the device synchronised around every phase
     /// and print the time breakdown.
     #[arg(long)]
@@ -115,6 +126,18 @@ struct Args {
     /// the same buckets alone (time, algorithm and bus bandwidth).
     #[arg(long)]
     overlap: bool,
+}
+
+/// `--attention-forward`'s values.
+fn parse_attention_forward(s: &str) -> std::result::Result<AttentionForward, String> {
+    match s {
+        "fused-w8" => Ok(AttentionForward::FusedW8),
+        "fused-w4" => Ok(AttentionForward::FusedW4),
+        "blocked" => Ok(AttentionForward::Blocked),
+        other => Err(format!(
+            "expected fused-w8, fused-w4 or blocked, got {other:?}"
+        )),
+    }
 }
 
 /// `cudaProfilerStart` (`start`) or `cudaProfilerStop` (CUDA runtime, linked by the `cuda` build;
@@ -204,6 +227,14 @@ fn main() -> Result<()> {
     let free_at_start = memory::free_memory(&device, group.env().local_world_size);
     let t0 = Instant::now();
     let mut model = Gemma4Model::random_init(&cfg, dtype, &device, args.seed)?;
+    let default_plan = AttentionPlan::default();
+    let attention = AttentionPlan {
+        forward: args.attention_forward,
+        score_bytes: args
+            .attention_score_mib
+            .map_or(default_plan.score_bytes, |mib| mib.saturating_mul(1 << 20)),
+    };
+    model.set_attention_plan(attention);
     let mut lcfg = LoraConfig::new(
         shape.lora_r,
         args.lora_alpha,
@@ -232,7 +263,7 @@ fn main() -> Result<()> {
     let main_rank = rank == 0;
     if main_rank {
         println!(
-            "model layers={} hidden={} vocab={} dtype={:?} device={:?} world={world} built_in={:.1}s mem_after_build={:.2} GB",
+            "model layers={} hidden={} vocab={} dtype={:?} device={:?} world={world} built_in={:.1}s mem_after_build={:.2} GB attention={attention:?}",
             cfg.num_hidden_layers,
             cfg.hidden_size,
             cfg.vocab_size,

@@ -4,11 +4,12 @@
 //! where `v_norm` has no weight and, with `attention_k_eq_v` on full layers, `v_proj(x)` is
 //! replaced by the raw `k_proj(x)`. KV consumers take the producer's (post-norm, post-RoPE) K/V.
 //! Scores use scale 1.0; scores, softmax and `P·V` in fp32 (HF sdpa numerics) through the fused
-//! `g4ft_ops::attention`, or a composite with a dense mask for packed / bidirectional batches.
+//! `g4ft_ops::attention`, or the composite `g4ft_ops::attention_dense` with a dense mask for
+//! packed / bidirectional batches.
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use g4ft_lora::{LoraContext, LoraLinear};
-use g4ft_ops::{rms_norm, rope, softmax_last_dim, swap_dims12};
+use g4ft_ops::{attention_dense, rms_norm, rope, swap_dims12, AttentionPlan};
 
 use crate::config::{Config, LayerConfig, LayerType};
 use crate::error::Result;
@@ -27,62 +28,6 @@ pub struct KvPair {
     pub v: Tensor,
 }
 
-/// Composite scaled-dot-product attention with GQA, scale 1.0, dense additive mask.
-///
-/// `q`: `(b, nh, t, d)`; `k`, `v`: `(b, kv, s, d)` with `nh % kv == 0` (query head `h` uses kv head
-/// `h / (nh/kv)`); `mask`: additive fp32 `(b, 1, t, s)`. Same numerics as the fused
-/// `g4ft_ops::attention` (and HF sdpa): fp32 scores, softmax and `P·V`, one rounding at the end.
-/// Used for packed or bidirectional batches, and for decoding against a KV cache (`s` keys for `t`
-/// new queries). Returns `(b, nh, t, d)`.
-pub fn attention_dense(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
-    let (b, nh, t, d) = q.dims4()?;
-    let (kv, s) = (k.dim(1)?, k.dim(2)?);
-    let rep = nh / kv;
-    let f32_ = |x: &Tensor| x.to_dtype(DType::F32);
-    // Group the query heads of each kv head: (b, kv, rep·t, d) — no repeat_kv copy of K/V.
-    let qg = f32_(q)?.reshape((b, kv, rep * t, d))?;
-    let scores = qg.matmul(&f32_(k)?.t()?)?; // (b, kv, rep·t, s)
-    let scores = scores.reshape((b, nh, t, s))?.broadcast_add(mask)?;
-    let probs = softmax_last_dim(&scores)?;
-    let out = probs.reshape((b, kv, rep * t, s))?.matmul(&f32_(v)?)?; // (b, kv, rep·t, d)
-    Ok(out.reshape((b, nh, t, d))?.to_dtype(q.dtype())?)
-}
-
-/// The backward of [`attention_dense`]: `(dq, dk, dv)` in the inputs' dtype from the forward's
-/// inputs and the output gradient `g (b, nh, t, d)`, in fp32 (probabilities recomputed:
-/// `dS = P ⊙ (dP − rowsum(P ⊙ dP))`, `dP = g·Vᵀ`). K/V gradients sum over the query heads of
-/// each kv head. Records no graph.
-pub fn attention_dense_backward(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: &Tensor,
-    g: &Tensor,
-) -> Result<(Tensor, Tensor, Tensor)> {
-    let (b, nh, t, d) = q.dims4()?;
-    let kv = k.dim(1)?;
-    let rep = nh / kv;
-    let f32_ = |x: &Tensor| x.detach().to_dtype(DType::F32);
-    let (kf, vf) = (f32_(k)?, f32_(v)?);
-    let qg = f32_(q)?.reshape((b, kv, rep * t, d))?;
-    let scores = qg
-        .matmul(&kf.t()?)?
-        .reshape((b, nh, t, t))?
-        .broadcast_add(mask)?;
-    let p = softmax_last_dim(&scores)?.reshape((b, kv, rep * t, t))?;
-    drop(scores);
-    let gg = f32_(g)?.reshape((b, kv, rep * t, d))?;
-    let dp = gg.matmul(&vf.t()?)?; // (b, kv, rep·t, t)
-    let dot = (&p * &dp)?.sum_keepdim(candle_core::D::Minus1)?;
-    let ds = (&p * dp.broadcast_sub(&dot)?)?;
-    drop((dp, dot));
-    let dq = ds.matmul(&kf)?.reshape((b, nh, t, d))?;
-    let dk = ds.t()?.matmul(&qg)?; // (b, kv, t, d)
-    let dv = p.t()?.matmul(&gg)?;
-    let dt = q.dtype();
-    Ok((dq.to_dtype(dt)?, dk.to_dtype(dt)?, dv.to_dtype(dt)?))
-}
-
 /// The attention block of one layer.
 #[derive(Debug, Clone)]
 pub struct Attention {
@@ -96,6 +41,8 @@ pub struct Attention {
     num_kv_heads: usize,
     head_dim: usize,
     eps: f64,
+    /// The kernels of the fused causal attention ([`crate::Gemma4Model::set_attention_plan`]).
+    pub(crate) plan: AttentionPlan,
 }
 
 impl Attention {
@@ -134,6 +81,7 @@ impl Attention {
             num_kv_heads: kv,
             head_dim: d,
             eps: cfg.rms_norm_eps,
+            plan: AttentionPlan::default(),
         })
     }
 
@@ -182,14 +130,15 @@ impl Attention {
         let o = match bias {
             AttentionBias::Causal { key_mask } => {
                 let window = (layer_type == LayerType::Sliding).then_some(window);
-                g4ft_ops::attention(&q, &kv.k, &kv.v, key_mask.as_ref(), window, 1.0)?
+                let mask = key_mask.as_ref();
+                g4ft_ops::attention(&q, &kv.k, &kv.v, mask, window, 1.0, &self.plan)?
             }
             AttentionBias::Additive(masks) => {
                 let mask = match layer_type {
                     LayerType::Sliding => &masks.sliding,
                     LayerType::Full => &masks.full,
                 };
-                attention_dense(&q, &kv.k, &kv.v, mask)?
+                attention_dense(&q, &kv.k, &kv.v, mask, 1.0)?
             }
         };
         let o = swap_dims12(&o)?.reshape((b, t, self.num_heads * self.head_dim))?;
@@ -216,33 +165,20 @@ impl Attention {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Device, D};
+    use candle_core::Device;
 
-    /// GQA grouping without repeat_kv equals the explicit repeat_kv formulation, and the dense
-    /// path equals the fused op on a causal mask.
+    /// The dense masks of a causal batch make the composite equal the fused op.
     #[test]
-    fn grouped_attention_equals_repeat_kv() -> Result<()> {
+    fn causal_dense_masks_equal_the_fused_op() -> Result<()> {
         let dev = Device::Cpu;
         let (b, nh, kv, t, d) = (2, 4, 2, 3, 5);
         let q = Tensor::randn(0f32, 1., (b, nh, t, d), &dev)?;
         let k = Tensor::randn(0f32, 1., (b, kv, t, d), &dev)?;
         let v = Tensor::randn(0f32, 1., (b, kv, t, d), &dev)?;
-        let mask = Tensor::zeros((b, 1, t, t), DType::F32, &dev)?;
-        let got = attention_dense(&q, &k, &v, &mask)?;
-        let rep = |x: &Tensor| -> Result<Tensor> {
-            Ok(x.unsqueeze(2)?
-                .broadcast_as((b, kv, nh / kv, t, d))?
-                .reshape((b, nh, t, d))?)
-        };
-        let s = q.matmul(&rep(&k)?.t()?)?;
-        let e = s.broadcast_sub(&s.max_keepdim(D::Minus1)?)?.exp()?;
-        let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
-        let want = p.matmul(&rep(&v)?)?;
-        let diff = (&got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        assert!(diff < 1e-6, "{diff}");
         let masks = crate::mask::build_masks((b, t), None, None, 2, true, &dev)?;
-        let dense = attention_dense(&q, &k, &v, &masks.sliding)?;
-        let fused = g4ft_ops::attention(&q, &k, &v, None, Some(2), 1.0)?;
+        let dense = attention_dense(&q, &k, &v, &masks.sliding, 1.0)?;
+        let plan = AttentionPlan::default();
+        let fused = g4ft_ops::attention(&q, &k, &v, None, Some(2), 1.0, &plan)?;
         let diff = (dense - fused)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(diff < 1e-6, "dense vs fused {diff}");
         Ok(())

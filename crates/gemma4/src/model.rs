@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use g4ft_lora::{LoraContext, LoraLinear};
-use g4ft_ops::{linear_cross_entropy, linear_frozen, rms_norm, softcap};
+use g4ft_ops::{linear_cross_entropy, linear_frozen, rms_norm, softcap, AttentionPlan};
 
 use crate::config::{Config, KvSharing, LayerType};
 use crate::decoder_layer::{DecoderLayer, LayerInputs};
@@ -157,7 +157,6 @@ pub struct Gemma4Model {
     norm: Tensor,
     ple: Option<PleGlobal>,
     pub(crate) layers: Vec<DecoderLayer>,
-    loss_chunk_rows: usize,
     keep: KeepMask,
 }
 
@@ -219,7 +218,6 @@ impl Gemma4Model {
         let layers = (0..l)
             .map(|i| DecoderLayer::new(&cfg, i, w))
             .collect::<Result<Vec<_>>>()?;
-        let loss_chunk_rows = Self::default_loss_chunk_rows(cfg.vocab_size);
         let keep = KeepMask::recompute_all(l);
         Ok(Gemma4Model {
             prefix: w.prefix().to_string(),
@@ -230,7 +228,6 @@ impl Gemma4Model {
             norm,
             ple,
             layers,
-            loss_chunk_rows,
             keep,
         })
     }
@@ -256,20 +253,24 @@ impl Gemma4Model {
         &self.device
     }
 
-    /// The default rows per loss chunk for a vocabulary: per-chunk logits of about 64 Mi
-    /// elements (`2^26 / vocab`, at least 1; 256 rows for Gemma 4's 262144 tokens).
+    /// The rows per loss chunk for a vocabulary: per-chunk logits of about 64 Mi elements
+    /// (`2^26 / vocab`, at least 1; 256 rows for Gemma 4's 262144 tokens).
     pub fn default_loss_chunk_rows(vocab: usize) -> usize {
         ((1usize << 26) / vocab.max(1)).max(1)
     }
 
-    /// Rows of logits per chunk in the loss (working set `rows × vocab`).
+    /// Rows of logits per chunk in the loss (working set `rows × vocab`):
+    /// [`Gemma4Model::default_loss_chunk_rows`] of the vocabulary.
     pub fn loss_chunk_rows(&self) -> usize {
-        self.loss_chunk_rows
+        Self::default_loss_chunk_rows(self.cfg.vocab_size)
     }
 
-    /// Sets the rows of logits per chunk in the loss (working set `rows × vocab`).
-    pub fn set_loss_chunk_rows(&mut self, rows: usize) {
-        self.loss_chunk_rows = rows.max(1);
+    /// The kernels of every layer's causal attention on CUDA ([`AttentionPlan::default`] after
+    /// loading; benchmarks set others to compare them).
+    pub fn set_attention_plan(&mut self, plan: AttentionPlan) {
+        for layer in &mut self.layers {
+            layer.self_attn.plan = plan;
+        }
     }
 
     /// Which layers [`Gemma4Model::forward_backward`] keeps the activations of instead of
@@ -438,7 +439,7 @@ impl Gemma4Model {
             &self.embed_tokens,
             &targets,
             self.cfg.final_logit_softcapping,
-            self.loss_chunk_rows,
+            self.loss_chunk_rows(),
         )?)
     }
 

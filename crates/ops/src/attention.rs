@@ -17,6 +17,43 @@
 use crate::util::{cpu_slice, with_cpu_storage, with_float_type, Elem, Stash, Storable};
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
+/// Which kernels the CUDA path of [`attention`] runs (the CPU path ignores it). The default is
+/// the fastest measured on the 12B step (`docs/benchmarks.md`); tests and benchmarks pass others
+/// to compare the kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionPlan {
+    /// The forward kernel.
+    pub forward: AttentionForward,
+    /// Upper bound in bytes of one fp32 score buffer (`b·nh·rows·t` floats) of the blocked path,
+    /// forward and backward: it sets the query block size (at least 16 rows). Default 32 MiB:
+    /// 256-row blocks for the 12B shape (16 heads, t = 2048), 5,693 tokens/s in the 12B step
+    /// against 5,438 with 16 MiB and 5,055 with 8 MiB.
+    pub score_bytes: usize,
+}
+
+impl Default for AttentionPlan {
+    fn default() -> Self {
+        AttentionPlan {
+            forward: AttentionForward::FusedW8,
+            score_bytes: 32 << 20,
+        }
+    }
+}
+
+/// The forward kernel of [`AttentionPlan`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionForward {
+    /// The blocked cuBLAS path (the backward's structure) for every call.
+    Blocked,
+    /// The fused kernel where it applies (bf16 / f16, head dim 16, 32, 64, 128, 256 or 512,
+    /// 16-byte aligned inputs; otherwise blocked), 4 warps per block except at head dim 512
+    /// (always 8: two warps per 16 query rows).
+    FusedW4,
+    /// As [`AttentionForward::FusedW4`] but head dim 256 runs 8 warps per block with
+    /// double-buffered K/V: 5,668 against 4 warps' 5,583 tokens/s in the 12B step.
+    FusedW8,
+}
+
 /// Sizes and mask parameters shared by the forward and backward.
 #[derive(Clone, Copy)]
 struct Dims {
@@ -52,6 +89,7 @@ impl Dims {
 /// Forward op on `(q, k, v)`; stashes the log-sum-exp for the backward.
 struct Attention {
     n: Dims,
+    plan: AttentionPlan,
     mask: Tensor, // (b, t) u8
     lse: Stash,
 }
@@ -59,6 +97,8 @@ struct Attention {
 /// Backward op on `q` → packed `[dq (b, nh, t, d), dk (b, nkv, t, d), dv (b, nkv, t, d)]`.
 struct AttentionBwd {
     n: Dims,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the CPU loops have one kernel
+    plan: AttentionPlan,
     k: Tensor,
     v: Tensor,
     o: Tensor,
@@ -198,6 +238,7 @@ impl CustomOp3 for Attention {
         let (o, lse) = cuda_impl::forward(
             self.name(),
             &self.n,
+            &self.plan,
             (s1, l1),
             (s2, l2),
             (s3, l3),
@@ -221,6 +262,7 @@ impl CustomOp3 for Attention {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let saved = AttentionSaved {
             n: self.n,
+            plan: self.plan,
             mask: self.mask.clone(),
             lse: self.lse.get(self.name())?,
         };
@@ -230,9 +272,11 @@ impl CustomOp3 for Attention {
 }
 
 /// What the backward of [`attention_saved`] reads besides `q`, `k`, `v`, the output and its
-/// gradient: the validated sizes, the key mask and the per-row log-sum-exp (fp32).
+/// gradient: the validated sizes, the forward's plan, the key mask and the per-row log-sum-exp
+/// (fp32).
 pub struct AttentionSaved {
     n: Dims,
+    plan: AttentionPlan,
     mask: Tensor,
     lse: Tensor,
 }
@@ -263,6 +307,7 @@ impl AttentionSaved {
         }
         let op = AttentionBwd {
             n,
+            plan: self.plan,
             k: k.contiguous()?,
             v: v.contiguous()?,
             o: o.contiguous()?,
@@ -316,10 +361,6 @@ impl CustomOp1 for AttentionBwd {
 #[cfg(feature = "cuda")]
 #[path = "attention_cuda.rs"]
 mod cuda_impl;
-#[cfg(all(test, feature = "cuda"))]
-pub(crate) use cuda_impl::{
-    set_flash_forward, set_flash_warps, set_score_bytes, DEFAULT_SCORE_BYTES,
-};
 
 /// Validated sizes, or an error naming the mismatching tensor.
 fn dims(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>, scale: f64) -> Result<Dims> {
@@ -379,7 +420,8 @@ fn key_mask_u8(key_mask: Option<&Tensor>, q: &Tensor, n: &Dims) -> Result<Tensor
 /// kv head `h / (nh / nkv)`); all the same float dtype. `key_mask`: (b, t) u8 or u32, nonzero = keep
 /// (padding mask), or `None`. `window`: `Some(W)` lets query i see keys `i−W < j <= i` (W keys
 /// including itself), `None` = full causal. `scale` multiplies the scores (Gemma 4: 1.0).
-/// Fp32 scores and softmax, output in the input dtype. Gradients for q, k and v.
+/// `plan`: the CUDA kernels (forward and backward). Fp32 scores and softmax, output in the input
+/// dtype. Gradients for q, k and v.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -387,11 +429,13 @@ pub fn attention(
     key_mask: Option<&Tensor>,
     window: Option<usize>,
     scale: f64,
+    plan: &AttentionPlan,
 ) -> Result<Tensor> {
     let n = dims(q, k, v, window, scale)?;
     let mask = key_mask_u8(key_mask, q, &n)?;
     let op = Attention {
         n,
+        plan: *plan,
         mask,
         lse: Stash::default(),
     };
@@ -408,11 +452,13 @@ pub fn attention_saved(
     key_mask: Option<&Tensor>,
     window: Option<usize>,
     scale: f64,
+    plan: &AttentionPlan,
 ) -> Result<(Tensor, AttentionSaved)> {
     let n = dims(q, k, v, window, scale)?;
     let mask = key_mask_u8(key_mask, q, &n)?;
     let op = Attention {
         n,
+        plan: *plan,
         mask,
         lse: Stash::default(),
     };
@@ -422,15 +468,110 @@ pub fn attention_saved(
     let lse = op.lse.get("attention")?;
     let saved = AttentionSaved {
         n,
+        plan: op.plan,
         mask: op.mask,
         lse,
     };
     Ok((o, saved))
 }
 
-/// Composite reference for [`attention`]: fp32 scores with an additive finite-min mask (as
-/// transformers' eager path, without its bf16 rounding of the scores), fp32 softmax, fp32 P·V,
-/// one rounding. Materialises (b, nh, t, t).
+/// Composite attention with a dense additive mask: `softmax(scale·q·kᵀ + mask)·v` with fp32
+/// scores, softmax ([`crate::softmax_last_dim`]) and `P·V`, one rounding to the input dtype (HF
+/// sdpa's numerics). Materialises the `(b, nh, t, s)` scores.
+///
+/// `q`: (b, nh, t, d); `k`, `v`: (b, nkv, s, d) with nh a multiple of nkv; query head h reads kv
+/// head `h / (nh / nkv)` with no copy of K/V (the query heads of each kv head are grouped).
+/// `mask`: additive fp32, broadcastable to (b, nh, t, s), e.g. (b, 1, t, s). For what the fused
+/// [`attention`] does not take (packed or bidirectional batches, `s` cached keys for `t` new
+/// queries) and, through [`attention_slow`], its reference. Gradients through autograd, or
+/// [`attention_dense_backward`] without a graph.
+pub fn attention_dense(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    scale: f64,
+) -> Result<Tensor> {
+    let (b, nh, t, d) = q.dims4()?;
+    let (nkv, s) = dense_dims(q, k, v)?;
+    let f32_ = |x: &Tensor| x.to_dtype(DType::F32);
+    let qg = f32_(q)?.reshape((b, nkv, nh / nkv * t, d))?;
+    let scores = scaled(qg.matmul(&f32_(k)?.t()?)?, scale)?; // (b, nkv, nh/nkv·t, s)
+    let scores = scores.reshape((b, nh, t, s))?.broadcast_add(mask)?;
+    let p = crate::softmax_last_dim(&scores)?.reshape((b, nkv, nh / nkv * t, s))?;
+    let out = p.matmul(&f32_(v)?)?; // (b, nkv, nh/nkv·t, d)
+    out.reshape((b, nh, t, d))?.to_dtype(q.dtype())
+}
+
+/// The backward of [`attention_dense`]: `(dq, dk, dv)` in the inputs' dtype from the forward's
+/// inputs and the output gradient `g (b, nh, t, d)`, in fp32 with the probabilities recomputed
+/// (`dP = g·Vᵀ`, `dS = P ⊙ (dP − rowsum(P ⊙ dP))`, `dq = scale·dS·K`, `dk = scale·dSᵀ·q`,
+/// `dv = Pᵀ·g`); K/V gradients sum over the query heads of each kv head. Records no graph.
+pub fn attention_dense_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    scale: f64,
+    g: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, nh, t, d) = q.dims4()?;
+    let (nkv, s) = dense_dims(q, k, v)?;
+    if g.dims() != q.dims() {
+        bail!(
+            "attention_dense backward: grad {:?} must be q's {:?}",
+            g.dims(),
+            q.dims()
+        );
+    }
+    let rows = nh / nkv * t;
+    let f32_ = |x: &Tensor| x.detach().to_dtype(DType::F32);
+    let (kf, vf) = (f32_(k)?, f32_(v)?);
+    let qg = f32_(q)?.reshape((b, nkv, rows, d))?;
+    let scores = scaled(qg.matmul(&kf.t()?)?, scale)?
+        .reshape((b, nh, t, s))?
+        .broadcast_add(mask)?;
+    let p = crate::softmax_last_dim(&scores)?.reshape((b, nkv, rows, s))?;
+    drop(scores);
+    let gg = f32_(g)?.reshape((b, nkv, rows, d))?;
+    let dp = gg.matmul(&vf.t()?)?; // (b, nkv, rows, s)
+    let dot = (&p * &dp)?.sum_keepdim(candle_core::D::Minus1)?;
+    let ds = scaled((&p * dp.broadcast_sub(&dot)?)?, scale)?;
+    drop((dp, dot));
+    let dq = ds.matmul(&kf)?.reshape((b, nh, t, d))?;
+    let dk = ds.t()?.matmul(&qg)?; // (b, nkv, s, d)
+    let dv = p.t()?.matmul(&gg)?;
+    let dt = q.dtype();
+    Ok((dq.to_dtype(dt)?, dk.to_dtype(dt)?, dv.to_dtype(dt)?))
+}
+
+/// `x·scale`, no kernel when `scale` is 1 (Gemma 4).
+fn scaled(x: Tensor, scale: f64) -> Result<Tensor> {
+    if scale == 1.0 {
+        Ok(x)
+    } else {
+        x * scale
+    }
+}
+
+/// `(nkv, s)` of [`attention_dense`]'s operands, or an error naming the mismatch.
+fn dense_dims(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize)> {
+    let (b, nh, _, d) = q.dims4()?;
+    let (kb, nkv, s, kd) = k.dims4()?;
+    if (kb, kd) != (b, d) || v.dims() != k.dims() || nkv == 0 || nh % nkv != 0 {
+        bail!(
+            "attention_dense: q {:?} (b, nh, t, d), k {:?} and v {:?} must be (b, nkv, s, d) with nh % nkv == 0",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        );
+    }
+    Ok((nkv, s))
+}
+
+/// Composite reference for [`attention`]: [`attention_dense`] with the causal / window / key
+/// mask as an additive finite-min mask (as transformers' eager path, without its bf16 rounding
+/// of the scores). Materialises (b, nh, t, t).
 pub fn attention_slow(
     q: &Tensor,
     k: &Tensor,
@@ -440,17 +581,6 @@ pub fn attention_slow(
     scale: f64,
 ) -> Result<Tensor> {
     let n = dims(q, k, v, window, scale)?;
-    let dtype = q.dtype();
-    let rep = n.nh / n.nkv;
-    let repeat = |x: &Tensor| -> Result<Tensor> {
-        x.to_dtype(DType::F32)?
-            .unsqueeze(2)?
-            .broadcast_as((n.b, n.nkv, rep, n.t, n.d))?
-            .reshape((n.b, n.nh, n.t, n.d))
-    };
-    let (kf, vf) = (repeat(k)?, repeat(v)?);
-    let qf = q.to_dtype(DType::F32)?;
-    let scores = (qf.matmul(&kf.t()?)? * scale)?; // (b, nh, t, t)
     let keep = key_mask_u8(key_mask, q, &n)?.to_vec2::<u8>()?;
     let mut add = vec![0f32; n.b * n.t * n.t];
     for b in 0..n.b {
@@ -463,8 +593,7 @@ pub fn attention_slow(
         }
     }
     let add = Tensor::from_vec(add, (n.b, 1, n.t, n.t), q.device())?;
-    let p = crate::softmax_last_dim_slow(&scores.broadcast_add(&add)?)?;
-    p.matmul(&vf)?.to_dtype(dtype)
+    attention_dense(q, k, v, &add, scale)
 }
 
 #[cfg(test)]
@@ -495,7 +624,10 @@ mod tests {
             &format!("attention {dtype:?} nh={nh} nkv={nkv} window={window:?} masked={masked}"),
             &[q, k, v],
             &[true, true, true],
-            |x| attention(&x[0], &x[1], &x[2], mask.as_ref(), window, scale),
+            |x| {
+                let plan = AttentionPlan::default();
+                attention(&x[0], &x[1], &x[2], mask.as_ref(), window, scale, &plan)
+            },
             |x| attention_slow(&x[0], &x[1], &x[2], mask.as_ref(), window, scale),
             tol,
         )
@@ -516,6 +648,63 @@ mod tests {
         check(DType::BF16, 4, 2, Some(3), true, (2e-2, 3e-2))
     }
 
+    /// The grouped query heads equal the `repeat_kv` formulation (basic Candle ops).
+    #[test]
+    fn dense_groups_query_heads_as_repeat_kv() -> Result<()> {
+        let dev = Device::Cpu;
+        let (b, nh, nkv, t, s, d) = (2, 4, 2, 3, 5, 6);
+        let q = randn(&[b, nh, t, d], DType::F32, 1, &dev)?;
+        let k = randn(&[b, nkv, s, d], DType::F32, 2, &dev)?;
+        let v = randn(&[b, nkv, s, d], DType::F32, 3, &dev)?;
+        let mask = (randn(&[b, 1, t, s], DType::F32, 4, &dev)? * 3.0)?;
+        let got = attention_dense(&q, &k, &v, &mask, 0.5)?;
+        let rep = |x: &Tensor| -> Result<Tensor> {
+            x.unsqueeze(2)?
+                .broadcast_as((b, nkv, nh / nkv, s, d))?
+                .reshape((b, nh, s, d))
+        };
+        let scores = (q.matmul(&rep(&k)?.t()?)? * 0.5)?.broadcast_add(&mask)?;
+        let want = crate::softmax_last_dim_slow(&scores)?.matmul(&rep(&v)?)?;
+        crate::testing::assert_close("attention_dense", &got, &want, 1e-6, 1e-5)
+    }
+
+    #[test]
+    fn dense_backward_matches_autograd() -> Result<()> {
+        let dev = Device::Cpu;
+        for (dtype, tol) in [(DType::F32, (1e-5, 1e-4)), (DType::BF16, (1e-2, 1e-2))] {
+            let (b, nh, nkv, t, d) = (2, 4, 2, 5, 8);
+            let x = [
+                randn(&[b, nh, t, d], dtype, 1, &dev)?,
+                randn(&[b, nkv, t, d], dtype, 2, &dev)?,
+                randn(&[b, nkv, t, d], dtype, 3, &dev)?,
+            ];
+            let mask = (randn(&[b, 1, t, t], DType::F32, 4, &dev)? * 3.0)?;
+            let g = randn(&[b, nh, t, d], dtype, 5, &dev)?;
+            let vars = x
+                .iter()
+                .map(candle_core::Var::from_tensor)
+                .collect::<Result<Vec<_>>>()?;
+            let o = attention_dense(&vars[0], &vars[1], &vars[2], &mask, 0.35)?;
+            let want = crate::backward_with_seed(&o, &g)?;
+            let got = attention_dense_backward(&x[0], &x[1], &x[2], &mask, 0.35, &g)?;
+            for (name, got, var) in [
+                ("dq", got.0, &vars[0]),
+                ("dk", got.1, &vars[1]),
+                ("dv", got.2, &vars[2]),
+            ] {
+                let want = want.get(var).expect("a gradient");
+                crate::testing::assert_close(
+                    &format!("{name} {dtype:?}"),
+                    &got,
+                    want,
+                    tol.0,
+                    tol.1,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
     #[test]
     fn window_counts_the_query_itself() -> Result<()> {
         // v = one-hot of the key position: the output row shows which keys were attended
@@ -523,7 +712,7 @@ mod tests {
         let t = 8;
         let q = Tensor::zeros((1, 1, t, t), DType::F32, &dev)?;
         let v = Tensor::eye(t, DType::F32, &dev)?.reshape((1, 1, t, t))?;
-        let o = attention(&q, &q, &v, None, Some(4), 1.0)?;
+        let o = attention(&q, &q, &v, None, Some(4), 1.0, &AttentionPlan::default())?;
         let row7 = o.get(0)?.get(0)?.get(7)?.to_vec1::<f32>()?;
         assert_eq!(row7, vec![0.0, 0.0, 0.0, 0.0, 0.25, 0.25, 0.25, 0.25]); // keys 4..=7
         Ok(())
@@ -535,7 +724,15 @@ mod tests {
         let q = candle_core::Var::from_tensor(&randn(&[1, 2, 4, 8], DType::F32, 1, &dev)?)?;
         let k = randn(&[1, 1, 4, 8], DType::F32, 2, &dev)?;
         let mask = Tensor::new(&[[0u8, 1, 1, 1]], &dev)?; // left padding: query 0 sees nothing
-        let o = attention(&q, &k, &k, Some(&mask), None, 1.0)?;
+        let o = attention(
+            &q,
+            &k,
+            &k,
+            Some(&mask),
+            None,
+            1.0,
+            &AttentionPlan::default(),
+        )?;
         assert_eq!(
             o.get(0)?
                 .get(0)?

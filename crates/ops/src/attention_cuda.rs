@@ -13,7 +13,7 @@
 //! (`g = nh / nkv`; one `swap12` of the whole tensor each way, none when `g = 1`), where a block's
 //! `g·rows` query rows of one kv head are consecutive, so every product is one strided-batched
 //! GEMM over `b·nkv` items.
-//! The fp32 score buffers are bounded by [`SCORE_BYTES`], so memory stays O(t·bq) instead of
+//! The fp32 score buffers are bounded by [`AttentionPlan::score_bytes`], so memory stays O(t·bq) instead of
 //! O(t²) per layer. Numerics: fp32 scores, softmax and accumulation; P and dS are rounded to the
 //! input dtype before their GEMMs (as FlashAttention does); exact fp32 for f32 inputs.
 //!
@@ -21,10 +21,10 @@
 //! one fused kernel instead (`kernels/attention_flash.cu`, FlashAttention-2's one-pass online
 //! softmax on `mma.sync`, S and P in registers, Q / O read and written in `(b, nh, t, d)` without
 //! a regroup); the same numerics except that P is rounded before its normalisation.
-//! `G4FT_ATTN_FWD=blocked` turns it off; `G4FT_ATTN_FWD=w4` / `w8` picks the d-256 block shape
-//! (4 warps, or 8 with double-buffered K/V).
+//! [`AttentionPlan::forward`] picks it, the d-256 block shape (4 warps, or 8 with double-buffered
+//! K/V), or the blocked path.
 
-use super::{AttentionBwd, Dims};
+use super::{AttentionBwd, AttentionForward, AttentionPlan, Dims};
 use crate::cublas::{Gemm, Mat};
 use crate::cuda::{self, cuda_module, cuda_of, with_cuda_float_type, Module};
 use candle_core::backend::BackendStorage;
@@ -34,8 +34,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 };
 use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Tensor, WithDType};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 const MODULE: Module = cuda_module!("attention");
 const FLASH: Module = cuda_module!("attention_flash");
@@ -44,58 +43,6 @@ const FLASH: Module = cuda_module!("attention_flash");
 const FLASH_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
 /// Keys per shared-memory tile of the fused forward (`BC` in the kernel).
 const FLASH_KEYS: usize = 64;
-/// Warps (16 query rows each) per block of the d-256 fused forward: 8 (double-buffered K/V, one
-/// block per SM) measured 5,668 against 4's 5,583 tokens/s in the 12B step; other dims use 4.
-static FLASH_WARPS: AtomicUsize = AtomicUsize::new(8);
-/// Whether the fused forward may be used (tests and timings compare it with the blocked path).
-static FLASH_ON: AtomicBool = AtomicBool::new(true);
-
-/// Turns the fused forward on or off (off: every forward takes the blocked path).
-#[cfg(test)]
-pub(crate) fn set_flash_forward(on: bool) {
-    FLASH_ON.store(on, Ordering::Relaxed);
-}
-
-/// Warps per block of the d-256 fused forward (4 or 8; timings compare them).
-#[cfg(test)]
-pub(crate) fn set_flash_warps(warps: usize) {
-    FLASH_WARPS.store(warps, Ordering::Relaxed);
-}
-
-/// `G4FT_ATTN_FWD` (read once): `Some(0)` for `blocked`, `Some(w)` for `w4` / `w8`, else `None`.
-fn forward_choice_from_env() -> Option<usize> {
-    static CHOICE: OnceLock<Option<usize>> = OnceLock::new();
-    *CHOICE.get_or_init(|| match std::env::var("G4FT_ATTN_FWD").as_deref() {
-        Ok("blocked") => Some(0),
-        Ok("w4") => Some(4),
-        Ok("w8") => Some(8),
-        _ => None,
-    })
-}
-
-/// `G4FT_ATTN_SCORE_MIB` (read once): a score-buffer bound in MiB instead of the default.
-fn score_bytes_from_env() -> Option<usize> {
-    static BYTES: OnceLock<Option<usize>> = OnceLock::new();
-    *BYTES.get_or_init(|| {
-        let mib = std::env::var("G4FT_ATTN_SCORE_MIB")
-            .ok()?
-            .parse::<usize>()
-            .ok()?;
-        Some(mib << 20)
-    })
-}
-
-/// Default upper bound of one fp32 score buffer (`b·nh·bq·t` floats); sets the query block size `bq`.
-/// 32 MiB: 256-row blocks for the 12B shape (16 heads, t = 2048). Tests lower it to force many
-/// blocks on small shapes.
-pub(crate) const DEFAULT_SCORE_BYTES: usize = 32 << 20;
-static SCORE_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_SCORE_BYTES);
-
-/// Sets the score-buffer bound (tests: exercise the blocked path on small shapes).
-#[cfg(test)]
-pub(crate) fn set_score_bytes(bytes: usize) {
-    SCORE_BYTES.store(bytes, Ordering::Relaxed);
-}
 
 /// The query blocks of one call and the largest key range any block sees.
 struct Blocking {
@@ -115,10 +62,10 @@ struct Block {
 }
 
 impl Blocking {
-    fn new(n: &Dims) -> Self {
+    /// Query blocks whose fp32 score buffer stays within `score_bytes` (at least 16 rows).
+    fn new(n: &Dims, score_bytes: usize) -> Self {
         let per_row = n.b * n.nh * n.t * 4;
-        let bound = score_bytes_from_env().unwrap_or(SCORE_BYTES.load(Ordering::Relaxed));
-        let bq = (bound / per_row).max(16);
+        let bq = (score_bytes / per_row).max(16);
         let bq = if bq < n.t { bq / 16 * 16 } else { n.t };
         let ld_max = if n.window > 0 {
             (bq + n.window - 1).min(n.t)
@@ -362,26 +309,23 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    /// Whether the fused forward kernel covers this call (16-bit inputs, an instantiated head dim).
-    fn flash(&self) -> bool {
-        FLASH_ON.load(Ordering::Relaxed)
-            && forward_choice_from_env() != Some(0)
+    /// Whether `plan` asks for the fused forward kernel and it covers this call (16-bit inputs, an
+    /// instantiated head dim).
+    fn flash(&self, plan: &AttentionPlan) -> bool {
+        plan.forward != AttentionForward::Blocked
             && matches!(self.dtype, DType::BF16 | DType::F16)
             && FLASH_DIMS.contains(&self.n.d)
             && self.n.scale > 0.0 // the kernel takes row maxima of unscaled scores
     }
 
     /// The fused forward: `o` and `lse` from `q`, `k`, `v` and the key mask in one launch.
-    fn flash_fwd(&self, [q, k, v, mask, o, lse]: [u64; 6]) -> Result<()> {
+    fn flash_fwd(&self, plan: &AttentionPlan, [q, k, v, mask, o, lse]: [u64; 6]) -> Result<()> {
         let n = &self.n;
         // (warps, K/V stages, query rows per block), as the kernel's entry points: head dim 512
         // splits O's columns over two warps per 16 rows.
-        let (warps, stages, rows) = match n.d {
-            512 => (8, 1, 64),
-            256 => {
-                let w = forward_choice_from_env().unwrap_or(FLASH_WARPS.load(Ordering::Relaxed));
-                (w, if w == 8 { 2 } else { 1 }, w * 16)
-            }
+        let (warps, stages, rows) = match (n.d, plan.forward) {
+            (512, _) => (8, 1, 64),
+            (256, AttentionForward::FusedW8) => (8, 2, 128),
             _ => (4, 1, 64),
         };
         let f = self.func_of(&FLASH, &format!("attn_flash_fwd_d{}_w{warps}", n.d))?;
@@ -429,16 +373,17 @@ impl<'a> Ctx<'a> {
 fn fwd<T: CudaDType + DeviceRepr + WithDType>(
     dev: &CudaDevice,
     n: &Dims,
+    plan: &AttentionPlan,
     [q, k, v, mask]: [u64; 4],
 ) -> Result<(CudaSlice<T>, CudaSlice<f32>)> {
     let cx = Ctx::new(dev, n, T::DTYPE);
     let o = cx.alloc::<T>(n.q_elems())?;
     let lse = cx.alloc::<f32>(n.b * n.nh * n.t)?;
-    if cx.flash() && [q, k, v].iter().all(|p| p % 16 == 0) {
-        cx.flash_fwd([q, k, v, mask, cx.addr(&o), cx.addr(&lse)])?;
+    if cx.flash(plan) && [q, k, v].iter().all(|p| p % 16 == 0) {
+        cx.flash_fwd(plan, [q, k, v, mask, cx.addr(&o), cx.addr(&lse)])?;
         return Ok((o, lse));
     }
-    let bl = Blocking::new(n);
+    let bl = Blocking::new(n, plan.score_bytes);
     let rows_max = n.b * n.nh * bl.bq;
     let s = cx.alloc::<f32>(rows_max * bl.ld_max)?;
     let p = cx.alloc::<T>(rows_max * bl.ld_max)?;
@@ -468,10 +413,11 @@ fn fwd<T: CudaDType + DeviceRepr + WithDType>(
 fn bwd<T: CudaDType + DeviceRepr + WithDType>(
     dev: &CudaDevice,
     n: &Dims,
+    plan: &AttentionPlan,
     [q, k, v, o, dout, lse, mask]: [u64; 7],
 ) -> Result<CudaSlice<T>> {
     let cx = Ctx::new(dev, n, T::DTYPE);
-    let bl = Blocking::new(n);
+    let bl = Blocking::new(n, plan.score_bytes);
     let rows_max = n.b * n.nh * bl.bq;
     let (nq, nkv) = (n.q_elems(), n.kv_elems());
     let packed = cx.alloc::<T>(nq + 2 * nkv)?;
@@ -549,6 +495,7 @@ fn bwd<T: CudaDType + DeviceRepr + WithDType>(
 pub(super) fn forward(
     op: &str,
     n: &Dims,
+    plan: &AttentionPlan,
     (s1, l1): (&CudaStorage, &Layout),
     (s2, l2): (&CudaStorage, &Layout),
     (s3, l3): (&CudaStorage, &Layout),
@@ -562,7 +509,7 @@ pub(super) fn forward(
     with_cuda_float_type!(s1, op, T => {
         let addr = |s, l, what| -> Result<u64> { Ok(cuda::view::<T>(s, l, op, what)?.device_ptr(&stream).0) };
         let ptrs = [addr(s1, l1, "q")?, addr(s2, l2, "k")?, addr(s3, l3, "v")?, mask];
-        let (o, lse) = fwd::<T>(&dev, n, ptrs)?;
+        let (o, lse) = fwd::<T>(&dev, n, plan, ptrs)?;
         Ok((cuda::wrap(o, &dev), cuda::wrap(lse, &dev)))
     })
 }
@@ -593,6 +540,6 @@ pub(super) fn backward(a: &AttentionBwd, (s, l): (&CudaStorage, &Layout)) -> Res
             lse,
             mask,
         ];
-        Ok(cuda::wrap(bwd::<T>(&dev, &a.n, ptrs)?, &dev))
+        Ok(cuda::wrap(bwd::<T>(&dev, &a.n, &a.plan, ptrs)?, &dev))
     })
 }

@@ -425,7 +425,11 @@ fn gpu_kernels_table() -> Result<()> {
         // 32 / 64 / 128 / 256 / 512), then the blocked forward with 48-row (nh 8) / 96-row (nh 4)
         // blocks and a ragged last block: 983,040 B = 48 rows of b·nh·t fp32 scores at nh 8. GQA
         // groups of 2 and 8 (Q regrouped) and of 1 (no copy).
-        for ((nh, nkv, d, win), (score_bytes, flash)) in [
+        let blocked = AttentionPlan {
+            forward: AttentionForward::Blocked,
+            score_bytes: 983_040,
+        };
+        for ((nh, nkv, d, win), plan) in [
             (8, 4, 256, Some(128)),
             (8, 1, 512, None),
             (4, 2, 512, Some(100)),
@@ -436,17 +440,11 @@ fn gpu_kernels_table() -> Result<()> {
             (2, 1, 16, None),
         ]
         .into_iter()
-        .flat_map(|c| {
-            [
-                (c, (crate::attention::DEFAULT_SCORE_BYTES, true)),
-                (c, (983_040, false)),
-            ]
-        }) {
-            crate::attention::set_score_bytes(score_bytes);
-            crate::attention::set_flash_forward(flash);
+        .flat_map(|c| [(c, AttentionPlan::default()), (c, blocked)])
+        {
             let m = mask.clone();
             ok &= check(
-                &format!("attention {dn} win={win:?} score_bytes={score_bytes} flash={flash}"),
+                &format!("attention {dn} win={win:?} {plan:?}"),
                 &format!("b2 nh{nh} nkv{nkv} t320 d{d}"),
                 &move |x| {
                     attention(
@@ -456,6 +454,7 @@ fn gpu_kernels_table() -> Result<()> {
                         Some(&m.to_device(x[0].device())?),
                         win,
                         1.0 / (d as f64).sqrt(),
+                        &plan,
                     )
                 },
                 &[
@@ -468,8 +467,6 @@ fn gpu_kernels_table() -> Result<()> {
                 &gpu,
             )?;
         }
-        crate::attention::set_score_bytes(crate::attention::DEFAULT_SCORE_BYTES);
-        crate::attention::set_flash_forward(true);
     }
     // dropout mask bits and AdamW: CPU and CUDA must agree exactly
     let mc = dropout_mask((1000, 999), 0.1, [5, 6, 7], &Device::Cpu)?;
@@ -597,21 +594,24 @@ fn gpu_kernels_table() -> Result<()> {
         &[r(&[t, h], bf, 1)?],
         &gpu,
     )?;
-    // Sliding layer: the fused forward with 4- and 8-warp blocks, then the blocked forward.
-    for (nh, nkv, d, win, fwd) in [
-        (16, 8, 256, Some(1024), "fused w4"),
-        (16, 8, 256, Some(1024), "fused w8"),
-        (16, 8, 256, Some(1024), "blocked"),
-        (16, 1, 512, None, "fused w8"),
-        (16, 1, 512, None, "blocked"),
+    // Sliding layer: the fused forward with 4- and 8-warp blocks, then the blocked forward; full
+    // layer (head dim 512): the fused forward (8 warps with either plan), then the blocked one.
+    let plan = |forward| AttentionPlan {
+        forward,
+        ..AttentionPlan::default()
+    };
+    for (nh, nkv, d, win, plan) in [
+        (16, 8, 256, Some(1024), plan(AttentionForward::FusedW4)),
+        (16, 8, 256, Some(1024), plan(AttentionForward::FusedW8)),
+        (16, 8, 256, Some(1024), plan(AttentionForward::Blocked)),
+        (16, 1, 512, None, plan(AttentionForward::FusedW8)),
+        (16, 1, 512, None, plan(AttentionForward::Blocked)),
     ] {
-        crate::attention::set_flash_forward(fwd != "blocked");
-        crate::attention::set_flash_warps(if fwd == "fused w8" { 8 } else { 4 });
         let sc = 1.0;
         time_row(
-            &format!("attention win={win:?} fwd {fwd}"),
+            &format!("attention win={win:?} fwd {:?}", plan.forward),
             &format!("(1,{nh},2048,{d}) kv{nkv}"),
-            &move |x| attention(&x[0], &x[1], &x[2], None, win, sc),
+            &move |x| attention(&x[0], &x[1], &x[2], None, win, sc, &plan),
             &move |x| attention_slow(&x[0], &x[1], &x[2], None, win, sc),
             &[
                 r(&[1, nh, t, d], bf, 1)?,
@@ -621,8 +621,6 @@ fn gpu_kernels_table() -> Result<()> {
             &gpu,
         )?;
     }
-    crate::attention::set_flash_forward(true);
-    crate::attention::set_flash_warps(8);
     let tg: Vec<u32> = (0..t as u32)
         .map(|i| (i * 2654435761u32) % 262144)
         .collect();

@@ -13,7 +13,8 @@
 //! Ops: [`backward_with_seed`] (SeedGrad), [`linear_frozen`] (FrozenMatmul: d(x) only),
 //! [`lora_linear`] (frozen linear + LoRA branch as one node), [`rms_norm`], [`rope`], [`softmax_last_dim`], [`gelu_tanh_mul`], [`linear_cross_entropy`]
 //! (chunked, loss and d(hidden) in one pass), [`attention`] (causal, sliding window, key mask, GQA,
-//! no (t, t) tensor), [`adamw_step`] + [`l2_norm`] (AdamW and the clip norm over flat fp32 buffers), [`lora_dropout`] /
+//! no (t, t) tensor; CUDA kernels picked by an [`AttentionPlan`]) and the composite
+//! [`attention_dense`] (dense additive mask; [`attention_slow`] is it with the causal mask), [`adamw_step`] + [`l2_norm`] (AdamW and the clip norm over flat fp32 buffers), [`lora_dropout`] /
 //! [`dropout_mask`] (counter-hash mask that replays, identical bits on CPU and CUDA).
 //!
 //! CUDA build: with the `cuda` feature, `build.rs` runs nvcc (`-arch=compute_$CUDA_COMPUTE_CAP`,
@@ -49,7 +50,10 @@ mod testing;
 mod transpose;
 mod util;
 
-pub use attention::{attention, attention_saved, attention_slow, AttentionSaved};
+pub use attention::{
+    attention, attention_dense, attention_dense_backward, attention_saved, attention_slow,
+    AttentionForward, AttentionPlan, AttentionSaved,
+};
 pub use cross_entropy::{
     cross_entropy_sum, linear_cross_entropy, linear_cross_entropy_slow, softcap,
 };

@@ -109,16 +109,17 @@ fn attention_saved_matches_autograd() -> Result<()> {
         &Device::Cpu,
     )?;
     let g = randn(&[2, 4, 7, 8], DType::F32, 4)?;
+    let plan = AttentionPlan::default();
     let want = autograd(
-        |t| attention(&t[0], &t[1], &t[2], Some(&mask), Some(3), 1.0),
+        |t| attention(&t[0], &t[1], &t[2], Some(&mask), Some(3), 1.0, &plan),
         &[q.clone(), k.clone(), v.clone()],
         &g,
     )?;
-    let (o, saved) = attention_saved(&q, &k, &v, Some(&mask), Some(3), 1.0)?;
+    let (o, saved) = attention_saved(&q, &k, &v, Some(&mask), Some(3), 1.0, &plan)?;
     assert_same(
         "attention_saved output",
         &o,
-        &attention(&q, &k, &v, Some(&mask), Some(3), 1.0)?,
+        &attention(&q, &k, &v, Some(&mask), Some(3), 1.0, &plan)?,
     )?;
     let (dq, dk, dv) = saved.backward(&q, &k, &v, &o, &g)?;
     for (what, got, want) in [

@@ -11,10 +11,11 @@
 use candle_core::Tensor;
 use g4ft_lora::{AdapterGrads, LoraContext, ProjectionSaved};
 use g4ft_ops::{
-    attention_saved, rms_norm, rms_norm_backward, rope, rope_backward, swap_dims12, AttentionSaved,
+    attention_dense, attention_dense_backward, attention_saved, rms_norm, rms_norm_backward, rope,
+    rope_backward, swap_dims12, AttentionSaved,
 };
 
-use super::{attention_dense, attention_dense_backward, Attention, KvPair};
+use super::{Attention, KvPair};
 use crate::error::{Error, Result};
 use crate::rope::RopeTable;
 
@@ -132,11 +133,11 @@ impl Attention {
         let q = self.roped(&q_raw, &self.q_norm, rope_t)?;
         let (o, core) = match scores {
             Scores::Causal { key_mask, window } => {
-                let (o, saved) = attention_saved(&q, &k, &v, key_mask, window, 1.0)?;
+                let (o, saved) = attention_saved(&q, &k, &v, key_mask, window, 1.0, &self.plan)?;
                 (o, CoreSaved::Fused(saved))
             }
             Scores::Dense(mask) => (
-                attention_dense(&q, &k, &v, mask)?,
+                attention_dense(&q, &k, &v, mask, 1.0)?,
                 CoreSaved::Dense(mask.clone()),
             ),
         };
@@ -182,7 +183,9 @@ impl Attention {
         let q = self.roped(&tape.q_raw, &self.q_norm, rope_t)?;
         let (dq, dk, dv) = match &tape.core {
             CoreSaved::Fused(saved) => saved.backward(&q, &tape.k, &tape.v, &tape.o, &d_o)?,
-            CoreSaved::Dense(mask) => attention_dense_backward(&q, &tape.k, &tape.v, mask, &d_o)?,
+            CoreSaved::Dense(mask) => {
+                attention_dense_backward(&q, &tape.k, &tape.v, mask, 1.0, &d_o)?
+            }
         };
         drop((q, tape.k, tape.v, tape.o, d_o, tape.core));
         // d(raw) of a roped, normed projection: rope⁻ᵀ, back to (b, t, heads, d), norm backward
