@@ -11,7 +11,7 @@
 //! `--accum` micro-batches (`forward_backward` with `loss_scale = 1/accum`, each finished layer's
 //! adapter gradients accumulated into DDP's flat fp32 buckets, the first `accum − 1` under
 //! `no_sync`), `ddp.finish()`, then the global norm over the buckets
-//! (`g4ft_trainer::clip::grad_norm`), the clip coefficient and `step::adamw_step` (AdamW over
+//! (`g4ft_trainer::step::clip::grad_norm`), the clip coefficient and `step::adamw_step` (AdamW over
 //! the buckets, the fused op on CUDA). Each step ends with a device synchronize; the first
 //! `--warmup-discard` steps are left out of the summary.
 //!
@@ -36,7 +36,7 @@
 //! the pool's release threshold raised to `u64::MAX` at startup; on CPU the process's peak RSS.
 //! `--recompute all|none|auto` (and `--memory-budget-gb`) as in `train_ddp`; the plan and its
 //! predicted peak are printed before the first step and again in the summary, beside the
-//! measured peak. MFU uses `g4ft_trainer::mfu::FlopsModel` both ways: `mfu_model` (the step's
+//! measured peak. MFU uses `g4ft_trainer::metrics::mfu::FlopsModel` both ways: `mfu_model` (the step's
 //! work without recompute) and `mfu_hw` (what runs under the policy); the JSON also has the
 //! baseline's `brief` convention (`MFU_brief`) for its tables.
 //!
@@ -58,13 +58,13 @@ use g4ft_gemma4::{Config, Gemma4Model, LayerType};
 use g4ft_hash::{mix64, GAMMA};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, LoraContext, TargetModules};
 use g4ft_ops::{AttentionForward, AttentionPlan};
-use g4ft_trainer::cli::ShapeArgs;
-use g4ft_trainer::clip::{clip_coef, grad_norm};
+use g4ft_trainer::config::cli::ShapeArgs;
 use g4ft_trainer::config::POST_LORA_TARGETS;
-use g4ft_trainer::memory::{self, MemProbe};
-use g4ft_trainer::mfu::mfu;
-use g4ft_trainer::optim::{AdamW, AdamWParams};
-use g4ft_trainer::schedule::LrSchedule;
+use g4ft_trainer::metrics::memory::{self, MemProbe};
+use g4ft_trainer::metrics::mfu::mfu;
+use g4ft_trainer::step::clip::{clip_coef, grad_norm};
+use g4ft_trainer::step::optim::{AdamW, AdamWParams};
+use g4ft_trainer::step::schedule::LrSchedule;
 use g4ft_trainer::step::{self, LossWeighting, StepEvent, StepObserver};
 
 /// The post's learning rate, warmup steps and clip norm.
@@ -351,7 +351,7 @@ fn main() -> Result<()> {
     let fl = step::flops_model(&model).flops_per_token(t);
     let peak_tflops = args
         .peak_tflops
-        .or_else(|| g4ft_trainer::mfu::device_peak_tflops(&device));
+        .or_else(|| g4ft_trainer::metrics::mfu::device_peak_tflops(&device));
     // MFU per GPU: tokens/s of this rank's device.
     let tps_device = tps / world as f64;
     let achieved = tps_device * fl.hardware / 1e12;

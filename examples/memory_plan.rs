@@ -16,7 +16,7 @@ use clap::Parser;
 use g4ft_gemma4::memory::GB;
 use g4ft_gemma4::{Config, MemoryModel, StepShape};
 use g4ft_lora::{count_trainable, LoraConfig, ProjectionShape, TargetModules};
-use g4ft_trainer::cli::ShapeArgs;
+use g4ft_trainer::config::cli::ShapeArgs;
 use g4ft_trainer::config::POST_LORA_TARGETS;
 
 /// Command line.

@@ -51,7 +51,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
-    g4ft::trainer::cli::exit_code("", run(&Args::parse()))
+    g4ft::trainer::config::cli::exit_code("", run(&Args::parse()))
 }
 
 /// Whether `a` and `b` name the same file (the same inode, whatever the spelling).

@@ -124,7 +124,7 @@ pub(crate) fn score(
 }
 
 fn main() -> std::process::ExitCode {
-    g4ft::trainer::cli::exit_code("", run(&Args::parse()))
+    g4ft::trainer::config::cli::exit_code("", run(&Args::parse()))
 }
 
 fn run(args: &Args) -> Result<()> {

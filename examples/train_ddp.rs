@@ -35,23 +35,24 @@ use g4ft::data::{
 use g4ft::ddp::{DdpError, DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
 use g4ft::gemma4::{Checkpoint, Config, Gemma4Model, Hub, ModelFiles};
 use g4ft::lora::{self, LoraConfig, ParamReport, TargetModules};
-use g4ft::trainer::checkpoint::{prune_checkpoints, write_checkpoint_atomic};
-use g4ft::trainer::clip::{clip_coef, grad_norm};
-use g4ft::trainer::config::ResolvedConfig;
-use g4ft::trainer::config::{DTypeKind, DeviceKind, LabelsKind, ReportTo};
-use g4ft::trainer::memory::{self, MemProbe};
-use g4ft::trainer::metrics::{truncate_metrics, MetricsLogger, MfuSpec, StepStats};
-use g4ft::trainer::nonfinite::{decide, stop_error, StepDecision};
-use g4ft::trainer::optim::{AdamW, AdamWParams};
-use g4ft::trainer::resume::{self, Launch, StartPlan};
-use g4ft::trainer::run_dir::{self, RunRecord};
-use g4ft::trainer::schedule::{warmup_steps, LrSchedule};
-use g4ft::trainer::state::{
+use g4ft::trainer::checkpoint::resume::{self, Launch, StartPlan};
+use g4ft::trainer::checkpoint::run_dir::{self, RunRecord};
+use g4ft::trainer::checkpoint::state::{
     config_fingerprint, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
 };
+use g4ft::trainer::checkpoint::{prune_checkpoints, write_checkpoint_atomic};
+use g4ft::trainer::config::cli;
+use g4ft::trainer::config::ResolvedConfig;
+use g4ft::trainer::config::{DTypeKind, DeviceKind, LabelsKind, ReportTo};
+use g4ft::trainer::metrics::memory::{self, MemProbe};
+use g4ft::trainer::metrics::tensorboard::EventWriter;
+use g4ft::trainer::metrics::{truncate_metrics, MetricsLogger, MfuSpec, StepStats};
+use g4ft::trainer::step::clip::{clip_coef, grad_norm};
+use g4ft::trainer::step::nonfinite::{decide, stop_error, StepDecision};
+use g4ft::trainer::step::optim::{AdamW, AdamWParams};
+use g4ft::trainer::step::schedule::{warmup_steps, LrSchedule};
 use g4ft::trainer::step::{self, LossWeighting};
-use g4ft::trainer::tensorboard::EventWriter;
-use g4ft::trainer::{cli, TrainConfig};
+use g4ft::trainer::TrainConfig;
 
 fn main() -> ExitCode {
     let matches = cli::command().get_matches();
@@ -352,7 +353,7 @@ fn train_in_group(
         // MFU against --peak-tflops, else the data-sheet peak of a known GPU (none on the CPU).
         let peak = cfg
             .peak_tflops
-            .or_else(|| g4ft_trainer::mfu::device_peak_tflops(device));
+            .or_else(|| g4ft_trainer::metrics::mfu::device_peak_tflops(device));
         let mfu = peak.map(|peak_tflops| MfuSpec {
             model: step::flops_model(&model),
             peak_tflops,

@@ -1,6 +1,6 @@
 //! AdamW with `torch.optim.AdamW` semantics over flat fp32 buffers (`kernels/adamw.cu`), and
 //! the L2 norm that `clip_grad_norm_` takes. The one definition of the optimizer arithmetic: the
-//! trainer's optimizer (`g4ft_trainer::optim::AdamW`) keeps the moments and the step counter and
+//! trainer's optimizer (`g4ft_trainer::step::optim::AdamW`) keeps the moments and the step counter and
 //! calls [`adamw_step`] on every device.
 //!
 //! Per element, with `t` the 1-based step and `g` the gradient times the clip coefficient:

@@ -13,6 +13,14 @@
 //! the listed size; dot-directories (temporaries) never count. [`latest_complete_checkpoint`] picks
 //! the valid one with the highest step; [`latest_checkpoint_of_run`] the same among one run's
 //! checkpoints, which is what an elastic restart and `--resume latest` resume from.
+//!
+//! What a run keeps on disk and how it starts from it has its own modules: the trainer state
+//! saved in each checkpoint ([`state`]), the start of a run, fresh or from an adapter or a
+//! checkpoint ([`resume`]), and the output folder's lock and run record ([`run_dir`]).
+
+pub mod resume;
+pub mod run_dir;
+pub mod state;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -35,7 +43,7 @@ pub struct CompleteMarker {
     pub name: String,
     /// Optimizer steps completed when it was written.
     pub step: u64,
-    /// Id of the run that wrote it (see [`crate::run_dir`]); empty if unknown.
+    /// Id of the run that wrote it (see [`crate::checkpoint::run_dir`]); empty if unknown.
     #[serde(default)]
     pub run_id: String,
     /// Every other file, relative path → size in bytes.

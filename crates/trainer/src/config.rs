@@ -2,10 +2,12 @@
 //! environment override, `--help` section), their validation, and the two-column table rank 0
 //! prints at startup.
 //!
-//! Layering (lowest to highest): [`TrainConfig::default`] (the constants of the post's
+//! Precedence (lowest to highest): [`TrainConfig::default`] (the constants of the post's
 //! `train_ddp.py`) < the TOML file given to `--config` < the post's environment variables
-//! `MODEL_ID`, `DATA_PATH`, `OUTPUT_DIR` < command-line flags; [`crate::cli`] applies them.
+//! `MODEL_ID`, `DATA_PATH`, `OUTPUT_DIR` < command-line flags; [`crate::config::cli`] applies them.
 //! Field names are the TOML keys; each flag is the same name with dashes (`max_len` ↔ `--max-len`).
+
+pub mod cli;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,7 +17,7 @@ use clap::{Args, FromArgMatches};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::schedule::LrSchedulerKind;
+use crate::step::schedule::LrSchedulerKind;
 
 /// The post's `LORA_TARGETS`: only the text decoder's projections (PEFT treats a string
 /// `target_modules` as a full-match regex over module paths).
@@ -58,7 +60,7 @@ pub enum LabelsKind {
 }
 
 /// What to do when the loss or the gradient norm is NaN or infinite (decided identically on every
-/// rank, see [`crate::nonfinite`]).
+/// rank, see [`crate::step::nonfinite`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum OnNonFinite {
@@ -440,17 +442,17 @@ impl fmt::Display for Origin {
 pub struct ResolvedConfig {
     /// The final values.
     pub config: TrainConfig,
-    /// Field name → origin, for fields some layer set.
+    /// Field name → origin, for fields some source set.
     pub origins: BTreeMap<String, Origin>,
 }
 
 impl ResolvedConfig {
-    /// Origin of `field` (`Default` when no layer set it).
+    /// Origin of `field` (`Default` when no source set it).
     pub fn origin(&self, field: &str) -> Origin {
         self.origins.get(field).cloned().unwrap_or(Origin::Default)
     }
 
-    /// The config table with a third note per row saying which layer set the value, e.g.
+    /// The config table with a third note per row saying which source set the value, e.g.
     /// `lr                    0.0002   (flag)`. Rank 0 prints this at startup.
     pub fn table(&self) -> String {
         let rows: Vec<(String, String)> = self

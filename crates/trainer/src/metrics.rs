@@ -8,6 +8,15 @@
 //! The logger does no collectives and no device syncs: the loop passes numbers that are already
 //! all-reduced (loss, tokens over all ranks) and a step time measured after a sync, as the post
 //! does with `.item()`.
+//!
+//! What the numbers come from has its own modules: FLOPs per token and MFU
+//! ([`mfu`](mod@mfu)), peak memory ([`memory`]), the `loss.svg` plot ([`plot`]) and TensorBoard
+//! event files ([`tensorboard`]).
+
+pub mod memory;
+pub mod mfu;
+pub mod plot;
+pub mod tensorboard;
 
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
@@ -18,9 +27,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::mfu::{mfu, FlopsModel, FlopsPerToken};
-use crate::plot::write_loss_svg;
-use crate::tensorboard::EventWriter;
+use crate::metrics::mfu::{mfu, FlopsModel, FlopsPerToken};
+use crate::metrics::plot::write_loss_svg;
+use crate::metrics::tensorboard::EventWriter;
 
 /// What the loop measured for one optimizer step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,7 +78,7 @@ pub struct StepRecord {
     /// `tokens / step_s`.
     pub tokens_per_s: f64,
     /// Model FLOPs utilisation per device in [0, 1] (the step's work without recompute,
-    /// [`crate::mfu`]), when a FLOP model and a peak are known.
+    /// [`crate::metrics::mfu`](mod@crate::metrics::mfu)), when a FLOP model and a peak are known.
     pub mfu_model: Option<f64>,
     /// Hardware FLOPs utilisation per device in [0, 1] (what runs, recomputed layers included).
     pub mfu_hw: Option<f64>,
@@ -437,7 +446,7 @@ impl MetricsLogger {
         })
     }
 
-    /// The recorded training `(step, loss)` points, for [`crate::plot::write_loss_svg`].
+    /// The recorded training `(step, loss)` points, for [`crate::metrics::plot::write_loss_svg`].
     pub fn train_curve(&self) -> &[(u64, f64)] {
         &self.train_curve
     }
@@ -558,7 +567,7 @@ fn format_count(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mfu::{AttnLayer, LayerFlops};
+    use crate::metrics::mfu::{AttnLayer, LayerFlops};
 
     fn stats(step: u64, step_s: f64) -> StepStats {
         StepStats {

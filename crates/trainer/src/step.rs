@@ -1,15 +1,26 @@
-//! The glue between the model's layer-wise backward, DDP and the optimizer that
-//! `examples/train_ddp.rs` (and `examples/bench_train.rs`, so the benchmark times exactly the
-//! training step) calls inside its loop: one micro-batch's forward + backward with each
-//! finished layer's LoRA gradients handed to DDP ([`backward`]), an optimizer step's window of
-//! micro-batches with `no_sync` accumulation and the final synchronised backward
-//! ([`accumulate_window`], observable phase by phase through [`StepObserver`]), the loss scale
-//! of the two loss modes ([`LossWeighting`]), AdamW over DDP's flat buckets ([`adamw_step`]),
-//! scalar all-reduces ([`all_reduce_sum`]), evaluation ([`evaluate`]) and the FLOP shape for MFU
-//! under the model's recompute policy ([`flops_model`]).
+//! The step recipe: what `examples/train_ddp.rs` (and `examples/bench_train.rs`, so the
+//! benchmark times exactly the training step) calls inside its loop, over the model, DDP and the
+//! optimizer: one micro-batch's forward + backward with each finished layer's LoRA gradients
+//! handed to DDP ([`backward`]), an optimizer step's window of micro-batches with `no_sync`
+//! accumulation and the final synchronised backward ([`accumulate_window`], observable phase by
+//! phase through [`StepObserver`]), the loss scale of the two loss modes ([`LossWeighting`]),
+//! AdamW over DDP's flat buckets ([`adamw_step`]), scalar all-reduces ([`all_reduce_sum`]),
+//! evaluation ([`evaluate`]) and the model's FLOP shape for MFU under its recompute policy
+//! ([`flops_model`], for the model-agnostic count in [`crate::metrics::mfu`]).
 //!
-//! Plain functions over the crates' types; the order in which they are called (and every
-//! collective) stays visible in the example.
+//! The pieces of a step have their own modules: the AdamW state ([`optim`]), gradient clipping
+//! ([`clip`]), the learning-rate schedule ([`schedule`]) and the skip-or-stop decision on a
+//! non-finite step ([`nonfinite`]).
+//!
+//! Collectives: [`accumulate_window`] and [`backward`] into DDP itself (the gradient
+//! all-reduce, bucket by bucket), [`all_reduce_sum`] and [`evaluate`] are collective (every rank
+//! must call them, in the same order); the rest is local. Plain functions over the crates'
+//! types, so the order of the calls stays visible in the example.
+
+pub mod clip;
+pub mod nonfinite;
+pub mod optim;
+pub mod schedule;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
@@ -18,8 +29,8 @@ use g4ft_ddp::{DdpError, DistributedDataParallel, NoSync, ProcessGroup, ReduceOp
 use g4ft_gemma4::{Gemma4Model, LayerType, LossStats, TokenBatch};
 use g4ft_lora::{AdapterGrads, LoraContext};
 
-use crate::mfu::{AttnLayer, FlopsModel, LayerFlops};
-use crate::optim::{AdamW, FlatBucket};
+use crate::metrics::mfu::{AttnLayer, FlopsModel, LayerFlops};
+use optim::{AdamW, FlatBucket};
 
 /// Where a layer's finished gradients go: DDP itself on the synchronised micro-batch (buckets
 /// all-reduce as they fill), or its [`NoSync`] guard on the others (local accumulation only).

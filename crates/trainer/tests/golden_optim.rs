@@ -13,9 +13,9 @@
 use std::path::Path;
 
 use candle_core::{Device, Tensor, Var};
-use g4ft_trainer::clip::{clip_coef, grad_norm};
-use g4ft_trainer::optim::{AdamW, AdamWParams, FlatBucket};
-use g4ft_trainer::schedule::{warmup_steps, LrSchedule, LrSchedulerKind};
+use g4ft_trainer::step::clip::{clip_coef, grad_norm};
+use g4ft_trainer::step::optim::{AdamW, AdamWParams, FlatBucket};
+use g4ft_trainer::step::schedule::{warmup_steps, LrSchedule, LrSchedulerKind};
 use serde_json::Value;
 
 const SHAPES: [&[usize]; 3] = [&[4, 3], &[2, 5], &[7]];

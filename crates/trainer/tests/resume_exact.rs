@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor, Var};
-use g4ft_trainer::checkpoint::{latest_complete_checkpoint, write_checkpoint_atomic};
-use g4ft_trainer::clip::{clip_coef, grad_norm};
-use g4ft_trainer::optim::{AdamW, AdamWParams, FlatBucket};
-use g4ft_trainer::schedule::LrSchedule;
-use g4ft_trainer::state::{
+use g4ft_trainer::checkpoint::state::{
     config_fingerprint, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
 };
+use g4ft_trainer::checkpoint::{latest_complete_checkpoint, write_checkpoint_atomic};
+use g4ft_trainer::step::clip::{clip_coef, grad_norm};
+use g4ft_trainer::step::optim::{AdamW, AdamWParams, FlatBucket};
+use g4ft_trainer::step::schedule::LrSchedule;
 use g4ft_trainer::TrainConfig;
 
 const STEPS: u64 = 8;

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use g4ft_trainer::cli::resolve_args;
+use g4ft_trainer::config::cli::resolve_args;
 use g4ft_trainer::config::Origin;
 
 #[test]

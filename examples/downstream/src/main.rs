@@ -19,8 +19,8 @@ use candle_core::{DType, Device};
 use g4ft_ddp::{DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup};
 use g4ft_gemma4::{Gemma4Model, TokenBatch};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, LoraContext, TargetModules};
-use g4ft_trainer::clip::{clip_coef, grad_norm};
-use g4ft_trainer::optim::{AdamW, AdamWParams};
+use g4ft_trainer::step::clip::{clip_coef, grad_norm};
+use g4ft_trainer::step::optim::{AdamW, AdamWParams};
 use g4ft_trainer::step::{adamw_step, bucket_grads, bucket_lens};
 
 /// The tiny Gemma-4-shaped model bundled with g4ft (random weights, vocabulary 512).

@@ -1,4 +1,4 @@
-"""Golden TFRecord bytes for g4ft-trainer's TensorBoard writer (crates/trainer/src/tensorboard.rs).
+"""Golden TFRecord bytes for g4ft-trainer's TensorBoard writer (crates/trainer/src/metrics/tensorboard.rs).
 
 Builds the four events the Rust test encodes (file version, two scalars, a SessionLog START) as
 tensorboard's own event_pb2.Event messages, frames each with tensorboard's RecordWriter (length,

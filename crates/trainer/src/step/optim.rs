@@ -5,7 +5,7 @@
 //! The parameters are separate `Var`s occupying consecutive ranges of a bucket's layout (Candle
 //! cannot make `Var`s share one storage), so a step runs the op once per parameter range: the
 //! parameter's own storage and views into the bucket's gradient and moment buffers, no copies.
-//! Clipping is folded in as the clip coefficient (from [`crate::clip::clip_coef`]).
+//! Clipping is folded in as the clip coefficient (from [`crate::step::clip::clip_coef`]).
 
 use std::collections::HashMap;
 

@@ -20,7 +20,7 @@ use crate::error::Result;
 ///
 /// ```
 /// use candle_core::{Device, Tensor};
-/// use g4ft_trainer::clip::grad_norm;
+/// use g4ft_trainer::step::clip::grad_norm;
 /// let buckets = [
 ///     Tensor::new(&[3f32, 0.0], &Device::Cpu).unwrap(),
 ///     Tensor::new(&[4f32], &Device::Cpu).unwrap(),
@@ -42,10 +42,10 @@ pub fn grad_norm(grads: &[Tensor]) -> Result<f32> {
 
 /// torch's clip coefficient in f32: `min(max_norm / (total_norm + 1e-6), 1)`; 1 when
 /// `max_norm` is 0 (clipping off). A NaN norm gives a NaN coefficient, as in torch: check with
-/// [`crate::nonfinite`] before stepping.
+/// [`crate::step::nonfinite`] before stepping.
 ///
 /// ```
-/// use g4ft_trainer::clip::clip_coef;
+/// use g4ft_trainer::step::clip::clip_coef;
 /// assert_eq!(clip_coef(5.0, 1.0), 1.0 / (5.0 + 1e-6)); // scale down to norm ~1
 /// assert_eq!(clip_coef(0.5, 1.0), 1.0); // never scales up
 /// ```

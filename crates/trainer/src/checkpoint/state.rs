@@ -6,7 +6,7 @@
 //! - [`OPTIMIZER_FILE`] (safetensors): the AdamW moments, `exp_avg.{bucket}` and
 //!   `exp_avg_sq.{bucket}`, flat fp32 in the bucket layout.
 //!
-//! What a resumed run does with the saved settings is [`crate::resume`]'s business.
+//! What a resumed run does with the saved settings is [`crate::checkpoint::resume`]'s business.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{settings, ResumeRule, TrainConfig};
 use crate::error::{Error, Result};
-use crate::schedule::LrSchedule;
+use crate::step::schedule::LrSchedule;
 
 /// JSON file with the [`TrainerState`].
 pub const STATE_FILE: &str = "trainer_state.json";
@@ -51,7 +51,7 @@ pub struct RngState {
 pub struct TrainerState {
     /// [`STATE_FORMAT`] at write time.
     pub format: u32,
-    /// The run that wrote it (see [`crate::run_dir`]).
+    /// The run that wrote it (see [`crate::checkpoint::run_dir`]).
     pub run_id: String,
     /// Optimizer steps completed (global, over all epochs).
     pub step: u64,
@@ -96,7 +96,7 @@ pub fn config_fingerprint(config: &TrainConfig) -> String {
 impl TrainerState {
     /// Writes [`STATE_FILE`] and [`OPTIMIZER_FILE`] into `dir` (normally the temporary directory
     /// of [`crate::checkpoint::write_checkpoint_atomic`]). `moments` is
-    /// [`crate::optim::AdamW::state_tensors`].
+    /// [`crate::step::optim::AdamW::state_tensors`].
     pub fn save(&self, dir: &Path, moments: &[(String, Tensor)]) -> Result<()> {
         let path = dir.join(STATE_FILE);
         let json = serde_json::to_vec_pretty(self).expect("the trainer state serializes");

@@ -7,7 +7,7 @@
 //!   launcher's job id (`TORCHELASTIC_RUN_ID`), the settings' fingerprint, host, pid and start
 //!   time. A fresh run refuses a folder that holds another run's record, checkpoints or metrics
 //!   unless `--overwrite-output` ([`claim`]); an elastic restart continues only the run whose
-//!   record names its job ([`crate::resume`]).
+//!   record names its job ([`crate::checkpoint::resume`]).
 //!
 //! Only rank 0 writes here; the other ranks only read checkpoints.
 
@@ -35,7 +35,7 @@ pub struct RunRecord {
     pub run_id: String,
     /// The launcher's job id (`TORCHELASTIC_RUN_ID`), if launched by one.
     pub launcher_run_id: Option<String>,
-    /// [`crate::state::config_fingerprint`] of the run's settings.
+    /// [`crate::checkpoint::state::config_fingerprint`] of the run's settings.
     pub config_fingerprint: String,
     /// Host of rank 0.
     pub host: String,

@@ -43,7 +43,7 @@ pub fn warmup_steps(warmup: usize, ratio: Option<f64>, total: u64) -> u64 {
 /// [`LrSchedule::rebuilt`]).
 ///
 /// ```
-/// use g4ft_trainer::schedule::LrSchedule;
+/// use g4ft_trainer::step::schedule::LrSchedule;
 /// let mut s = LrSchedule::cosine(1e-4, 20, 400);
 /// assert_eq!(s.lr(), 0.0); // step 1 runs at lr 0, as in transformers
 /// for _ in 0..20 {

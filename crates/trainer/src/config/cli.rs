@@ -1,10 +1,11 @@
-//! The `train_ddp` command line and the resolution of all layers of settings: defaults <
+//! The `train_ddp` command line and the resolution of every source of settings: defaults <
 //! `--config` TOML < `MODEL_ID`/`DATA_PATH`/`OUTPUT_DIR` < flags; and [`ShapeArgs`], the shape
 //! flags that the `bench_train` and `memory_plan` examples share.
 //!
-//! Every setting is defined once, in [`TrainConfig`]; this file only layers them. The flags and
-//! the environment are clap's (which also reports where each value came from), the TOML file is
-//! serde's reading of the same struct (unknown keys and wrong types name the file and the line).
+//! Every setting is defined once, in [`TrainConfig`]; this file only applies the sources in
+//! order. The flags and the environment are clap's (which also reports where each value came
+//! from), the TOML file is serde's reading of the same struct (unknown keys and wrong types name
+//! the file and the line).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -71,7 +72,7 @@ where
     resolve(&command().try_get_matches_from(args)?)
 }
 
-/// Applies all layers (defaults < `--config` file < environment < flags) to the parsed command
+/// Applies every source (defaults < `--config` file < environment < flags) to the parsed command
 /// line and validates the result.
 pub fn resolve(matches: &ArgMatches) -> Result<ResolvedConfig> {
     let cli = Cli::from_arg_matches(matches)?;
@@ -212,7 +213,7 @@ impl ShapeArgs {
     }
 
     /// `--recompute` and `--memory-budget-gb` as the model's policy
-    /// ([`crate::memory::recompute_policy`]; `free_at_start` is asked only for `auto` without a
+    /// ([`crate::metrics::memory::recompute_policy`]; `free_at_start` is asked only for `auto` without a
     /// budget). A budget must be a positive number and comes only with `auto`.
     pub fn recompute_policy(
         &self,
@@ -226,7 +227,11 @@ impl ShapeArgs {
                 anyhow::bail!("--memory-budget-gb is the budget of --recompute auto; add it");
             }
         }
-        crate::memory::recompute_policy(self.recompute, self.memory_budget_gb, free_at_start)
+        crate::metrics::memory::recompute_policy(
+            self.recompute,
+            self.memory_budget_gb,
+            free_at_start,
+        )
     }
 }
 
@@ -234,7 +239,7 @@ impl ShapeArgs {
 mod tests {
     use super::*;
     use crate::config::{DTypeKind, DeviceKind, LabelsKind};
-    use crate::schedule::LrSchedulerKind;
+    use crate::step::schedule::LrSchedulerKind;
 
     fn repo_config(name: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))

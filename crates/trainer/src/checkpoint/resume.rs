@@ -3,7 +3,7 @@
 //!
 //! [`plan`] decides the start from `--resume DIR|latest`, `--init-adapter DIR` and the elastic
 //! restart environment; every rank computes the same plan from the same files. [`StartPlan::apply`]
-//! then layers the starting point's settings under this run's, by each setting's
+//! then puts the starting point's settings under this run's, by each setting's
 //! [`ResumeRule`]:
 //! - the adapter's shape (r, alpha, dropout, targets, rsLoRA) comes from the adapter's
 //!   `adapter_config.json` (with `--resume` and with `--init-adapter`);
@@ -18,11 +18,11 @@ use std::path::{Path, PathBuf};
 use g4ft_lora::{LoraConfig, TargetModules};
 use serde_json::{Map, Value};
 
+use crate::checkpoint::run_dir::{read_run, Claim};
+use crate::checkpoint::state::TrainerState;
 use crate::checkpoint::{latest_checkpoint_of_run, latest_complete_checkpoint, read_checkpoint};
 use crate::config::{settings, show_value, Origin, ResolvedConfig, ResumeRule, TrainConfig};
 use crate::error::{Error, Result};
-use crate::run_dir::{read_run, Claim};
-use crate::state::TrainerState;
 
 /// `--resume` values that mean "the newest complete checkpoint of `--output`".
 pub const RESUME_LATEST: [&str; 2] = ["latest", "auto"];
@@ -81,7 +81,7 @@ pub enum Start {
 pub struct StartPlan {
     /// Where the weights and state come from.
     pub start: Start,
-    /// A new run, or the continuation of the run with this id (for [`crate::run_dir::claim`]).
+    /// A new run, or the continuation of the run with this id (for [`crate::checkpoint::run_dir::claim`]).
     pub claim: Claim,
 }
 
@@ -264,7 +264,7 @@ impl StartPlan {
         Ok(())
     }
 
-    /// Layers the starting point's settings under `resolved` (see the module docs) and validates
+    /// Puts the starting point's settings under `resolved` (see the module docs) and validates
     /// the result. Returns the changes this run makes to a resumed run's optimization and data
     /// settings, as `name old → new (origin)`.
     pub fn apply(&self, resolved: &mut ResolvedConfig) -> Result<Vec<String>> {
@@ -358,10 +358,10 @@ impl StartPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::resolve_args;
+    use crate::checkpoint::state::{config_fingerprint, RngState, SamplerPosition, STATE_FORMAT};
+    use crate::config::cli::resolve_args;
     use crate::config::section;
-    use crate::schedule::LrSchedule;
-    use crate::state::{config_fingerprint, RngState, SamplerPosition, STATE_FORMAT};
+    use crate::step::schedule::LrSchedule;
 
     fn checkpoint(config: &TrainConfig) -> StartPlan {
         let mut adapter = LoraConfig::new(
