@@ -5,7 +5,8 @@
 //!   accumulation, then the synchronised backward and `finish`), the loss weighting, AdamW over
 //!   DDP's flat buckets ([`step::optim`]), clipping ([`step::clip`]), the learning-rate schedules
 //!   ([`step::schedule`]), the non-finite skip/stop decision ([`step::nonfinite`]),
-//!   evaluation and the model's FLOP shape for MFU;
+//!   evaluation, the model's FLOP shape for MFU, and observers that time a step
+//!   ([`step::profile`]);
 //! - [`checkpoint`], what a run keeps and how it starts from it: atomic checkpoint directories,
 //!   the trainer state saved in them ([`checkpoint::state`]), the start of a run, fresh, from an
 //!   adapter or a checkpoint ([`checkpoint::resume`]), and the output folder

@@ -10,7 +10,7 @@
 //!
 //! The pieces of a step have their own modules: the AdamW state ([`optim`]), gradient clipping
 //! ([`clip`]), the learning-rate schedule ([`schedule`]) and the skip-or-stop decision on a
-//! non-finite step ([`nonfinite`]).
+//! non-finite step ([`nonfinite`]); [`profile`] holds the observers that time a step.
 //!
 //! Collectives: [`accumulate_window`] and [`backward`] into DDP itself (the gradient
 //! all-reduce, bucket by bucket), [`all_reduce_sum`] and [`evaluate`] are collective (every rank
@@ -20,7 +20,10 @@
 pub mod clip;
 pub mod nonfinite;
 pub mod optim;
+pub mod profile;
 pub mod schedule;
+
+use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
@@ -138,6 +141,13 @@ pub enum StepEvent {
 pub trait StepObserver {
     /// Called at `event`; an error aborts the step.
     fn event(&mut self, event: StepEvent) -> Result<()>;
+
+    /// A clock reading between the host-side phases after the window (grad norm, AdamW), for
+    /// the caller to take: `None` (the default) from an observer that does not measure, else
+    /// the time after a device synchronize.
+    fn mark(&mut self) -> Result<Option<Instant>> {
+        Ok(None)
+    }
 }
 
 /// The observer of the normal path: does nothing (no device synchronisation).
