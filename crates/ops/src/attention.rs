@@ -94,6 +94,27 @@ struct Attention {
     lse: Stash,
 }
 
+impl Attention {
+    /// The op of [`attention`]'s arguments (validated).
+    fn new(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        key_mask: Option<&Tensor>,
+        window: Option<usize>,
+        scale: f64,
+        plan: &AttentionPlan,
+    ) -> Result<Self> {
+        let n = dims(q, k, v, window, scale)?;
+        Ok(Attention {
+            n,
+            plan: *plan,
+            mask: key_mask_u8(key_mask, q, &n)?,
+            lse: Stash::default(),
+        })
+    }
+}
+
 /// Backward op on `q` → packed `[dq (b, nh, t, d), dk (b, nkv, t, d), dv (b, nkv, t, d)]`.
 struct AttentionBwd {
     n: Dims,
@@ -431,14 +452,7 @@ pub fn attention(
     scale: f64,
     plan: &AttentionPlan,
 ) -> Result<Tensor> {
-    let n = dims(q, k, v, window, scale)?;
-    let mask = key_mask_u8(key_mask, q, &n)?;
-    let op = Attention {
-        n,
-        plan: *plan,
-        mask,
-        lse: Stash::default(),
-    };
+    let op = Attention::new(q, k, v, key_mask, window, scale, plan)?;
     q.contiguous()?
         .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
 }
@@ -454,20 +468,13 @@ pub fn attention_saved(
     scale: f64,
     plan: &AttentionPlan,
 ) -> Result<(Tensor, AttentionSaved)> {
-    let n = dims(q, k, v, window, scale)?;
-    let mask = key_mask_u8(key_mask, q, &n)?;
-    let op = Attention {
-        n,
-        plan: *plan,
-        mask,
-        lse: Stash::default(),
-    };
+    let op = Attention::new(q, k, v, key_mask, window, scale, plan)?;
     let o = q
         .contiguous()?
         .apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
     let lse = op.lse.get("attention")?;
     let saved = AttentionSaved {
-        n,
+        n: op.n,
         plan: op.plan,
         mask: op.mask,
         lse,
