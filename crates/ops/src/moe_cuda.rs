@@ -101,7 +101,7 @@ pub(super) fn grouped_matmul(
             // SAFETY: every row of every segment is written (the segments cover 0..m).
             let y = unsafe { dev.alloc::<T>(m * n)? };
             let aligned = x.device_ptr(&stream).0 % 16 == 0 && wv.device_ptr(&stream).0 % 16 == 0;
-            let tiled = sx.dtype() != DType::F32 && k % 8 == 0 && n % 8 == 0 && aligned;
+            let tiled = sx.dtype() != DType::F32 && k.is_multiple_of(8) && n.is_multiple_of(8) && aligned;
             if tiled {
                 let root = if transpose_w { "grouped_gemm_nt" } else { "grouped_gemm_nn" };
                 let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(root))?;
