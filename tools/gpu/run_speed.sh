@@ -27,7 +27,7 @@ for policy in ${POLICIES:-all none auto}; do
     > "$OUT/bench_train_$policy.log" 2>&1
   grep -E "^(model|lora|plan|recompute|SUMMARY)|%$" "$OUT/bench_train_$policy.log"
 done
-for ckpt in ${SCRIPT_CKPT:-1 0}; do
+for ckpt in ${SCRIPT_CKPT-1 0}; do
   step "PyTorch + PEFT script, same settings, GRAD_CKPT=$ckpt"
   (cd "$REF" && MAX_LEN=$SEQ GRAD_CKPT=$ckpt PEAK_TFLOPS=$P STEPS="${ANCHOR_STEPS:-6}" ACCUM_STEPS=$ACCUM \
     WARMUP_DISCARD=2 timeout 400 torchrun --standalone --nproc_per_node=1 train_ddp_anchor.py) \
