@@ -180,17 +180,7 @@ fn random_tokens(seed: u64, micro: u64, n: usize, vocab: usize) -> Vec<u32> {
 /// labels = inputs (every position after the first is a target).
 fn random_batch(seed: u64, micro: u64, b: usize, t: usize, vocab: usize) -> Batch {
     let input_ids = random_tokens(seed, micro, b * t, vocab);
-    Batch {
-        labels: input_ids.iter().map(|&x| x as i64).collect(),
-        attention_mask: vec![1; b * t],
-        input_ids,
-        position_ids: None,
-        batch: b,
-        seq_len: t,
-        n_tokens: b * t,
-        n_label_tokens: b * (t - 1),
-        samples: Vec::new(),
-    }
+    Batch::full_rows(input_ids, b, t)
 }
 
 fn main() -> Result<()> {

@@ -45,6 +45,23 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// `b` unpadded rows of `t` tokens whose labels are the inputs (every position after the
+    /// first is a target): the synthetic batches of benchmarks and tests.
+    pub fn full_rows(input_ids: Vec<u32>, b: usize, t: usize) -> Self {
+        assert_eq!(input_ids.len(), b * t, "Batch::full_rows: b·t token ids");
+        Batch {
+            labels: input_ids.iter().map(|&x| x as i64).collect(),
+            attention_mask: vec![1; b * t],
+            input_ids,
+            position_ids: None,
+            batch: b,
+            seq_len: t,
+            n_tokens: b * t,
+            n_label_tokens: b * (t - 1),
+            samples: Vec::new(),
+        }
+    }
+
     /// Whether rows hold several samples (see the type's doc).
     pub fn is_packed(&self) -> bool {
         self.position_ids.is_some()

@@ -20,17 +20,7 @@ fn batch(micro: u32, vocab: u32) -> Batch {
     let input_ids: Vec<u32> = (0..(b * t) as u32)
         .map(|i| (i * 7 + micro * 13) % vocab)
         .collect();
-    Batch {
-        labels: input_ids.iter().map(|&x| x as i64).collect(),
-        attention_mask: vec![1; b * t],
-        input_ids,
-        position_ids: None,
-        batch: b,
-        seq_len: t,
-        n_tokens: b * t,
-        n_label_tokens: b * (t - 1),
-        samples: Vec::new(),
-    }
+    Batch::full_rows(input_ids, b, t)
 }
 
 /// One step's window of `ACCUM` micro-batches through DDP, observed by `obs`.
