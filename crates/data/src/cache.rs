@@ -315,7 +315,15 @@ pub fn acquire(cache: &Path, timeout: Duration) -> Result<Acquired> {
 /// Creates `lock` already locked: a temporary file is locked and written, then hard-linked to
 /// the lock's name (which fails if the lock exists). `None` if another process holds it.
 fn try_create_lock(lock: &Path) -> Result<Option<BuildLock>> {
-    let tmp = lock.with_extension(format!("lock.{}-{}", hostname(), std::process::id()));
+    // Unique per attempt, not just per process: threads of one process race here too, and a
+    // shared name would let one truncate, lock or remove another's file before it is linked.
+    static ATTEMPT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let attempt = ATTEMPT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = lock.with_extension(format!(
+        "lock.{}-{}-{attempt}",
+        hostname(),
+        std::process::id()
+    ));
     let mut file = File::create(&tmp).map_err(|e| DataError::io(&tmp, e))?;
     // A file system without locks still gets the lock file; liveness then falls back to pids.
     let _ = file.lock();
