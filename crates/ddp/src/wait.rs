@@ -13,26 +13,57 @@ use crate::error::RankTag;
 /// barrier while rank 0 saves).
 pub const FIRST_NOTICE: Duration = Duration::from_secs(10);
 
-/// One wait's notice schedule. Blocking calls wait at most until [`WaitNotice::due`], then call
-/// [`WaitNotice::tick`] and block again until their own deadline.
-pub(crate) struct WaitNotice {
-    tag: RankTag,
+/// When a wait that started at `start` speaks: first after `first`, then every `every`. Every
+/// waiting loop of this crate (collectives, store agreements, the launcher's rendezvous, store
+/// connections) keeps one.
+pub(crate) struct Schedule {
     start: Instant,
     next: Instant,
     every: Duration,
+}
+
+impl Schedule {
+    /// A schedule starting now.
+    pub fn new(first: Duration, every: Duration) -> Self {
+        let start = Instant::now();
+        Schedule {
+            start,
+            next: start + first,
+            every,
+        }
+    }
+
+    /// Whether a notice is due now; if so, the next one is scheduled `every` from now.
+    pub fn due_now(&mut self) -> bool {
+        let now = Instant::now();
+        if now < self.next {
+            return false;
+        }
+        self.next = now + self.every;
+        true
+    }
+
+    /// Whole seconds since the wait started.
+    pub fn elapsed_s(&self) -> u64 {
+        self.start.elapsed().as_secs()
+    }
+}
+
+/// One collective wait's notice schedule. Blocking calls wait at most until [`WaitNotice::due`],
+/// then call [`WaitNotice::tick`] and block again until their own deadline.
+pub(crate) struct WaitNotice {
+    tag: RankTag,
+    schedule: Schedule,
     timeout: Duration,
 }
 
 impl WaitNotice {
     /// Starts the schedule of a wait that gives up after `timeout`.
     pub fn new(tag: RankTag, timeout: Duration) -> Self {
-        let start = Instant::now();
         let first = (timeout / 10).clamp(Duration::from_secs(1), FIRST_NOTICE);
         WaitNotice {
             tag,
-            start,
-            next: start + first,
-            every: first * 6,
+            schedule: Schedule::new(first, first * 6),
             timeout,
         }
     }
@@ -40,23 +71,21 @@ impl WaitNotice {
     /// When the next notice is due, or `deadline` if that comes first: the end of the next
     /// blocking slice.
     pub fn due(&self, deadline: Instant) -> Instant {
-        self.next.min(deadline)
+        self.schedule.next.min(deadline)
     }
 
     /// Prints `rank r/w: still waiting for <what>` when a notice is due; `what` is only built then.
     pub fn tick(&mut self, what: impl FnOnce() -> String) {
-        let now = Instant::now();
-        if now < self.next {
+        if !self.schedule.due_now() {
             return;
         }
         eprintln!(
             "{}: still waiting for {} ({} s of the {} s collective timeout)",
             self.tag,
             what(),
-            now.duration_since(self.start).as_secs(),
+            self.schedule.elapsed_s(),
             self.timeout.as_secs()
         );
-        self.next = now + self.every;
     }
 }
 
@@ -70,10 +99,10 @@ mod tests {
         let mut n = WaitNotice::new(tag, Duration::from_secs(600));
         let far = Instant::now() + Duration::from_secs(600);
         let near = Instant::now() + Duration::from_secs(1);
-        assert_eq!(n.due(far), n.start + FIRST_NOTICE);
+        assert_eq!(n.due(far), n.schedule.start + FIRST_NOTICE);
         assert_eq!(n.due(near), near);
         n.tick(|| unreachable!("no notice before the first is due"));
-        n.next = Instant::now();
+        n.schedule.next = Instant::now();
         let mut built = false;
         n.tick(|| {
             built = true;
@@ -83,8 +112,8 @@ mod tests {
         assert!(n.due(far) >= Instant::now() + Duration::from_secs(59));
         // short timeouts (tests) get their first notice sooner, never before a second
         let short = WaitNotice::new(tag, Duration::from_secs(20));
-        assert_eq!(short.next - short.start, Duration::from_secs(2));
+        assert_eq!(short.schedule.next - short.schedule.start, Duration::from_secs(2));
         let tiny = WaitNotice::new(tag, Duration::from_millis(200));
-        assert_eq!(tiny.next - tiny.start, Duration::from_secs(1));
+        assert_eq!(tiny.schedule.next - tiny.schedule.start, Duration::from_secs(1));
     }
 }

@@ -17,12 +17,14 @@ pub use args::Args;
 
 use crate::error::{DdpError, Result};
 use crate::store::{StoreClient, StoreServer};
+use crate::wait::Schedule;
 use std::time::{Duration, Instant};
 use workers::{Outcome, WorkerSet};
 
 /// When a launcher that waits first says what it waits for, and how often after that.
-const FIRST_NOTE: Duration = Duration::from_secs(2);
-const NOTE_EVERY: Duration = Duration::from_secs(10);
+fn note_schedule() -> Schedule {
+    Schedule::new(Duration::from_secs(2), Duration::from_secs(10))
+}
 
 /// Resolved job layout of this node.
 #[derive(Debug, Clone)]
@@ -160,10 +162,10 @@ fn interrupted(what: &str) -> i32 {
 }
 
 /// Connects to the rendezvous store in one-second attempts, so that a signal stops the wait
-/// and after [`FIRST_NOTE`], then every [`NOTE_EVERY`], a line says who is awaited; `None` if a signal arrived first.
+/// and on [`note_schedule`] a line says who is awaited; `None` if a signal arrived first.
 fn connect(l: &Layout, timeout: Duration) -> Result<Option<StoreClient>> {
     let start = Instant::now();
-    let mut next_note = start + FIRST_NOTE;
+    let mut notes = note_schedule();
     loop {
         if signals::received().is_some() {
             return Ok(None);
@@ -176,7 +178,7 @@ fn connect(l: &Layout, timeout: Duration) -> Result<Option<StoreClient>> {
             Err(e) if start.elapsed() >= timeout => return Err(e),
             Err(_) => {}
         }
-        if Instant::now() >= next_note {
+        if notes.due_now() {
             eprintln!(
                 "ddprun: node {} waiting for the store at {}:{} (hosted by node 0): {} s of {} s (--rdzv-timeout); Ctrl-C stops",
                 l.node_rank,
@@ -185,15 +187,14 @@ fn connect(l: &Layout, timeout: Duration) -> Result<Option<StoreClient>> {
                 start.elapsed().as_secs(),
                 timeout.as_secs()
             );
-            next_note += NOTE_EVERY;
         }
         std::thread::sleep(Duration::from_millis(200));
     }
 }
 
 /// All nodes set `<ns>/<what>/<node>` and wait for each other's key, in one-second waits so
-/// that a signal stops it (returns the exit code) and after [`FIRST_NOTE`], then every
-/// [`NOTE_EVERY`], a line names the nodes still missing.
+/// that a signal stops it (returns the exit code) and on [`note_schedule`] a line names the nodes
+/// still missing.
 fn node_barrier(
     store: &mut StoreClient,
     ns: &str,
@@ -205,7 +206,7 @@ fn node_barrier(
     let keys: Vec<String> = (0..l.nnodes).map(|n| format!("{ns}/{what}/{n}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let start = Instant::now();
-    let mut next_note = start + FIRST_NOTE;
+    let mut notes = note_schedule();
     loop {
         if signals::received().is_some() {
             return Ok(Some(interrupted(&format!("the other nodes at {what}"))));
@@ -230,7 +231,7 @@ fn node_barrier(
                         ),
                     });
                 }
-                if Instant::now() >= next_note {
+                if notes.due_now() {
                     eprintln!(
                         "ddprun: node {} waiting for node(s) {} of {} at {what}: {} s of {} s (--rdzv-timeout); Ctrl-C stops",
                         l.node_rank,
@@ -239,8 +240,7 @@ fn node_barrier(
                         start.elapsed().as_secs(),
                         timeout.as_secs()
                     );
-                    next_note += NOTE_EVERY;
-                }
+                        }
             }
             Err(e) => return Err(e),
         }

@@ -7,6 +7,7 @@
 
 use super::protocol::{self as p, Cmd};
 use crate::error::{DdpError, Result};
+use crate::wait::Schedule;
 use std::io::{self, BufReader};
 use std::net::{IpAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -32,7 +33,7 @@ impl StoreClient {
         let addr = format!("{host}:{port}");
         let start = Instant::now();
         let deadline = start + timeout;
-        let mut next_note = start + CONNECT_NOTE_EVERY;
+        let mut notes = Schedule::new(CONNECT_NOTE_EVERY, CONNECT_NOTE_EVERY);
         let stream = loop {
             let attempt = (host, port)
                 .to_socket_addrs()
@@ -51,14 +52,13 @@ impl StoreClient {
                     })
                 }
                 Err(e) => {
-                    if Instant::now() >= next_note {
+                    if notes.due_now() {
                         // Nothing waits silently: say what, how long, and who should be there.
                         eprintln!(
                             "store {addr}: not reachable yet after {} s of {} s ({e}); waiting for rank 0 or the launcher to host it",
                             start.elapsed().as_secs(),
                             timeout.as_secs()
                         );
-                        next_note += CONNECT_NOTE_EVERY;
                     }
                     std::thread::sleep(Duration::from_millis(50))
                 }
