@@ -112,8 +112,14 @@ mod tests {
         assert!(n.due(far) >= Instant::now() + Duration::from_secs(59));
         // short timeouts (tests) get their first notice sooner, never before a second
         let short = WaitNotice::new(tag, Duration::from_secs(20));
-        assert_eq!(short.schedule.next - short.schedule.start, Duration::from_secs(2));
+        assert_eq!(
+            short.schedule.next - short.schedule.start,
+            Duration::from_secs(2)
+        );
         let tiny = WaitNotice::new(tag, Duration::from_millis(200));
-        assert_eq!(tiny.schedule.next - tiny.schedule.start, Duration::from_secs(1));
+        assert_eq!(
+            tiny.schedule.next - tiny.schedule.start,
+            Duration::from_secs(1)
+        );
     }
 }

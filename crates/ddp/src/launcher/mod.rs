@@ -240,7 +240,7 @@ fn node_barrier(
                         start.elapsed().as_secs(),
                         timeout.as_secs()
                     );
-                        }
+                }
             }
             Err(e) => return Err(e),
         }
