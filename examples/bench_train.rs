@@ -24,7 +24,7 @@
 //! buckets all-reduced alone (`OverlapProbe`, `CommAlone`). The normal steps never synchronise
 //! inside a step.
 //!
-//! `--attention-forward` and `--attention-score-mib` run the step with another
+//! `--attention-forward`, `--attention-backward` and `--attention-score-mib` run the step with another
 //! `g4ft_ops::AttentionPlan` (the attention kernels) than the default, to compare them.
 //!
 //! Peak memory: on CUDA the default memory pool's high-water mark (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`,
@@ -53,7 +53,7 @@ use g4ft_ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
 use g4ft_gemma4::{Config, Gemma4Model};
 use g4ft_hash::{mix64, GAMMA};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, TargetModules};
-use g4ft_ops::{AttentionForward, AttentionPlan};
+use g4ft_ops::{AttentionBackward, AttentionForward, AttentionPlan};
 use g4ft_trainer::config::cli::ShapeArgs;
 use g4ft_trainer::config::POST_LORA_TARGETS;
 use g4ft_trainer::metrics::memory::{self, MemProbe};
@@ -107,6 +107,10 @@ struct Args {
     /// (4 warps per block at head dim 256 too) or blocked.
     #[arg(long, default_value = "fused-w8", value_parser = parse_attention_forward)]
     attention_forward: AttentionForward,
+    /// Backward kernels of the causal attention on CUDA: auto (the default plan: fused at head
+    /// dim 256, at 512 for long sequences), fused or blocked.
+    #[arg(long, default_value = "auto", value_parser = parse_attention_backward)]
+    attention_backward: AttentionBackward,
     /// Bound of one fp32 score buffer of the blocked attention, MiB (default: the plan's 32).
     #[arg(long)]
     attention_score_mib: Option<usize>,
@@ -134,6 +138,16 @@ fn parse_attention_forward(s: &str) -> std::result::Result<AttentionForward, Str
         other => Err(format!(
             "expected fused-w8, fused-w4 or blocked, got {other:?}"
         )),
+    }
+}
+
+/// `--attention-backward`'s values.
+fn parse_attention_backward(s: &str) -> std::result::Result<AttentionBackward, String> {
+    match s {
+        "auto" => Ok(AttentionBackward::Auto),
+        "fused" => Ok(AttentionBackward::Fused),
+        "blocked" => Ok(AttentionBackward::Blocked),
+        other => Err(format!("expected auto, fused or blocked, got {other:?}")),
     }
 }
 
@@ -217,6 +231,7 @@ fn main() -> Result<()> {
     let default_plan = AttentionPlan::default();
     let attention = AttentionPlan {
         forward: args.attention_forward,
+        backward: args.attention_backward,
         score_bytes: args
             .attention_score_mib
             .map_or(default_plan.score_bytes, |mib| mib.saturating_mul(1 << 20)),

@@ -12,6 +12,7 @@ fn main() {
             "cross_entropy",
             "attention",
             "attention_flash",
+            "attention_flash_bwd",
             "adamw",
             "dropout",
             "transpose",

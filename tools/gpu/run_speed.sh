@@ -6,7 +6,8 @@
 # (.gpu/bench/unsloth-reference with its packages in .gpu/unsloth_site) when present.
 # Logs go to $OUT. Settings: SEQ (2048), POLICIES ("all none auto"), PROFILE (the policy that gets
 # --profile, default all), STEPS (4), SCRIPT_CKPT ("1 0": GRAD_CKPT values of the script),
-# UNSLOTH_GC ("false": values of Unsloth's UNSLOTH_GC; empty skips it), ANCHOR_STEPS (6).
+# UNSLOTH_GC ("false": values of Unsloth's UNSLOTH_GC; empty skips it), ANCHOR_STEPS (6), EXTRA (more
+# bench_train arguments, e.g. "--attention-backward blocked") and TAG (appended to our log names).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 (cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
@@ -24,8 +25,8 @@ for policy in ${POLICIES:-all none auto}; do
   prof=(); [ "$policy" = "${PROFILE:-all}" ] && prof=(--profile)
   timeout 400 .gpu/bench_train --config "$CFG" --device cuda --dtype bf16 --seq "$SEQ" --micro-batch 1 \
     --accum "$ACCUM" --steps "${STEPS:-4}" --warmup-discard 1 --peak-tflops "$P" --recompute "$policy" "${prof[@]}" \
-    > "$OUT/bench_train_$policy.log" 2>&1
-  grep -E "^(model|lora|plan|recompute|SUMMARY)|%$" "$OUT/bench_train_$policy.log"
+    ${EXTRA:-} > "$OUT/bench_train_$policy${TAG:-}.log" 2>&1
+  grep -E "^(model|lora|plan|recompute|SUMMARY)|%$" "$OUT/bench_train_$policy${TAG:-}.log"
 done
 for ckpt in ${SCRIPT_CKPT-1 0}; do
   step "PyTorch + PEFT script, same settings, GRAD_CKPT=$ckpt"

@@ -26,35 +26,6 @@ using namespace mma16;
 constexpr int BC = 64;  // keys per tile
 constexpr float LN2 = 0.6931471805599453f;
 
-// `rows` rows of D elements into shared memory with row stride D + 8 (the pad puts the 8 rows an
-// ldmatrix reads in distinct banks); rows >= valid are zero-filled. Row r comes from `row_ptr(r)`
-// (the Q tile, whose rows are scattered over heads: loaded once per block).
-template <typename T, int D, int THREADS, typename RowPtr>
-__device__ __forceinline__ void load_rows(T* s, int rows, int valid, RowPtr row_ptr) {
-    constexpr int CH = D / 8;  // 16-byte chunks per row
-    for (int c = threadIdx.x; c < rows * CH; c += THREADS) {
-        const int r = c / CH, x = (c % CH) * 8;
-        const bool ok = r < valid;
-        cp_async16(s + r * (D + 8) + x, row_ptr(ok ? r : 0) + x, ok);
-    }
-}
-
-// A K or V tile: BC consecutive rows from `g` (row stride D), zero-filled from row `valid` on.
-// Each thread copies the same column chunk of every (THREADS / (D / 8))-th row: no per-chunk
-// index math in the key loop.
-template <typename T, int D, int THREADS>
-__device__ __forceinline__ void load_tile(T* s, const T* g, int valid) {
-    constexpr int CH = D / 8, STEP = THREADS / CH;
-    static_assert(THREADS % CH == 0 && BC % STEP == 0, "tile loader shape");
-    const int r0 = threadIdx.x / CH, x = (threadIdx.x % CH) * 8;
-#pragma unroll
-    for (int i = 0; i < BC / STEP; ++i) {
-        const int r = r0 + i * STEP;
-        const bool ok = r < valid;
-        cp_async16(s + r * (D + 8) + x, g + (size_t)(ok ? r : 0) * D + x, ok);
-    }
-}
-
 // The running max only moves when a row's new max exceeds it by more than this (log2 units): P
 // then stays below 2^8 before normalisation (exact in fp32 / the 16-bit P's relative precision is
 // unchanged) and most tiles skip the rescale of O (FlashAttention-3's trick).
@@ -90,8 +61,8 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
     auto qrow = [&](int R) -> size_t { return (((size_t)bi * nh + kvh * g + R % g) * t + R / g) * D; };
 
     load_rows<T, D, THREADS>(sq, BR, rows - r0, [&](int r) { return q + qrow(r0 + r); });
-    load_tile<T, D, THREADS>(sk0, kslab + (size_t)klo * D, t - klo);
-    if (STAGES == 2) load_tile<T, D, THREADS>(sv0, vslab + (size_t)klo * D, t - klo);
+    load_tile<T, D, BC, THREADS>(sk0, kslab + (size_t)klo * D, t - klo);
+    if (STAGES == 2) load_tile<T, D, BC, THREADS>(sv0, vslab + (size_t)klo * D, t - klo);
     cp_async_commit();
 
     // This thread's two rows (the C-fragment rows lane/4 and lane/4 + 8 of its warp).
@@ -110,8 +81,8 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
         if (STAGES == 2) {  // the other stage was released by the barrier that ended the last tile
             if (j0 + BC <= qhi) {
                 T* const nk = sk0 + (stage ^ 1) * 2 * BC * LD;
-                load_tile<T, D, THREADS>(nk, kslab + (size_t)(j0 + BC) * D, t - j0 - BC);
-                load_tile<T, D, THREADS>(nk + BC * LD, vslab + (size_t)(j0 + BC) * D, t - j0 - BC);
+                load_tile<T, D, BC, THREADS>(nk, kslab + (size_t)(j0 + BC) * D, t - j0 - BC);
+                load_tile<T, D, BC, THREADS>(nk + BC * LD, vslab + (size_t)(j0 + BC) * D, t - j0 - BC);
             }
             cp_async_commit();
         }
@@ -128,7 +99,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
             cp_async_wait_all();
         no_pad = __syncthreads_and(no_pad);  // also: this K tile is in, the last P·V is done
         if (STAGES == 1) {
-            load_tile<T, D, THREADS>(sv, vslab + (size_t)j0 * D, t - j0);
+            load_tile<T, D, BC, THREADS>(sv, vslab + (size_t)j0 * D, t - j0);
             cp_async_commit();
         }
 
@@ -220,7 +191,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
         if (STAGES == 1) {
             cp_async_wait_all();
             __syncthreads();  // V is in; every warp is done with this K tile
-            if (j0 + BC <= qhi) load_tile<T, D, THREADS>(sk, kslab + (size_t)(j0 + BC) * D, t - j0 - BC);
+            if (j0 + BC <= qhi) load_tile<T, D, BC, THREADS>(sk, kslab + (size_t)(j0 + BC) * D, t - j0 - BC);
             cp_async_commit();
         }
 

@@ -1,6 +1,7 @@
 // Tensor-core building blocks shared by the fused attention and the MoE grouped GEMM: the
 // m16n8k16 `mma.sync` for bf16 / f16 inputs with fp32 accumulators, `ldmatrix` fragment loads,
-// 16-byte `cp.async` copies and packing of two fp32 values into a 16-bit pair.
+// 16-byte `cp.async` copies into padded shared-memory tiles and packing of two fp32 values into a
+// 16-bit pair.
 #pragma once
 #include "common.cuh"
 #include <type_traits>
@@ -54,5 +55,33 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
+// `rows` rows of D elements into shared memory with row stride D + 8 (the pad puts the 8 rows an
+// ldmatrix reads in distinct banks); rows >= valid are zero-filled. Row r comes from `row_ptr(r)`
+// (rows scattered over heads, like the grouped query rows of the fused attention).
+template <typename T, int D, int THREADS, typename RowPtr>
+__device__ __forceinline__ void load_rows(T* s, int rows, int valid, RowPtr row_ptr) {
+    constexpr int CH = D / 8;  // 16-byte chunks per row
+    for (int c = threadIdx.x; c < rows * CH; c += THREADS) {
+        const int r = c / CH, x = (c % CH) * 8;
+        const bool ok = r < valid;
+        cp_async16(s + r * (D + 8) + x, row_ptr(ok ? r : 0) + x, ok);
+    }
+}
+
+// ROWS consecutive rows from `g` (row stride D) into shared memory with row stride D + 8,
+// zero-filled from row `valid` on. Each thread copies the same column chunk of every
+// (THREADS / (D / 8))-th row: no per-chunk index math in a key loop.
+template <typename T, int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile(T* s, const T* g, int valid) {
+    constexpr int CH = D / 8, STEP = THREADS / CH;
+    static_assert(THREADS % CH == 0 && ROWS % STEP == 0, "tile loader shape");
+    const int r0 = threadIdx.x / CH, x = (threadIdx.x % CH) * 8;
+#pragma unroll
+    for (int i = 0; i < ROWS / STEP; ++i) {
+        const int r = r0 + i * STEP;
+        const bool ok = r < valid;
+        cp_async16(s + r * (D + 8) + x, g + (size_t)(ok ? r : 0) * D + x, ok);
+    }
+}
 
 }  // namespace mma16

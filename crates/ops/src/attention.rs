@@ -4,9 +4,11 @@
 //! `ds = p·(do·v − D)`). The CPU path below is the plain-loop reference, one row at a time. On
 //! CUDA (`attention_cuda.rs`) the queries go in blocks through cuBLAS tensor-core GEMMs with fp32
 //! scores and two row kernels (`kernels/attention.cu`); memory per call is O(t·block), and the
-//! block-wise causal / window bounds skip the masked key ranges. The forward of 16-bit inputs with
+//! block-wise causal / window bounds skip the masked key ranges. For 16-bit inputs the forward at
 //! head dim 16–512 is one fused kernel instead (`kernels/attention_flash.cu`, FlashAttention-2's
-//! one-pass online softmax on tensor cores).
+//! one-pass online softmax on tensor cores), and so is the backward at head dims 256 and 512
+//! (`kernels/attention_flash_bwd.cu`: one kernel for dK / dV per key tile, one for dQ per query
+//! tile, each recomputing P; [`AttentionBackward`] says when it runs).
 //!
 //! Mask semantics (transformers Gemma 4, `docs/gemma4.md` §4.3): query i attends key j iff
 //! `j <= i`, `i − j < window` (exactly W keys including itself) and `key_mask[b, j] != 0`. Query head
@@ -24,6 +26,8 @@ use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result,
 pub struct AttentionPlan {
     /// The forward kernel.
     pub forward: AttentionForward,
+    /// The backward kernels.
+    pub backward: AttentionBackward,
     /// Upper bound in bytes of one fp32 score buffer (`b·nh·rows·t` floats) of the blocked path,
     /// forward and backward: it sets the query block size (at least 16 rows). Default 32 MiB:
     /// 256-row blocks for the 12B shape (16 heads, t = 2048), 5,693 tokens/s in the 12B step
@@ -35,6 +39,7 @@ impl Default for AttentionPlan {
     fn default() -> Self {
         AttentionPlan {
             forward: AttentionForward::FusedW8,
+            backward: AttentionBackward::Auto,
             score_bytes: 32 << 20,
         }
     }
@@ -52,6 +57,22 @@ pub enum AttentionForward {
     /// As [`AttentionForward::FusedW4`] but head dim 256 runs 8 warps per block with
     /// double-buffered K/V: 5,668 against 4 warps' 5,583 tokens/s in the 12B step.
     FusedW8,
+}
+
+/// The backward kernels of [`AttentionPlan`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionBackward {
+    /// The blocked cuBLAS path for every call.
+    Blocked,
+    /// The fused kernels where they apply (bf16 / f16, head dim 256 or 512, 16-byte aligned
+    /// inputs; otherwise blocked).
+    Fused,
+    /// Fused at head dim 256; at head dim 512 fused only when the blocked path's query blocks
+    /// would be shorter than 64 rows (long sequences: [`AttentionPlan::score_bytes`] bounds the
+    /// blocks). On one H200 (`docs/benchmarks.md`): at head dim 256 the fused backward is as fast
+    /// as 256-row blocked blocks (t 2048), at head dim 512 256-row blocks take 1.1 ms against the
+    /// fused 2.3 ms, and at t 32,768 (16-row blocks) the 12B step runs 1.58x faster fused.
+    Auto,
 }
 
 /// Sizes and mask parameters shared by the forward and backward.

@@ -23,8 +23,19 @@
 //! a regroup); the same numerics except that P is rounded before its normalisation.
 //! [`AttentionPlan::forward`] picks it, the d-256 block shape (4 warps, or 8 with double-buffered
 //! K/V), or the blocked path.
+//!
+//! The backward of bf16 / f16 inputs with head dim 256 or 512 can be fused too
+//! (`kernels/attention_flash_bwd.cu`, [`AttentionPlan::backward`] picks it): after a kernel for
+//! the rows' `dO·O`, one kernel keeps the fp32 dK / dV of 64 keys (32 at head dim 512) in
+//! registers while it walks the query rows that see them, and another keeps the fp32 dQ of a
+//! query tile while it walks the key tiles its rows see; both recompute `P` from the saved
+//! log-sum-exp. No score buffers, no regroup copies, no atomics except where the dK / dV kernel
+//! splits a GQA group's query heads over blocks to fill the GPU (few kv heads): then each block
+//! adds its partial dK / dV into fp32 sums once, at its end. Same numerics as the blocked backward
+//! (P and dS rounded to the input dtype before their products, fp32 accumulation), summed in
+//! another order.
 
-use super::{AttentionBwd, AttentionForward, AttentionPlan, Dims};
+use super::{AttentionBackward, AttentionBwd, AttentionForward, AttentionPlan, Dims};
 use crate::cublas::{Gemm, Mat};
 use crate::cuda::{self, cuda_module, cuda_of, with_cuda_float_type, Module};
 use candle_core::backend::BackendStorage;
@@ -38,6 +49,7 @@ use std::sync::Arc;
 
 const MODULE: Module = cuda_module!("attention");
 const FLASH: Module = cuda_module!("attention_flash");
+const FLASH_BWD: Module = cuda_module!("attention_flash_bwd");
 
 /// Head dims the fused forward kernel is instantiated for.
 const FLASH_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
@@ -328,13 +340,8 @@ impl<'a> Ctx<'a> {
             (256, AttentionForward::FusedW8) => (8, 2, 128),
             _ => (4, 1, 64),
         };
-        let f = self.func_of(&FLASH, &format!("attn_flash_fwd_d{}_w{warps}", n.d))?;
         let smem = (rows + 2 * FLASH_KEYS * stages) * (n.d + 8) * 2;
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .w()?;
+        let f = self.flash_func(&FLASH, &format!("attn_flash_fwd_d{}_w{warps}", n.d), smem)?;
         let cfg = LaunchConfig {
             grid_dim: (
                 (n.t * self.groups()).div_ceil(rows) as u32,
@@ -357,6 +364,127 @@ impl<'a> Ctx<'a> {
         // the grid covers the t·g grouped rows of each of the b·nkv slabs.
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
+    }
+
+    /// Whether `plan` asks for the fused backward kernels and they cover this call (16-bit
+    /// inputs, head dim 256 or 512; [`AttentionBackward::Auto`]'s rule at head dim 512).
+    fn flash_backward(&self, plan: &AttentionPlan) -> bool {
+        let covered =
+            matches!(self.dtype, DType::BF16 | DType::F16) && matches!(self.n.d, 256 | 512);
+        match plan.backward {
+            AttentionBackward::Blocked => false,
+            AttentionBackward::Fused => covered,
+            AttentionBackward::Auto => {
+                covered && (self.n.d == 256 || Blocking::new(&self.n, plan.score_bytes).bq < 64)
+            }
+        }
+    }
+
+    /// The fused backward into `packed` (`[dq, dk, dv]` in the element dtype): the rows' `dO·O`,
+    /// then the dK / dV kernel and the dQ kernel (each recomputes P), then, when the dK / dV
+    /// kernel splits a GQA group's heads over blocks, the rounding of their fp32 sums.
+    fn flash_bwd(&self, [q, k, v, o, dout, lse, mask]: [u64; 7], packed: u64) -> Result<()> {
+        let n = &self.n;
+        let rows = n.b * n.nh * n.t;
+        let dd = self.alloc::<f32>(rows)?;
+        let dd_ = self.addr(&dd);
+        let f = self.func_of(&FLASH_BWD, "attn_flash_bwd_dot")?;
+        let (d, nrows) = (n.d as i32, rows as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&o).arg(&dout).arg(&dd_).arg(&d).arg(&nrows);
+        // SAFETY: o / dout hold `rows` rows of d elements, dd `rows` floats; one warp per row.
+        unsafe { b.launch(cuda::warp_per_row(rows)) }.w()?;
+
+        let elem = self.dtype.size_in_bytes() as u64;
+        let dk = packed + n.q_elems() as u64 * elem;
+        let dv = dk + n.kv_elems() as u64 * elem;
+        let seq_start = 0u64;
+        let ints = [n.nh, self.groups(), n.t, n.window].map(|x| x as i32);
+        // (keys per block, query rows per tile) of the dK / dV kernel and (keys per tile, query
+        // rows per block) of the dQ kernel, as the entry points.
+        let ((bc, br), (qbc, qbr)) = if n.d == 512 {
+            ((32, 64), (32, 64))
+        } else {
+            ((64, 64), (64, 128))
+        };
+        let key_blocks = n.t.div_ceil(bc) * n.b * n.nkv;
+        let hsplit = head_split(key_blocks, self.groups());
+        let sums = if hsplit > 1 {
+            Some([
+                self.dev.alloc_zeros::<f32>(n.kv_elems())?,
+                self.dev.alloc_zeros::<f32>(n.kv_elems())?,
+            ])
+        } else {
+            None
+        };
+        let [dk32, dv32] = sums
+            .as_ref()
+            .map_or([0, 0], |[a, b]| [self.addr(a), self.addr(b)]);
+        let smem = (2 * bc + 2 * br) * (n.d + 8) * 2 + 2 * bc * (br + 8) * 2 + 16 * br;
+        let f = self.flash_func(&FLASH_BWD, &format!("attn_flash_bwd_kv_d{}", n.d), smem)?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.t.div_ceil(bc) as u32, (n.b * n.nkv) as u32, hsplit as u32),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        for x in [
+            &q, &k, &v, &dout, &lse, &dd_, &mask, &seq_start, &dk, &dv, &dk32, &dv32,
+        ] {
+            b.arg(x);
+        }
+        b.arg(&n.scale);
+        for i in &ints {
+            b.arg(i);
+        }
+        // SAFETY: q/dout hold b·nh·t·d elements, k/v and dk/dv b·nkv·t·d, lse/dd b·nh·t floats,
+        // mask b·t bytes, dk32/dv32 (when split) b·nkv·t·d zeroed floats; the grid covers every
+        // key tile of each slab, and a block writes only its own keys' rows.
+        unsafe { b.launch(cfg) }.w()?;
+
+        let smem = (2 * qbr + 2 * qbc) * (n.d + 8) * 2;
+        let f = self.flash_func(&FLASH_BWD, &format!("attn_flash_bwd_q_d{}", n.d), smem)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (n.t * self.groups()).div_ceil(qbr) as u32,
+                (n.b * n.nkv) as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        for x in [&q, &k, &v, &dout, &lse, &dd_, &mask, &seq_start, &packed] {
+            b.arg(x);
+        }
+        b.arg(&n.scale);
+        for i in &ints {
+            b.arg(i);
+        }
+        // SAFETY: as above; dq (the packed output's first b·nh·t·d elements) gets each query row
+        // from the one block that owns it.
+        unsafe { b.launch(cfg) }.w()?;
+        if hsplit > 1 {
+            self.round(dk32, dk, n.kv_elems())?;
+            self.round(dv32, dv, n.kv_elems())?;
+        }
+        Ok(())
+    }
+
+    /// A fused-attention kernel of `m` allowed `smem` bytes of dynamic shared memory.
+    fn flash_func(
+        &self,
+        m: &Module,
+        name: &str,
+        smem: usize,
+    ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaFunction> {
+        let f = self.func_of(m, name)?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .w()?;
+        Ok(f)
     }
 
     /// `y = x` rounded to the element dtype (`len` elements).
@@ -417,10 +545,14 @@ fn bwd<T: CudaDType + DeviceRepr + WithDType>(
     [q, k, v, o, dout, lse, mask]: [u64; 7],
 ) -> Result<CudaSlice<T>> {
     let cx = Ctx::new(dev, n, T::DTYPE);
-    let bl = Blocking::new(n, plan.score_bytes);
-    let rows_max = n.b * n.nh * bl.bq;
     let (nq, nkv) = (n.q_elems(), n.kv_elems());
     let packed = cx.alloc::<T>(nq + 2 * nkv)?;
+    if cx.flash_backward(plan) && [q, k, v, o, dout].iter().all(|p| p % 16 == 0) {
+        cx.flash_bwd([q, k, v, o, dout, lse, mask], cx.addr(&packed))?;
+        return Ok(packed);
+    }
+    let bl = Blocking::new(n, plan.score_bytes);
+    let rows_max = n.b * n.nh * bl.bq;
     let dk32 = dev.alloc_zeros::<f32>(nkv)?;
     let dv32 = dev.alloc_zeros::<f32>(nkv)?;
     let s = cx.alloc::<f32>(rows_max * bl.ld_max)?;
@@ -489,6 +621,18 @@ fn bwd<T: CudaDType + DeviceRepr + WithDType>(
     cx.round(dk32_, dq + nq as u64 * elem, nkv)?;
     cx.round(dv32_, dq + (nq + nkv) as u64 * elem, nkv)?;
     Ok(packed)
+}
+
+/// Blocks the fused dK / dV kernel should have at least: about four per SM of an H100 / H200
+/// (one runs at a time), so that the causal imbalance between key tiles evens out.
+const KV_BLOCKS_TARGET: usize = 512;
+
+/// Over how many blocks the dK / dV kernel splits the `g` query heads of a GQA group: the smallest
+/// divisor of `g` that brings `key_blocks` (key tiles × slabs) to [`KV_BLOCKS_TARGET`], or `g`.
+fn head_split(key_blocks: usize, g: usize) -> usize {
+    (1..=g)
+        .find(|h| g % h == 0 && key_blocks * h >= KV_BLOCKS_TARGET)
+        .unwrap_or(g)
 }
 
 /// Forward on candle's CUDA storages: `(o, lse)`.

@@ -421,16 +421,24 @@ fn gpu_kernels_table() -> Result<()> {
         )?;
         let mask = Tensor::new(&[[1u8; 320], [1u8; 320]], &Device::Cpu)?.narrow(1, 0, 300)?;
         let mask = Tensor::cat(&[mask, Tensor::zeros((2, 20), DType::U8, &Device::Cpu)?], 1)?;
-        // One block (the default bound) with the fused forward where it applies (16-bit, d 16 /
-        // 32 / 64 / 128 / 256 / 512), then the blocked forward with 48-row (nh 8) / 96-row (nh 4)
-        // blocks and a ragged last block: 983,040 B = 48 rows of b·nh·t fp32 scores at nh 8. GQA
-        // groups of 2 and 8 (Q regrouped) and of 1 (no copy).
+        // The fused kernels where they apply (forward: 16-bit, d 16 / 32 / 64 / 128 / 256 / 512;
+        // backward: d 256 / 512; ragged last key and query tiles at t 320; the dK / dV kernel
+        // splits the GQA groups of 2 and 8 over blocks, not the group of 1), then the blocked
+        // kernels with 48-row (nh 8) / 96-row (nh 4) blocks and a ragged last block: 983,040 B =
+        // 48 rows of b·nh·t fp32 scores at nh 8 (Q regrouped for the groups of 2 and 8). The
+        // default plan picks between the two per call.
+        let fused = AttentionPlan {
+            backward: AttentionBackward::Fused,
+            ..AttentionPlan::default()
+        };
         let blocked = AttentionPlan {
             forward: AttentionForward::Blocked,
+            backward: AttentionBackward::Blocked,
             score_bytes: 983_040,
         };
         for ((nh, nkv, d, win), plan) in [
             (8, 4, 256, Some(128)),
+            (4, 4, 256, Some(70)),
             (8, 1, 512, None),
             (4, 2, 512, Some(100)),
             (4, 2, 80, Some(33)),
@@ -440,7 +448,7 @@ fn gpu_kernels_table() -> Result<()> {
             (2, 1, 16, None),
         ]
         .into_iter()
-        .flat_map(|c| [(c, AttentionPlan::default()), (c, blocked)])
+        .flat_map(|c| [(c, fused), (c, blocked)])
         {
             let m = mask.clone();
             ok &= check(
@@ -594,22 +602,30 @@ fn gpu_kernels_table() -> Result<()> {
         &[r(&[t, h], bf, 1)?],
         &gpu,
     )?;
-    // Sliding layer: the fused forward with 4- and 8-warp blocks, then the blocked forward; full
-    // layer (head dim 512): the fused forward (8 warps with either plan), then the blocked one.
-    let plan = |forward| AttentionPlan {
+    // Sliding layer: the fused forward with 4- and 8-warp blocks, then the blocked forward, each
+    // with the fused and the blocked backward; full layer (head dim 512): the fused forward (8
+    // warps with either plan) and the blocked one, with either backward.
+    let plan = |forward, backward| AttentionPlan {
         forward,
+        backward,
         ..AttentionPlan::default()
     };
+    let (fb, bb) = (AttentionBackward::Fused, AttentionBackward::Blocked);
     for (nh, nkv, d, win, plan) in [
-        (16, 8, 256, Some(1024), plan(AttentionForward::FusedW4)),
-        (16, 8, 256, Some(1024), plan(AttentionForward::FusedW8)),
-        (16, 8, 256, Some(1024), plan(AttentionForward::Blocked)),
-        (16, 1, 512, None, plan(AttentionForward::FusedW8)),
-        (16, 1, 512, None, plan(AttentionForward::Blocked)),
+        (16, 8, 256, Some(1024), plan(AttentionForward::FusedW4, fb)),
+        (16, 8, 256, Some(1024), plan(AttentionForward::FusedW8, fb)),
+        (16, 8, 256, Some(1024), plan(AttentionForward::FusedW8, bb)),
+        (16, 8, 256, Some(1024), plan(AttentionForward::Blocked, bb)),
+        (16, 1, 512, None, plan(AttentionForward::FusedW8, fb)),
+        (16, 1, 512, None, plan(AttentionForward::FusedW8, bb)),
+        (16, 1, 512, None, plan(AttentionForward::Blocked, bb)),
     ] {
         let sc = 1.0;
         time_row(
-            &format!("attention win={win:?} fwd {:?}", plan.forward),
+            &format!(
+                "attention win={win:?} fwd {:?} bwd {:?}",
+                plan.forward, plan.backward
+            ),
             &format!("(1,{nh},2048,{d}) kv{nkv}"),
             &move |x| attention(&x[0], &x[1], &x[2], None, win, sc, &plan),
             &move |x| attention_slow(&x[0], &x[1], &x[2], None, win, sc),

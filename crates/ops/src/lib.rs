@@ -52,7 +52,7 @@ mod util;
 
 pub use attention::{
     attention, attention_dense, attention_dense_backward, attention_saved, attention_slow,
-    AttentionForward, AttentionPlan, AttentionSaved,
+    AttentionBackward, AttentionForward, AttentionPlan, AttentionSaved,
 };
 pub use cross_entropy::{
     cross_entropy_sum, linear_cross_entropy, linear_cross_entropy_slow, softcap,

@@ -1,0 +1,393 @@
+// Fused attention backward (FlashAttention-2's recurrences) for 16-bit inputs and head dims 256 /
+// 512. Host side: src/attention_cuda.rs (`flash_bwd`); CPU reference: src/attention.rs
+// (`bwd_cpu`); the blocked cuBLAS path (attention.cu) serves f32 and the other head dims.
+//
+// Launches: `attn_flash_bwd_dot` (Dᵢ = dOᵢ·Oᵢ in fp32 per query row), then two kernels that each
+// recompute P = exp(S·scale − lse) from the forward's log-sum-exp, with no atomics on the hot path:
+// - `attn_flash_bwd_kv_d{D}`: a block owns BC keys of one (batch, kv head) slab and keeps their fp32
+//   dK and dV in registers while it walks the query rows that see them, BR rows per tile, for the
+//   group's query heads [m0, m0 + g / hsplit) (blockIdx.z picks m0; hsplit > 1 only to fill the
+//   GPU when there are few kv heads, and then the partial dK / dV are added into fp32 buffers at
+//   the end). Per tile: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (mma.sync m16n8k16, fp32), masked; Pᵀ and
+//   dSᵀ = scale·Pᵀ∘(dPᵀ − D) rounded to T into shared memory (as the blocked path rounds them
+//   before its GEMMs); dV += Pᵀ·dO, dK += dSᵀ·Q. Warps (BC / 16)·CSPLIT = 8; warp (kr, part) owns
+//   keys kr·16.. and columns part·D / CSPLIT.. (128 columns: 128 accumulator registers).
+// - `attn_flash_bwd_q_d{D}`: the forward's block shape (BR grouped query rows of one slab, row R
+//   is query R / g of head kv·g + R % g; DSPLIT warps per 16 rows at head dim 512) walking the key
+//   tiles its rows see: S = Q·Kᵀ, dP = dO·Vᵀ, dS = scale·P∘(dP − D) rounded to T straight into A
+//   fragments, dQ += dS·K in registers, written once.
+// Query qi sees key j iff seq_start[b, qi] <= j <= qi, qi − j < window (window 0 = none) and
+// key_mask[b, j] != 0 (`seq_start` null = 0, else non-decreasing along t). A row that saw no key
+// in the forward has lse = +inf and contributes nothing.
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace flash_bwd {
+
+using namespace mma16;
+
+// Dᵢ = Σ_c dO[i, c]·O[i, c] in fp32 for the b·nh·t rows of d elements; one warp per row.
+template <typename T>
+__device__ void dot_rows(const T* o, const T* dout, float* dd, int d, int nrows) {
+    const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (r >= nrows) return;
+    const T* orow = o + (size_t)r * d;
+    const T* grow = dout + (size_t)r * d;
+    float acc = 0.f;
+    for (int c = lane * 8; c < d; c += 32 * 8) {
+        const uint4 ov = *reinterpret_cast<const uint4*>(orow + c);
+        const uint4 gv = *reinterpret_cast<const uint4*>(grow + c);
+        const T* oe = reinterpret_cast<const T*>(&ov);
+        const T* ge = reinterpret_cast<const T*>(&gv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc += to_f32(oe[e]) * to_f32(ge[e]);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) dd[r] = acc;
+}
+
+// Whether key j is visible to query qi (st = seq_start of qi's sequence, km = the key's mask).
+__device__ __forceinline__ bool visible(int j, int qi, int st, int window, uint8_t km) {
+    return j <= qi && (window == 0 || qi - j < window) && km != 0 && j >= st;
+}
+
+template <typename T, int D, int BC, int BR, int CSPLIT>
+__device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* dout,
+                                   const float* lse, const float* dd, const uint8_t* mask,
+                                   const uint32_t* seq_start, T* dk, T* dv, float* dk32,
+                                   float* dv32, float scale, int nh, int g, int t, int window) {
+    constexpr int KRW = BC / 16, WARPS = KRW * CSPLIT, THREADS = WARPS * 32;
+    constexpr int LD = D + 8, LP = BR + 8;
+    constexpr int QW = BR / CSPLIT;  // query columns of Sᵀ per warp
+    constexpr int NQ = QW / 8;       // their n-tiles
+    constexpr int DW = D / CSPLIT;   // dK / dV columns per warp
+    constexpr int NTW = DW / 8;      // their n-tiles
+    static_assert(WARPS == 8 && NQ % 2 == 0 && NTW % 2 == 0, "block shape");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* const sk = reinterpret_cast<T*>(smem_raw);
+    T* const sv = sk + BC * LD;
+    T* const sq = sv + BC * LD;
+    T* const sdo = sq + BR * LD;
+    T* const sp = sdo + BR * LD;   // Pᵀ (BC × BR), row stride LP
+    T* const sds = sp + BC * LP;   // dSᵀ
+    float* const slse = reinterpret_cast<float*>(sds + BC * LP);  // lse·log2(e) per tile row
+    float* const sdd = slse + BR;                                  // D per tile row
+    int* const sqi = reinterpret_cast<int*>(sdd + BR);             // query index, −1 = no row
+    int* const sst = sqi + BR;                                     // seq_start of the row's query
+    __shared__ uint8_t skm[BC];
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int kr = warp % KRW, part = warp / KRW;
+    const int slab = blockIdx.y, nkv = nh / g, bi = slab / nkv, kvh = slab % nkv;
+    const int mc = g / gridDim.z, m0 = blockIdx.z * mc;  // this block's query heads of the group
+    const int j0 = blockIdx.x * BC;  // the longest query ranges (first keys) first
+    const int jlast = min(j0 + BC, t) - 1;
+    const int qend = window > 0 ? min(t, jlast + window) : t;  // queries [j0, qend) can see a key
+    const int rbeg = j0 * mc, rend = qend * mc;  // rows v: query v / mc of head m0 + v % mc
+    const T* kslab = k + (size_t)slab * t * D;
+    const T* vslab = v + (size_t)slab * t * D;
+    const uint32_t* srow = seq_start ? seq_start + (size_t)bi * t : nullptr;
+    auto head_row = [&](int r) -> size_t {
+        return ((size_t)bi * nh + kvh * g + m0 + r % mc) * t + r / mc;
+    };
+
+    load_tile<T, D, BC, THREADS>(sk, kslab + (size_t)j0 * D, t - j0);
+    load_tile<T, D, BC, THREADS>(sv, vslab + (size_t)j0 * D, t - j0);
+    cp_async_commit();
+    if (threadIdx.x < BC) {
+        const int j = j0 + threadIdx.x;
+        skm[threadIdx.x] = j < t ? mask[(size_t)bi * t + j] : 0;
+    }
+    // The Q / dO rows and per-row values of the tile at r0.
+    auto load_q = [&](int r0) {
+        const int valid = min(BR, rend - r0);
+        load_rows<T, D, THREADS>(sq, BR, valid, [&](int r) { return q + head_row(r0 + r) * D; });
+        load_rows<T, D, THREADS>(sdo, BR, valid, [&](int r) { return dout + head_row(r0 + r) * D; });
+        cp_async_commit();
+        if (threadIdx.x < BR) {
+            const int r = r0 + threadIdx.x;
+            const bool ok = threadIdx.x < valid;
+            const size_t hr = head_row(ok ? r : r0);
+            slse[threadIdx.x] = ok ? lse[hr] * G4FT_LOG2E : INFINITY;
+            sdd[threadIdx.x] = ok ? dd[hr] : 0.f;
+            sqi[threadIdx.x] = ok ? r / mc : -1;
+            sst[threadIdx.x] = ok && srow ? (int)srow[r / mc] : 0;
+        }
+    };
+    // Packed sequences: no query from row r0 on sees this block's keys once its sequence starts
+    // after them (seq_start is non-decreasing).
+    auto past_seq = [&](int r0) { return srow && (int)srow[r0 / mc] > jlast; };
+
+    float dka[NTW][4], dva[NTW][4];
+#pragma unroll
+    for (int i = 0; i < NTW; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dka[i][e] = dva[i][e] = 0.f;
+
+    const float sl2 = scale * G4FT_LOG2E;
+    if (rbeg < rend && !past_seq(rbeg)) load_q(rbeg);
+    for (int r0 = rbeg; r0 < rend && !past_seq(r0); r0 += BR) {
+        cp_async_wait_all();
+        __syncthreads();  // Q, dO, K, V and the row values are in
+
+        // This warp's 16 keys × QW query columns of Sᵀ and dPᵀ.
+        float s[NQ][4], dp[NQ][4];
+#pragma unroll
+        for (int i = 0; i < NQ; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll 4
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t ak[4], av[4];
+            ldsm4(ak, sk + (kr * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+            ldsm4(av, sv + (kr * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+            for (int np = 0; np < NQ / 2; ++np) {
+                const int c = part * QW + np * 16 + (lane / 16) * 8 + lane % 8;
+                uint32_t bq[4], bo[4];
+                ldsm4(bq, sq + c * LD + kk * 16 + ((lane / 8) % 2) * 8);
+                ldsm4(bo, sdo + c * LD + kk * 16 + ((lane / 8) % 2) * 8);
+                mma<T>(s[2 * np], ak, bq[0], bq[1]);
+                mma<T>(s[2 * np + 1], ak, bq[2], bq[3]);
+                mma<T>(dp[2 * np], av, bo[0], bo[1]);
+                mma<T>(dp[2 * np + 1], av, bo[2], bo[3]);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int jl = kr * 16 + lane / 4 + 8 * h, j = j0 + jl;
+                float pv[2], dsv[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int c = part * QW + nt * 8 + 2 * (lane % 4) + e, qi = sqi[c];
+                    const bool ok = qi >= 0 && visible(j, qi, sst[c], window, skm[jl]);
+                    const float p = ok ? ex2_ftz(fmaf(s[nt][2 * h + e], sl2, -slse[c])) : 0.f;
+                    pv[e] = p;
+                    dsv[e] = scale * p * (dp[nt][2 * h + e] - sdd[c]);
+                }
+                const int off = jl * LP + part * QW + nt * 8 + 2 * (lane % 4);
+                *reinterpret_cast<uint32_t*>(sp + off) = pack2<T>(pv[0], pv[1]);
+                *reinterpret_cast<uint32_t*>(sds + off) = pack2<T>(dsv[0], dsv[1]);
+            }
+        __syncthreads();  // Pᵀ and dSᵀ of the tile are complete
+
+        // dV += Pᵀ·dO and dK += dSᵀ·Q over the tile's BR query rows.
+#pragma unroll
+        for (int ks = 0; ks < BR / 16; ++ks) {
+            uint32_t ap[4], ads[4];
+            ldsm4(ap, sp + (kr * 16 + lane % 16) * LP + ks * 16 + (lane / 16) * 8);
+            ldsm4(ads, sds + (kr * 16 + lane % 16) * LP + ks * 16 + (lane / 16) * 8);
+#pragma unroll
+            for (int dw = 0; dw < NTW / 2; ++dw) {
+                const int r = ks * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+                const int c = part * DW + dw * 16 + (lane / 16) * 8;
+                uint32_t bo[4], bq[4];
+                ldsm4_trans(bo, sdo + r * LD + c);
+                ldsm4_trans(bq, sq + r * LD + c);
+                mma<T>(dva[2 * dw], ap, bo[0], bo[1]);
+                mma<T>(dva[2 * dw + 1], ap, bo[2], bo[3]);
+                mma<T>(dka[2 * dw], ads, bq[0], bq[1]);
+                mma<T>(dka[2 * dw + 1], ads, bq[2], bq[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with Q, dO, Pᵀ, dSᵀ and the row values
+        const int nxt = r0 + BR;
+        if (nxt < rend && !past_seq(nxt)) load_q(nxt);
+    }
+
+    // dK and dV of the block's keys: rounded to T, or added into the fp32 sums of the group.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int j = j0 + kr * 16 + lane / 4 + 8 * h;
+        if (j >= t) continue;
+        const size_t row = ((size_t)slab * t + j) * D;
+#pragma unroll
+        for (int nt = 0; nt < NTW; ++nt) {
+            const int c = part * DW + nt * 8 + 2 * (lane % 4);
+            if (dk32) {
+                atomicAdd(reinterpret_cast<float2*>(dk32 + row + c), make_float2(dka[nt][2 * h], dka[nt][2 * h + 1]));
+                atomicAdd(reinterpret_cast<float2*>(dv32 + row + c), make_float2(dva[nt][2 * h], dva[nt][2 * h + 1]));
+            } else {
+                *reinterpret_cast<uint32_t*>(dk + row + c) = pack2<T>(dka[nt][2 * h], dka[nt][2 * h + 1]);
+                *reinterpret_cast<uint32_t*>(dv + row + c) = pack2<T>(dva[nt][2 * h], dva[nt][2 * h + 1]);
+            }
+        }
+    }
+}
+
+template <typename T, int D, int BC, int WARPS, int DSPLIT>
+__device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* dout,
+                                   const float* lse, const float* dd, const uint8_t* mask,
+                                   const uint32_t* seq_start, T* dq, float scale, int nh, int g,
+                                   int t, int window) {
+    constexpr int ROWW = WARPS / DSPLIT, BR = ROWW * 16, LD = D + 8, THREADS = WARPS * 32;
+    constexpr int DTW = D / 8 / DSPLIT, ST = BC / 8;  // DTW: dQ column tiles of one warp
+    static_assert(WARPS % DSPLIT == 0 && DTW % 2 == 0, "column split shape");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* const sq = reinterpret_cast<T*>(smem_raw);
+    T* const sdo = sq + BR * LD;
+    T* const sk = sdo + BR * LD;
+    T* const sv = sk + BC * LD;
+    __shared__ uint8_t skm[BC];
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int rw = warp % ROWW, part = warp / ROWW;  // row group, column part
+    const int slab = blockIdx.y, nkv = nh / g, bi = slab / nkv, kvh = slab % nkv;
+    const int rows = t * g;
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * BR;  // the longest key ranges first
+    const int qlo = r0 / g, qhi = (min(r0 + BR, rows) - 1) / g;
+    const uint32_t* srow = seq_start ? seq_start + (size_t)bi * t : nullptr;
+    int klo = window > 0 ? max(0, qlo + 1 - window) : 0;
+    if (srow) klo = max(klo, (int)srow[qlo]);
+    const T* kslab = k + (size_t)slab * t * D;
+    const T* vslab = v + (size_t)slab * t * D;
+    const uint8_t* mrow = mask + (size_t)bi * t;
+    auto head_row = [&](int R) -> size_t { return ((size_t)bi * nh + kvh * g + R % g) * t + R / g; };
+
+    load_rows<T, D, THREADS>(sq, BR, rows - r0, [&](int r) { return q + head_row(r0 + r) * D; });
+    load_rows<T, D, THREADS>(sdo, BR, rows - r0, [&](int r) { return dout + head_row(r0 + r) * D; });
+    cp_async_commit();
+
+    // This thread's two rows (the C-fragment rows lane/4 and lane/4 + 8 of its warp).
+    const int ra = r0 + rw * 16 + lane / 4, rb = ra + 8;
+    const bool oka = ra < rows, okb = rb < rows;
+    const int qa = ra / g, qb = rb / g;
+    const size_t ha = head_row(oka ? ra : r0), hb = head_row(okb ? rb : r0);
+    const float la = oka ? lse[ha] * G4FT_LOG2E : INFINITY, lb = okb ? lse[hb] * G4FT_LOG2E : INFINITY;
+    const float da = oka ? dd[ha] : 0.f, db = okb ? dd[hb] : 0.f;
+    const int sa = oka && srow ? (int)srow[qa] : 0, sb = okb && srow ? (int)srow[qb] : 0;
+    const float sl2 = scale * G4FT_LOG2E;
+    float acc[DTW][4];
+#pragma unroll
+    for (int i = 0; i < DTW; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    for (int j0 = klo; j0 <= qhi; j0 += BC) {
+        __syncthreads();  // every warp is done with the last tile's K, V and key mask
+        load_tile<T, D, BC, THREADS>(sk, kslab + (size_t)j0 * D, t - j0);
+        cp_async_commit();
+        load_tile<T, D, BC, THREADS>(sv, vslab + (size_t)j0 * D, t - j0);
+        cp_async_commit();
+        if (threadIdx.x < BC) {
+            const int j = j0 + threadIdx.x;
+            skm[threadIdx.x] = j < t ? mrow[j] : 0;
+        }
+        cp_async_wait_one();  // Q, dO and K are in
+        __syncthreads();
+
+        float s[ST][4], dp[ST][4];
+#pragma unroll
+        for (int i = 0; i < ST; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll 4
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t a[4];
+            ldsm4(a, sq + (rw * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+            for (int np = 0; np < BC / 16; ++np) {
+                uint32_t b[4];
+                ldsm4(b, sk + (np * 16 + (lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+                mma<T>(s[2 * np], a, b[0], b[1]);
+                mma<T>(s[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        cp_async_wait_all();
+        __syncthreads();  // V is in
+#pragma unroll 4
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t a[4];
+            ldsm4(a, sdo + (rw * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+            for (int np = 0; np < BC / 16; ++np) {
+                uint32_t b[4];
+                ldsm4(b, sv + (np * 16 + (lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+                mma<T>(dp[2 * np], a, b[0], b[1]);
+                mma<T>(dp[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        // dS = scale·P∘(dP − D), rounded to T as the A fragments of dS·K (key step ks covers the
+        // score tiles 2ks and 2ks + 1).
+#pragma unroll
+        for (int nt = 0; nt < ST; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int jj = nt * 8 + 2 * (lane % 4) + (e & 1), j = j0 + jj;
+                const bool top = e < 2;
+                const bool ok = visible(j, top ? qa : qb, top ? sa : sb, window, skm[jj]);
+                const float p = ok ? ex2_ftz(fmaf(s[nt][e], sl2, -(top ? la : lb))) : 0.f;
+                s[nt][e] = scale * p * (dp[nt][e] - (top ? da : db));
+            }
+        uint32_t fa[BC / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < BC / 16; ++ks) {
+            fa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
+            fa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
+            fa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+            fa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+        }
+#pragma unroll
+        for (int ks = 0; ks < BC / 16; ++ks)
+#pragma unroll
+            for (int dw = 0; dw < DTW / 2; ++dw) {
+                const int c = (part * (DTW / 2) + dw) * 16;
+                uint32_t b[4];
+                ldsm4_trans(b, sk + (ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD + c + (lane / 16) * 8);
+                mma<T>(acc[2 * dw], fa[ks], b[0], b[1]);
+                mma<T>(acc[2 * dw + 1], fa[ks], b[2], b[3]);
+            }
+    }
+
+    // dQ rounded to T, staged in the warp's own rows (its own columns when split) of the Q tile
+    // once every warp is done reading it, stored in 16-byte packs.
+    __syncthreads();
+    T* so = sq + rw * 16 * LD;
+#pragma unroll
+    for (int i = 0; i < DTW; ++i) {
+        const int c = (part * DTW + i) * 8 + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(so + (lane / 4) * LD + c) = pack2<T>(acc[i][0], acc[i][1]);
+        *reinterpret_cast<uint32_t*>(so + (lane / 4 + 8) * LD + c) = pack2<T>(acc[i][2], acc[i][3]);
+    }
+    __syncwarp();
+    for (int c = lane; c < 16 * DTW; c += 32) {
+        const int r = c / DTW, x = (part * DTW + c % DTW) * 8, R = r0 + rw * 16 + r;
+        if (R < rows) *reinterpret_cast<uint4*>(dq + head_row(R) * D + x) = *reinterpret_cast<const uint4*>(so + r * LD + x);
+    }
+}
+
+}  // namespace flash_bwd
+
+// Entry points (the host mirrors the shapes in `flash_bwd`):
+// - attn_flash_bwd_dot_{bf16,f16}: one warp per (b, nh, t) row (d a multiple of 8, 16-byte rows);
+// - attn_flash_bwd_kv_d{D}_{bf16,f16}: 256 threads, grid (ceil(t / BC), b·nkv, hsplit), dynamic
+//   shared memory (2·BC + 2·BR)·(D + 8)·2 + 2·BC·(BR + 8)·2 + 16·BR bytes with (BC, BR, CSPLIT) =
+//   (64, 64, 2) at head dim 256 and (32, 64, 4) at 512; dk32 / dv32 zeroed fp32 buffers when
+//   hsplit > 1, else null;
+// - attn_flash_bwd_q_d{D}_{bf16,f16}: 256 threads, grid (ceil(t·g / BR), b·nkv), dynamic shared
+//   memory (2·BR + 2·BC)·(D + 8)·2 bytes with (BC, BR, DSPLIT) = (64, 128, 1) at head dim 256 and
+//   (32, 64, 2) at 512.
+#define FLASH_BWD_KERNELS(T, S, D, BC, BR, CSPLIT, QBC, DSPLIT)                                       \
+    extern "C" __global__ void __launch_bounds__(256, 1) attn_flash_bwd_kv_d##D##_##S(                \
+        const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dd,        \
+        const uint8_t* mask, const uint32_t* seq_start, T* dk, T* dv, float* dk32, float* dv32,      \
+        float scale, int nh, int g, int t, int window) {                                             \
+        flash_bwd::kv<T, D, BC, BR, CSPLIT>(q, k, v, dout, lse, dd, mask, seq_start, dk, dv, dk32,   \
+                                            dv32, scale, nh, g, t, window);                          \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(256, 1) attn_flash_bwd_q_d##D##_##S(                 \
+        const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dd,        \
+        const uint8_t* mask, const uint32_t* seq_start, T* dq, float scale, int nh, int g, int t,    \
+        int window) {                                                                                \
+        flash_bwd::dq<T, D, QBC, 8, DSPLIT>(q, k, v, dout, lse, dd, mask, seq_start, dq, scale, nh,  \
+                                            g, t, window);                                           \
+    }
+#define FLASH_BWD_INST(T, S)                                                                        \
+    extern "C" __global__ void attn_flash_bwd_dot_##S(const T* o, const T* dout, float* dd, int d,  \
+                                                      int nrows) {                                  \
+        flash_bwd::dot_rows<T>(o, dout, dd, d, nrows);                                              \
+    }                                                                                               \
+    FLASH_BWD_KERNELS(T, S, 256, 64, 64, 2, 64, 1) FLASH_BWD_KERNELS(T, S, 512, 32, 64, 4, 32, 2)
+FLASH_BWD_INST(__nv_bfloat16, bf16)
+FLASH_BWD_INST(__half, f16)
