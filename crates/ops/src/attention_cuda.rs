@@ -39,7 +39,6 @@ use super::{AttentionBackward, AttentionBwd, AttentionForward, AttentionPlan, Di
 use crate::cublas::{Gemm, Mat};
 use crate::cuda::{self, cuda_module, cuda_of, with_cuda_float_type, Module};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
@@ -478,13 +477,7 @@ impl<'a> Ctx<'a> {
         name: &str,
         smem: usize,
     ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaFunction> {
-        let f = self.func_of(m, name)?;
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .w()?;
-        Ok(f)
+        cuda::func_smem(self.dev, m, &cuda::kname_of(name, self.dtype)?, smem)
     }
 
     /// `y = x` rounded to the element dtype (`len` elements).

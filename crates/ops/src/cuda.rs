@@ -25,8 +25,9 @@ macro_rules! cuda_module {
 }
 pub(crate) use cuda_module;
 
-/// Loaded kernels by name, per (device, module).
-type FuncCache = HashMap<(DeviceId, &'static str), HashMap<String, CudaFunction>>;
+/// Loaded kernels by name, per (device, module), with the dynamic shared memory each is allowed
+/// (bytes; 0 until [`func_smem`] raises it).
+type FuncCache = HashMap<(DeviceId, &'static str), HashMap<String, (CudaFunction, usize)>>;
 
 thread_local! {
     /// Kernels already looked up: candle caches the module, but its lookup takes a lock and calls
@@ -38,17 +39,43 @@ thread_local! {
 /// Kernel `name` of module `m` (the module loaded by candle on first use, the handle cached per
 /// thread). Launch it on candle's stream: `let stream = dev.cuda_stream(); stream.launch_builder(&f)`.
 pub(crate) fn func(dev: &CudaDevice, m: &Module, name: &str) -> Result<CudaFunction> {
+    func_smem(dev, m, name, 0)
+}
+
+/// [`func`], allowed at least `smem` bytes of dynamic shared memory (above the default 48 KiB the
+/// driver needs `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`; it is set once per kernel and
+/// size, not per launch).
+pub(crate) fn func_smem(
+    dev: &CudaDevice,
+    m: &Module,
+    name: &str,
+    smem: usize,
+) -> Result<CudaFunction> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+    use candle_core::cuda_backend::WrapErr;
     FUNCS.with(|cache| {
         let mut cache = cache.borrow_mut();
         let funcs = cache.entry((dev.id(), m.name)).or_default();
-        if let Some(f) = funcs.get(name) {
-            return Ok(f.clone());
+        let entry = match funcs.get_mut(name) {
+            Some(e) => e,
+            None => {
+                let f = dev
+                    .get_or_load_custom_func(name, m.name, m.ptx)?
+                    .into_cuda_function();
+                funcs.entry(name.to_string()).or_insert((f, 0))
+            }
+        };
+        if smem > entry.1 {
+            entry
+                .0
+                .set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .w()?;
+            entry.1 = smem;
         }
-        let f = dev
-            .get_or_load_custom_func(name, m.name, m.ptx)?
-            .into_cuda_function();
-        funcs.insert(name.to_string(), f.clone());
-        Ok(f)
+        Ok(entry.0.clone())
     })
 }
 
