@@ -218,18 +218,10 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
         inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
     }
-    T* so = sq + rw * 16 * LD;
-#pragma unroll
-    for (int i = 0; i < DTW; ++i) {
-        const int c = (part * DTW + i) * 8 + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(so + (lane / 4) * LD + c) = pack2<T>(acc[i][0] * inv[0], acc[i][1] * inv[0]);
-        *reinterpret_cast<uint32_t*>(so + (lane / 4 + 8) * LD + c) = pack2<T>(acc[i][2] * inv[1], acc[i][3] * inv[1]);
-    }
-    __syncwarp();
-    for (int c = lane; c < 16 * DTW; c += 32) {
-        const int r = c / DTW, x = (part * DTW + c % DTW) * 8, R = r0 + rw * 16 + r;
-        if (R < rows) *reinterpret_cast<uint4*>(o + qrow(R) + x) = *reinterpret_cast<const uint4*>(so + r * LD + x);
-    }
+    store_rows<T, D, DTW>(acc, inv[0], inv[1], sq + rw * 16 * LD, part, lane, [&](int r) -> T* {
+        const int R = r0 + rw * 16 + r;
+        return R < rows ? o + qrow(R) : nullptr;
+    });
     if (part == 0 && lane % 4 == 0)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {

@@ -51,6 +51,25 @@ __device__ __forceinline__ bool visible(int j, int qi, int st, int window, uint8
     return j <= qi && (window == 0 || qi - j < window) && km != 0 && j >= st;
 }
 
+// c[0 .. 2·NP) (m16n8k16 accumulators) += A·Bᵀ for the 16 rows of A at `a` and the NP·16 rows
+// of B at `b`, both rows of D elements in shared memory with row stride D + 8.
+template <typename T, int D, int NP>
+__device__ __forceinline__ void rows_times_rows(float (*c)[4], const T* a, const T* b, int lane) {
+    constexpr int LD = D + 8;
+#pragma unroll 4
+    for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t af[4];
+        ldsm4(af, a + (lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int np = 0; np < NP; ++np) {
+            uint32_t bf[4];
+            ldsm4(bf, b + (np * 16 + (lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+            mma<T>(c[2 * np], af, bf[0], bf[1]);
+            mma<T>(c[2 * np + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
 template <typename T, int D, int BC, int BR, int CSPLIT>
 __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* dout,
                                    const float* lse, const float* dd, const uint8_t* mask,
@@ -282,32 +301,10 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
         for (int i = 0; i < ST; ++i)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.f;
-#pragma unroll 4
-        for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t a[4];
-            ldsm4(a, sq + (rw * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-            for (int np = 0; np < BC / 16; ++np) {
-                uint32_t b[4];
-                ldsm4(b, sk + (np * 16 + (lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
-                mma<T>(s[2 * np], a, b[0], b[1]);
-                mma<T>(s[2 * np + 1], a, b[2], b[3]);
-            }
-        }
+        rows_times_rows<T, D, BC / 16>(s, sq + rw * 16 * LD, sk, lane);
         cp_async_wait_all();
         __syncthreads();  // V is in
-#pragma unroll 4
-        for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t a[4];
-            ldsm4(a, sdo + (rw * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-            for (int np = 0; np < BC / 16; ++np) {
-                uint32_t b[4];
-                ldsm4(b, sv + (np * 16 + (lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
-                mma<T>(dp[2 * np], a, b[0], b[1]);
-                mma<T>(dp[2 * np + 1], a, b[2], b[3]);
-            }
-        }
+        rows_times_rows<T, D, BC / 16>(dp, sdo + rw * 16 * LD, sv, lane);
         // dS = scale·P∘(dP − D), rounded to T as the A fragments of dS·K (key step ks covers the
         // score tiles 2ks and 2ks + 1).
 #pragma unroll
@@ -343,18 +340,10 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
     // dQ rounded to T, staged in the warp's own rows (its own columns when split) of the Q tile
     // once every warp is done reading it, stored in 16-byte packs.
     __syncthreads();
-    T* so = sq + rw * 16 * LD;
-#pragma unroll
-    for (int i = 0; i < DTW; ++i) {
-        const int c = (part * DTW + i) * 8 + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(so + (lane / 4) * LD + c) = pack2<T>(acc[i][0], acc[i][1]);
-        *reinterpret_cast<uint32_t*>(so + (lane / 4 + 8) * LD + c) = pack2<T>(acc[i][2], acc[i][3]);
-    }
-    __syncwarp();
-    for (int c = lane; c < 16 * DTW; c += 32) {
-        const int r = c / DTW, x = (part * DTW + c % DTW) * 8, R = r0 + rw * 16 + r;
-        if (R < rows) *reinterpret_cast<uint4*>(dq + head_row(R) * D + x) = *reinterpret_cast<const uint4*>(so + r * LD + x);
-    }
+    store_rows<T, D, DTW>(acc, 1.f, 1.f, sq + rw * 16 * LD, part, lane, [&](int r) -> T* {
+        const int R = r0 + rw * 16 + r;
+        return R < rows ? dq + head_row(R) * D : nullptr;
+    });
 }
 
 }  // namespace flash_bwd

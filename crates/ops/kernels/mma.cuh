@@ -84,4 +84,26 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int valid) {
     }
 }
 
+// Stores one warp's 16 rows of fp32 accumulators (DTW n-tiles of 8 columns: this warp's columns
+// part·DTW·8..) scaled per row (`fa` for the thread's row lane / 4, `fb` for lane / 4 + 8) and
+// rounded to T, staged through the warp's own 16 rows of `so` (row stride D + 8), in 16-byte
+// packs to `row_ptr(r)` for r in 0..16 (null: no such row).
+template <typename T, int D, int DTW, typename RowPtr>
+__device__ __forceinline__ void store_rows(const float (*acc)[4], float fa, float fb, T* so, int part,
+                                           int lane, RowPtr row_ptr) {
+    constexpr int LD = D + 8;
+#pragma unroll
+    for (int i = 0; i < DTW; ++i) {
+        const int c = (part * DTW + i) * 8 + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(so + (lane / 4) * LD + c) = pack2<T>(acc[i][0] * fa, acc[i][1] * fa);
+        *reinterpret_cast<uint32_t*>(so + (lane / 4 + 8) * LD + c) = pack2<T>(acc[i][2] * fb, acc[i][3] * fb);
+    }
+    __syncwarp();
+    for (int c = lane; c < 16 * DTW; c += 32) {
+        const int r = c / DTW, x = (part * DTW + c % DTW) * 8;
+        T* dst = row_ptr(r);
+        if (dst) *reinterpret_cast<uint4*>(dst + x) = *reinterpret_cast<const uint4*>(so + r * LD + x);
+    }
+}
+
 }  // namespace mma16
