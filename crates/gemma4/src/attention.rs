@@ -4,8 +4,8 @@
 //! where `v_norm` has no weight and, with `attention_k_eq_v` on full layers, `v_proj(x)` is
 //! replaced by the raw `k_proj(x)`. KV consumers take the producer's (post-norm, post-RoPE) K/V.
 //! Scores use scale 1.0; scores, softmax and `P·V` in fp32 (HF sdpa numerics) through the fused
-//! `g4ft_ops::attention`, or the composite `g4ft_ops::attention_dense` with a dense mask for
-//! packed / bidirectional batches.
+//! `g4ft_ops::attention` (causal, padded or packed batches), or the composite
+//! `g4ft_ops::attention_dense` with a dense mask for bidirectional batches and cached decoding.
 
 use candle_core::Tensor;
 use g4ft_lora::{LoraContext, LoraLinear};
@@ -13,7 +13,7 @@ use g4ft_ops::{attention_dense, rms_norm, rope, swap_dims12, AttentionPlan};
 
 use crate::config::{Config, LayerConfig, LayerType};
 use crate::error::Result;
-use crate::mask::AttentionBias;
+use crate::mask::{AttentionBias, Scores};
 use crate::rope::RopeTable;
 use crate::weights::Weights;
 
@@ -127,19 +127,11 @@ impl Attention {
             .reshape((b, t, self.num_heads, self.head_dim))?;
         let q = swap_dims12(&rms_norm(&q, Some(&self.q_norm), self.eps)?)?;
         let q = rope(&q, &rope_t.cos, &rope_t.sin)?; // (b, nh, t, d)
-        let o = match bias {
-            AttentionBias::Causal { key_mask } => {
-                let window = (layer_type == LayerType::Sliding).then_some(window);
-                let mask = key_mask.as_ref();
-                g4ft_ops::attention(&q, &kv.k, &kv.v, mask, window, 1.0, &self.plan)?
+        let o = match bias.scores(layer_type, window) {
+            Scores::Causal { key_mask, window } => {
+                g4ft_ops::attention(&q, &kv.k, &kv.v, key_mask, window, 1.0, &self.plan)?
             }
-            AttentionBias::Additive(masks) => {
-                let mask = match layer_type {
-                    LayerType::Sliding => &masks.sliding,
-                    LayerType::Full => &masks.full,
-                };
-                attention_dense(&q, &kv.k, &kv.v, mask, 1.0)?
-            }
+            Scores::Dense(mask) => attention_dense(&q, &kv.k, &kv.v, mask, 1.0)?,
         };
         let o = swap_dims12(&o)?.reshape((b, t, self.num_heads * self.head_dim))?;
         Ok(self.o_proj.forward(&o, ctx)?)
@@ -178,7 +170,8 @@ mod tests {
         let masks = crate::mask::build_masks((b, t), None, None, 2, true, &dev)?;
         let dense = attention_dense(&q, &k, &v, &masks.sliding, 1.0)?;
         let plan = AttentionPlan::default();
-        let fused = g4ft_ops::attention(&q, &k, &v, None, Some(2), 1.0, &plan)?;
+        let keys = g4ft_ops::KeyMask::default();
+        let fused = g4ft_ops::attention(&q, &k, &v, keys, Some(2), 1.0, &plan)?;
         let diff = (dense - fused)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(diff < 1e-6, "dense vs fused {diff}");
         Ok(())

@@ -50,7 +50,7 @@ pub struct LayerInputs {
     pub rope_sliding: RopeTable,
     /// RoPE table of full layers.
     pub rope_full: Option<RopeTable>,
-    /// Causal key-padding mask or dense masks.
+    /// Causal (fused: key padding, sequence starts of packed rows) or dense masks.
     pub bias: AttentionBias,
     /// Sliding window `W` of sliding layers.
     pub sliding_window: usize,

@@ -25,8 +25,9 @@
 //! the walk) costs the least peak for a given count; [`MemoryModel::plan`] keeps those. The
 //! forward is not a separate moment: at a layer it holds about what that layer's backward holds
 //! (its output in place of the upstream gradient), and the loss head that follows holds
-//! everything. Not modelled: the attention masks (the dense `(b, t, t)` masks of packed batches among them), the
-//! gradients of K/V lent to producers, the CUDA context and library workspaces (outside the
+//! everything. Not modelled: the attention masks (`(b, t)` key-padding flags and sequence starts
+//! for causal batches, packed ones included; the dense `(b, 1, t, t)` masks of bidirectional
+//! models), the gradients of K/V lent to producers, the CUDA context and library workspaces (outside the
 //! allocator's pool).
 
 use std::fmt;

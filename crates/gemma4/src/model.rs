@@ -298,6 +298,20 @@ impl Gemma4Model {
         self.layers.iter_mut().flat_map(|l| l.projections_mut())
     }
 
+    /// How attention is restricted for `batch` (what every forward of it uses): fused causal
+    /// attention with the key-padding mask and, for packed rows (position ids that restart, no
+    /// attention mask), each token's sequence start; dense masks only for bidirectional models.
+    pub fn attention_bias(&self, batch: &TokenBatch) -> Result<AttentionBias> {
+        AttentionBias::new(
+            (batch.batch, batch.seq_len),
+            batch.attention_mask,
+            batch.position_ids,
+            self.cfg.sliding_window,
+            self.cfg.is_causal,
+            &self.device,
+        )
+    }
+
     /// Embeddings, PLE inputs, RoPE tables and masks of a batch.
     pub(crate) fn prepare(&self, batch: &TokenBatch) -> Result<Prepared> {
         batch.validate(self.cfg.vocab_size)?;
@@ -332,14 +346,7 @@ impl Gemma4Model {
             // A model without sliding layers still needs a (unused) table value.
             None => rope_full.clone().expect("the last layer is always full"),
         };
-        let bias = AttentionBias::new(
-            (b, t),
-            batch.attention_mask,
-            batch.position_ids,
-            self.cfg.sliding_window,
-            self.cfg.is_causal,
-            dev,
-        )?;
+        let bias = self.attention_bias(batch)?;
         Ok(Prepared {
             embeds,
             inputs: LayerInputs {

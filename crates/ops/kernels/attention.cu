@@ -7,22 +7,25 @@
 // head), so score row r of a block is kv slab bk = r / (rows·g), query i and group member j in
 // (i, j) order within the slab: head h = (bk % nkv)·g + j, query qi = q0 + i. A row holds lk
 // scores and starts at r·ld (ld >= lk, padded for aligned tensor-core GEMMs). Query qi sees key
-// kj iff kj <= qi, qi − kj < window (window 0 = none) and key_mask[b, kj] != 0. One warp per row.
+// kj iff seq_start[b, qi] <= kj <= qi, qi − kj < window (window 0 = none) and key_mask[b, kj] != 0
+// (seq_start: the (b, t) first token of each token's packed sequence; null = 0). One warp per row.
 #include "common.cuh"
 
 // Score row r's (b·nh + h, qi) and the range [lo, hi) of its scores that can be allowed (the
-// causal / window band; the padding mask is checked per key).
+// causal / window band within the query's sequence; the padding mask is checked per key).
 struct AttnRow {
     int bh, qi, lo, hi;
 };
 
-__device__ __forceinline__ AttnRow attn_row(int r, int nh, int g, int rows, int lk, int q0, int k0,
-                                            int window) {
+__device__ __forceinline__ AttnRow attn_row(int r, const uint32_t* seq_start, int nh, int g, int t,
+                                            int rows, int lk, int q0, int k0, int window) {
     int slab = rows * g, bk = r / slab, rem = r % slab, nkv = nh / g;
     AttnRow a;
     a.bh = (bk / nkv) * nh + (bk % nkv) * g + rem % g;
     a.qi = q0 + rem / g;
-    a.lo = max(0, (window > 0 ? a.qi + 1 - window : 0) - k0);
+    int first = window > 0 ? a.qi + 1 - window : 0;
+    if (seq_start) first = max(first, (int)seq_start[(size_t)(a.bh / nh) * t + a.qi]);
+    a.lo = max(0, first - k0);
     a.hi = min(lk, a.qi + 1 - k0);
     return a;
 }
@@ -36,12 +39,12 @@ __device__ __forceinline__ float attn_exp(float x, float ml2) { return exp2f(fma
 // Three passes over the row's band (the 2nd and 3rd from L1): the max, the sum of exponentials,
 // then the normalised write of the whole row.
 template <typename T>
-__device__ void attn_softmax_rows(const float* s, T* p, float* lse, const uint8_t* mask, int nh,
-                                  int g, int t, int rows, int lk, int ld, int q0, int k0, int window,
-                                  int nrows) {
+__device__ void attn_softmax_rows(const float* s, T* p, float* lse, const uint8_t* mask,
+                                  const uint32_t* seq_start, int nh, int g, int t, int rows, int lk,
+                                  int ld, int q0, int k0, int window, int nrows) {
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= nrows) return;
-    AttnRow a = attn_row(r, nh, g, rows, lk, q0, k0, window);
+    AttnRow a = attn_row(r, seq_start, nh, g, t, rows, lk, q0, k0, window);
     const float* srow = s + (size_t)r * ld;
     T* prow = p + (size_t)r * ld;
     const uint8_t* mb = mask + (size_t)(a.bh / nh) * t + k0;
@@ -68,12 +71,12 @@ __device__ void attn_softmax_rows(const float* s, T* p, float* lse, const uint8_
 // GEMM. One warp per row.
 template <typename T>
 __device__ void attn_ds_rows(const float* s, const float* dp, const T* o, const T* dout,
-                             const float* lse, const uint8_t* mask, T* ds, T* p, float scale,
-                             int nh, int g, int t, int d, int rows, int lk, int ld, int q0, int k0,
-                             int window, int nrows) {
+                             const float* lse, const uint8_t* mask, const uint32_t* seq_start, T* ds,
+                             T* p, float scale, int nh, int g, int t, int d, int rows, int lk,
+                             int ld, int q0, int k0, int window, int nrows) {
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= nrows) return;
-    AttnRow a = attn_row(r, nh, g, rows, lk, q0, k0, window);
+    AttnRow a = attn_row(r, seq_start, nh, g, t, rows, lk, q0, k0, window);
     size_t qrow = ((size_t)a.bh * t + a.qi) * d;
     float dd = 0.f;
     for (int c = lane; c < d; c += 32) dd += to_f32(dout[qrow + c]) * to_f32(o[qrow + c]);
@@ -101,18 +104,20 @@ __device__ void attn_round(const float* x, T* y, size_t n) {
 
 #define INST(T, S)                                                                                   \
     extern "C" __global__ void attn_softmax_rows_##S(const float* s, T* p, float* lse,               \
-                                                     const uint8_t* mask, int nh, int g, int t,      \
-                                                     int rows, int lk, int ld, int q0, int k0,       \
-                                                     int window, int nrows) {                        \
-        attn_softmax_rows<T>(s, p, lse, mask, nh, g, t, rows, lk, ld, q0, k0, window, nrows);        \
+                                                     const uint8_t* mask, const uint32_t* seq_start, \
+                                                     int nh, int g, int t, int rows, int lk, int ld, \
+                                                     int q0, int k0, int window, int nrows) {        \
+        attn_softmax_rows<T>(s, p, lse, mask, seq_start, nh, g, t, rows, lk, ld, q0, k0, window,     \
+                             nrows);                                                                 \
     }                                                                                                \
     extern "C" __global__ void attn_ds_rows_##S(const float* s, const float* dp, const T* o,         \
                                                 const T* dout, const float* lse,                     \
-                                                const uint8_t* mask, T* ds, T* p, float scale,       \
-                                                int nh, int g, int t, int d, int rows, int lk,       \
-                                                int ld, int q0, int k0, int window, int nrows) {     \
-        attn_ds_rows<T>(s, dp, o, dout, lse, mask, ds, p, scale, nh, g, t, d, rows, lk, ld, q0, k0,  \
-                        window, nrows);                                                              \
+                                                const uint8_t* mask, const uint32_t* seq_start,      \
+                                                T* ds, T* p, float scale, int nh, int g, int t,      \
+                                                int d, int rows, int lk, int ld, int q0, int k0,     \
+                                                int window, int nrows) {                             \
+        attn_ds_rows<T>(s, dp, o, dout, lse, mask, seq_start, ds, p, scale, nh, g, t, d, rows, lk,   \
+                        ld, q0, k0, window, nrows);                                                  \
     }                                                                                                \
     extern "C" __global__ void attn_round_##S(const float* x, T* y, size_t n) { attn_round<T>(x, y, n); }
 G4FT_FLOAT_TYPES(INST)

@@ -10,8 +10,11 @@
 // tiles of BC rows through shared memory (cp.async; the next K tile loads during P·V, the V tile
 // during Q·Kᵀ); each warp computes its 16 rows with `mma.sync` m16n8k16 (fp32 accumulators):
 // S = Q·Kᵀ in registers, masked and scaled to log2 units, online max / sum, P rounded to the input
-// dtype straight into A fragments, O += P·V. Query qi sees key j iff j <= qi, qi − j < window
-// (window 0 = none) and key_mask[b, j] != 0; a row that sees no key outputs zeros and lse = +inf.
+// dtype straight into A fragments, O += P·V. Query qi sees key j iff seq_start[b, qi] <= j <= qi,
+// qi − j < window (window 0 = none) and key_mask[b, j] != 0 (seq_start: the (b, t) first token of
+// each token's packed sequence, non-decreasing along t; null = 0); a row that sees no key outputs
+// zeros and lse = +inf. A block's key loop starts at its first row's lowest visible key, the lowest
+// of all its rows since seq_start is non-decreasing.
 // lse[b, h, qi] = max + log(sum) in natural-log units, as the blocked softmax writes it.
 // DSPLIT = 2 (head dim 512, whose 16×512 fp32 O tile per warp would not fit the registers): two
 // warps own the same 16 rows, each computes the whole S = Q·Kᵀ and the softmax (the same values:
@@ -35,8 +38,9 @@ constexpr float RESCALE_SLACK = 8.f;
 // two blocks per SM hide the waits). STAGES = 2: both double-buffered, the next tile's K and V load
 // during this whole tile (for the one-block-per-SM 8-warp shape).
 template <typename T, int D, int WARPS, int STAGES, int DSPLIT>
-__device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const uint8_t* mask, T* o,
-                                    float* lse, float scale, int nh, int g, int t, int window) {
+__device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const uint8_t* mask,
+                                    const uint32_t* seq_start, T* o, float* lse, float scale, int nh,
+                                    int g, int t, int window) {
     constexpr int ROWW = WARPS / DSPLIT, BR = ROWW * 16, LD = D + 8, THREADS = WARPS * 32;
     constexpr int DT = D / 8, DTW = DT / DSPLIT, ST = BC / 8;  // DTW: O column tiles of one warp
     static_assert(STAGES == 1 || STAGES == 2, "one or two K/V stages");
@@ -53,7 +57,11 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
     const int rows = t * g;
     const int r0 = (gridDim.x - 1 - blockIdx.x) * BR;  // the longest key ranges first
     const int qlo = r0 / g, qhi = (min(r0 + BR, rows) - 1) / g;
-    const int klo = window > 0 ? max(0, qlo + 1 - window) : 0;
+    // The first token of query qi's packed sequence (0 without segments; qi clamped for the rows
+    // past the end of the slab), read where it is needed: kept in registers across the key loop
+    // it would cost 2-6 more of them at head dims 256 and 512.
+    auto seq_of = [&](int qi) { return seq_start ? (int)seq_start[(size_t)bi * t + min(qi, t - 1)] : 0; };
+    const int klo = max(window > 0 ? max(0, qlo + 1 - window) : 0, seq_of(qlo));
     const T* kslab = k + (size_t)slab * t * D;
     const T* vslab = v + (size_t)slab * t * D;
     const uint8_t* mrow = mask + (size_t)bi * t;
@@ -120,16 +128,20 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
         }
 
         // Mask unless every key of the tile is visible to every row (scores stay unscaled here).
-        const bool interior = no_pad && j0 + BC - 1 <= qlo && (window == 0 || qhi - j0 < window);
-        if (!interior)
+        const bool interior = no_pad && j0 + BC - 1 <= qlo && (window == 0 || qhi - j0 < window) &&
+                              seq_of(qhi) <= j0;
+        if (!interior) {
+            const int sa = seq_of(qa), sb = seq_of(qb);
 #pragma unroll
             for (int nt = 0; nt < ST; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int jj = nt * 8 + 2 * (lane % 4) + (e & 1), j = j0 + jj, qi = e < 2 ? qa : qb;
-                    const bool ok = j <= qi && (window == 0 || qi - j < window) && skm[jj] != 0;
+                    const bool ok = j <= qi && (window == 0 || qi - j < window) && j >= (e < 2 ? sa : sb) &&
+                                    skm[jj] != 0;
                     s[nt][e] = ok ? s[nt][e] : -INFINITY;
                 }
+        }
 
         // Online softmax per row in log2 units (a row's 64 scores are spread over the 4 lanes of a
         // quad): the max moves only by more than RESCALE_SLACK, and O is rescaled only in the tiles
@@ -242,9 +254,10 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
 #define FLASH_KERNEL(T, S, D, W, STAGES, DSPLIT)                                                    \
     extern "C" __global__ void __launch_bounds__(W * 32)                                             \
         attn_flash_fwd_d##D##_w##W##_##S(const T* q, const T* k, const T* v, const uint8_t* mask,    \
-                                         T* o, float* lse, float scale, int nh, int g, int t,       \
-                                         int window) {                                               \
-        flash::fwd<T, D, W, STAGES, DSPLIT>(q, k, v, mask, o, lse, scale, nh, g, t, window);        \
+                                         const uint32_t* seq_start, T* o, float* lse, float scale,   \
+                                         int nh, int g, int t, int window) {                         \
+        flash::fwd<T, D, W, STAGES, DSPLIT>(q, k, v, mask, seq_start, o, lse, scale, nh, g, t,      \
+                                            window);                                                 \
     }
 #define FLASH_INST(T, S, D, W) FLASH_KERNEL(T, S, D, W, W == 8 ? 2 : 1, 1)
 #define FLASH_DIMS(T, S) \

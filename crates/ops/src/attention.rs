@@ -11,10 +11,12 @@
 //! tile, each recomputing P; [`AttentionBackward`] says when it runs).
 //!
 //! Mask semantics (transformers Gemma 4, `docs/gemma4.md` §4.3): query i attends key j iff
-//! `j <= i`, `i − j < window` (exactly W keys including itself) and `key_mask[b, j] != 0`. Query head
-//! h uses kv head `h / (nh / nkv)`. Scores, softmax and accumulation in fp32, output rounded to the
-//! input dtype. A query row with no allowed key (only possible with left padding) outputs zeros;
-//! the finite-min additive mask of the reference gives a uniform average there instead.
+//! `seq_start[b, i] <= j <= i`, `i − j < window` (exactly W keys including itself) and
+//! `padding[b, j] != 0` ([`KeyMask`]; `seq_start` confines packed sequences to themselves, 0 without
+//! it). Query head h uses kv head `h / (nh / nkv)`. Scores, softmax and accumulation in fp32, output
+//! rounded to the input dtype. A query row with no allowed key (only possible with left padding)
+//! outputs zeros; the finite-min additive mask of the reference gives a uniform average there
+//! instead.
 
 use crate::util::{cpu_slice, with_cpu_storage, with_float_type, Elem, Stash, Storable};
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
@@ -75,6 +77,16 @@ pub enum AttentionBackward {
     Auto,
 }
 
+/// Which keys each query may see besides causality and the sliding window.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KeyMask<'a> {
+    /// (b, t) u8 or u32, nonzero = the key may be attended (padding), `None` = all.
+    pub padding: Option<&'a Tensor>,
+    /// (b, t) u32: for each token the index of the first token of its packed sequence
+    /// (non-decreasing along t); query i sees only keys j >= seq_start[b, i]. `None` = one sequence per row.
+    pub seq_start: Option<&'a Tensor>,
+}
+
 /// Sizes and mask parameters shared by the forward and backward.
 #[derive(Clone, Copy)]
 struct Dims {
@@ -88,14 +100,15 @@ struct Dims {
 }
 
 impl Dims {
-    /// Keys `lo..=i` query `i` may see before the padding mask.
-    fn keys(&self, i: usize) -> std::ops::RangeInclusive<usize> {
+    /// Keys `lo..=i` query `i` of a sequence starting at key `start` may see before the padding
+    /// mask (empty if `start > i`).
+    fn keys(&self, i: usize, start: usize) -> std::ops::RangeInclusive<usize> {
         let lo = if self.window > 0 {
             (i + 1).saturating_sub(self.window)
         } else {
             0
         };
-        lo..=i
+        lo.max(start)..=i
     }
 
     fn q_elems(&self) -> usize {
@@ -111,7 +124,8 @@ impl Dims {
 struct Attention {
     n: Dims,
     plan: AttentionPlan,
-    mask: Tensor, // (b, t) u8
+    mask: Tensor,              // (b, t) u8
+    seq_start: Option<Tensor>, // (b, t) u32
     lse: Stash,
 }
 
@@ -121,7 +135,7 @@ impl Attention {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        key_mask: Option<&Tensor>,
+        key_mask: KeyMask,
         window: Option<usize>,
         scale: f64,
         plan: &AttentionPlan,
@@ -130,7 +144,8 @@ impl Attention {
         Ok(Attention {
             n,
             plan: *plan,
-            mask: key_mask_u8(key_mask, q, &n)?,
+            mask: key_mask_u8(key_mask.padding, q, &n)?,
+            seq_start: seq_start_u32(key_mask.seq_start, q, &n)?,
             lse: Stash::default(),
         })
     }
@@ -147,6 +162,30 @@ struct AttentionBwd {
     dout: Tensor,
     lse: Tensor,
     mask: Tensor,
+    seq_start: Option<Tensor>,
+}
+
+/// A call's key mask on the host: the (b, t) padding flags and, for packed rows, segment starts.
+struct HostKeys<'a> {
+    padding: &'a [u8],
+    seq_start: Option<&'a [u32]>,
+}
+
+impl HostKeys<'_> {
+    /// The keys query `i` of batch row `b` attends ([`Dims::keys`] within its sequence, minus
+    /// padding).
+    fn visible<'s>(&'s self, n: &Dims, b: usize, i: usize) -> impl Iterator<Item = usize> + 's {
+        let start = self.seq_start.map_or(0, |s| s[b * n.t + i] as usize);
+        let padding = &self.padding[b * n.t..(b + 1) * n.t];
+        n.keys(i, start).filter(move |&j| padding[j] != 0)
+    }
+}
+
+/// The (b·t) segment starts of `seq_start` on the host (a copy: b·t values per call).
+fn host_seq_start(seq_start: Option<&Tensor>) -> Result<Option<Vec<u32>>> {
+    seq_start
+        .map(|s| s.flatten_all()?.to_vec1::<u32>())
+        .transpose()
 }
 
 fn dot<T: Elem>(a: &[T], b: &[T]) -> f32 {
@@ -154,7 +193,7 @@ fn dot<T: Elem>(a: &[T], b: &[T]) -> f32 {
 }
 
 /// Returns `(o, lse)`; `lse = +inf` marks a row with no allowed key.
-fn fwd_cpu<T: Elem>(q: &[T], k: &[T], v: &[T], mask: &[u8], n: &Dims) -> (Vec<T>, Vec<f32>) {
+fn fwd_cpu<T: Elem>(q: &[T], k: &[T], v: &[T], keys: &HostKeys, n: &Dims) -> (Vec<T>, Vec<f32>) {
     let (t, d) = (n.t, n.d);
     let mut o = vec![T::from_f32(0.0); n.q_elems()];
     let mut lse = vec![f32::INFINITY; n.b * n.nh * t];
@@ -167,7 +206,7 @@ fn fwd_cpu<T: Elem>(q: &[T], k: &[T], v: &[T], mask: &[u8], n: &Dims) -> (Vec<T>
                 let row = (b * n.nh + h) * t + i;
                 let qr = &q[row * d..(row + 1) * d];
                 scores.clear();
-                for j in n.keys(i).filter(|&j| mask[b * t + j] != 0) {
+                for j in keys.visible(n, b, i) {
                     scores.push((j, dot(qr, &k[(kv0 + j) * d..(kv0 + j + 1) * d]) * n.scale));
                 }
                 if scores.is_empty() {
@@ -200,7 +239,7 @@ struct BwdIn<'a, T> {
     o: &'a [T],
     dout: &'a [T],
     lse: &'a [f32],
-    mask: &'a [u8],
+    keys: HostKeys<'a>,
 }
 
 fn bwd_cpu<T: Elem>(x: &BwdIn<'_, T>, n: &Dims) -> Vec<T> {
@@ -219,7 +258,7 @@ fn bwd_cpu<T: Elem>(x: &BwdIn<'_, T>, n: &Dims) -> Vec<T> {
                     continue;
                 }
                 let dd = dot(dor, &x.o[r.clone()]);
-                for j in n.keys(i).filter(|&j| x.mask[b * t + j] != 0) {
+                for j in x.keys.visible(n, b, i) {
                     let kr = (kv0 + j) * d..(kv0 + j + 1) * d;
                     let p = (dot(qr, &x.k[kr.clone()]) * n.scale - x.lse[row]).exp();
                     let ds = p * (dot(dor, &x.v[kr.clone()]) - dd);
@@ -259,8 +298,10 @@ impl CustomOp3 for Attention {
             let q = cpu_slice::<T>(s1, l1, op, "q")?;
             let k = cpu_slice::<T>(s2, l2, op, "k")?;
             let v = cpu_slice::<T>(s3, l3, op, "v")?;
+            let seq_start = host_seq_start(self.seq_start.as_ref())?;
             let (o, lse) = with_cpu_storage(&self.mask, op, "key_mask", |ms, ml| {
-                Ok(fwd_cpu(q, k, v, cpu_slice::<u8>(ms, ml, op, "key_mask")?, &n))
+                let keys = HostKeys { padding: cpu_slice::<u8>(ms, ml, op, "key_mask")?, seq_start: seq_start.as_deref() };
+                Ok(fwd_cpu(q, k, v, &keys, &n))
             })?;
             self.lse.put(Tensor::from_vec(lse, (n.b, n.nh, n.t), &candle_core::Device::Cpu)?);
             Ok((T::storage(o), l1.shape().clone()))
@@ -285,6 +326,7 @@ impl CustomOp3 for Attention {
             (s2, l2),
             (s3, l3),
             &self.mask,
+            self.seq_start.as_ref(),
         )?;
         let n = &self.n;
         self.lse.put(crate::util::tensor_from_storage(
@@ -306,6 +348,7 @@ impl CustomOp3 for Attention {
             n: self.n,
             plan: self.plan,
             mask: self.mask.clone(),
+            seq_start: self.seq_start.clone(),
             lse: self.lse.get(self.name())?,
         };
         let (dq, dk, dv) = saved.backward(q, k, v, o, g)?;
@@ -314,12 +357,13 @@ impl CustomOp3 for Attention {
 }
 
 /// What the backward of [`attention_saved`] reads besides `q`, `k`, `v`, the output and its
-/// gradient: the validated sizes, the forward's plan, the key mask and the per-row log-sum-exp
-/// (fp32).
+/// gradient: the validated sizes, the forward's plan, the key mask (padding and segment starts)
+/// and the per-row log-sum-exp (fp32).
 pub struct AttentionSaved {
     n: Dims,
     plan: AttentionPlan,
     mask: Tensor,
+    seq_start: Option<Tensor>,
     lse: Tensor,
 }
 
@@ -356,6 +400,7 @@ impl AttentionSaved {
             dout: g.contiguous()?,
             lse: self.lse.clone(),
             mask: self.mask.clone(),
+            seq_start: self.seq_start.clone(),
         };
         let packed = q.contiguous()?.apply_op1_no_bwd(&op)?;
         let (nq, nkv) = (n.q_elems(), n.kv_elems());
@@ -382,7 +427,9 @@ impl CustomOp1 for AttentionBwd {
             let (k, v, o, dout) = (get(&self.k, "k")?, get(&self.v, "v")?, get(&self.o, "o")?, get(&self.dout, "grad")?);
             let lse = with_cpu_storage(&self.lse, op, "lse", |s, l| Ok(cpu_slice::<f32>(s, l, op, "lse")?.to_vec()))?;
             let mask = with_cpu_storage(&self.mask, op, "key_mask", |s, l| Ok(cpu_slice::<u8>(s, l, op, "key_mask")?.to_vec()))?;
-            let x = BwdIn { q, k: &k, v: &v, o: &o, dout: &dout, lse: &lse, mask: &mask };
+            let seq_start = host_seq_start(self.seq_start.as_ref())?;
+            let keys = HostKeys { padding: &mask, seq_start: seq_start.as_deref() };
+            let x = BwdIn { q, k: &k, v: &v, o: &o, dout: &dout, lse: &lse, keys };
             let out = bwd_cpu(&x, &n);
             let len = out.len();
             Ok((T::storage(out), Shape::from(len)))
@@ -456,19 +503,44 @@ fn key_mask_u8(key_mask: Option<&Tensor>, q: &Tensor, n: &Dims) -> Result<Tensor
     }
 }
 
+/// The segment starts as a contiguous (b, t) u32 tensor on `q`'s device, or an error naming what
+/// is wrong (values are not checked: they stay on the device).
+fn seq_start_u32(seq_start: Option<&Tensor>, q: &Tensor, n: &Dims) -> Result<Option<Tensor>> {
+    let Some(s) = seq_start else {
+        return Ok(None);
+    };
+    if s.dims() != [n.b, n.t] || s.dtype() != DType::U32 {
+        bail!(
+            "attention: seq_start must be ({}, {}) u32, got {:?} {:?}",
+            n.b,
+            n.t,
+            s.dims(),
+            s.dtype()
+        );
+    }
+    if !s.device().same_device(q.device()) {
+        bail!(
+            "attention: seq_start is on {:?}, q on {:?}",
+            s.device().location(),
+            q.device().location()
+        );
+    }
+    Ok(Some(s.contiguous()?))
+}
+
 /// Causal attention `softmax(q·kᵀ·scale + mask)·v`, memory-efficient (no (t, t) tensor).
 ///
 /// `q`: (b, nh, t, d); `k`, `v`: (b, nkv, t, d), nh a multiple of nkv (GQA: query head h reads
-/// kv head `h / (nh / nkv)`); all the same float dtype. `key_mask`: (b, t) u8 or u32, nonzero = keep
-/// (padding mask), or `None`. `window`: `Some(W)` lets query i see keys `i−W < j <= i` (W keys
-/// including itself), `None` = full causal. `scale` multiplies the scores (Gemma 4: 1.0).
+/// kv head `h / (nh / nkv)`); all the same float dtype. `key_mask`: the padding mask and, for rows
+/// that pack several sequences, each token's sequence start ([`KeyMask`]). `window`: `Some(W)` lets
+/// query i see keys `i−W < j <= i` (W keys including itself), `None` = full causal. `scale` multiplies the scores (Gemma 4: 1.0).
 /// `plan`: the CUDA kernels (forward and backward). Fp32 scores and softmax, output in the input
 /// dtype. Gradients for q, k and v.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    key_mask: Option<&Tensor>,
+    key_mask: KeyMask,
     window: Option<usize>,
     scale: f64,
     plan: &AttentionPlan,
@@ -484,7 +556,7 @@ pub fn attention_saved(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    key_mask: Option<&Tensor>,
+    key_mask: KeyMask,
     window: Option<usize>,
     scale: f64,
     plan: &AttentionPlan,
@@ -498,6 +570,7 @@ pub fn attention_saved(
         n: op.n,
         plan: op.plan,
         mask: op.mask,
+        seq_start: op.seq_start,
         lse,
     };
     Ok((o, saved))
@@ -510,8 +583,7 @@ pub fn attention_saved(
 /// `q`: (b, nh, t, d); `k`, `v`: (b, nkv, s, d) with nh a multiple of nkv; query head h reads kv
 /// head `h / (nh / nkv)` with no copy of K/V (the query heads of each kv head are grouped).
 /// `mask`: additive fp32, broadcastable to (b, nh, t, s), e.g. (b, 1, t, s). For what the fused
-/// [`attention`] does not take (packed or bidirectional batches, `s` cached keys for `t` new
-/// queries) and, through [`attention_slow`], its reference. Gradients through autograd, or
+/// [`attention`] does not take (bidirectional batches, `s` cached keys for `t` new queries) and, through [`attention_slow`], its reference. Gradients through autograd, or
 /// [`attention_dense_backward`] without a graph.
 pub fn attention_dense(
     q: &Tensor,
@@ -598,23 +670,31 @@ fn dense_dims(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize)> {
 }
 
 /// Composite reference for [`attention`]: [`attention_dense`] with the causal / window / key
-/// mask as an additive finite-min mask (as transformers' eager path, without its bf16 rounding
-/// of the scores). Materialises (b, nh, t, t).
+/// mask (padding and sequence starts) as an additive finite-min mask (as transformers' eager path,
+/// without its bf16 rounding of the scores). Materialises (b, nh, t, t).
 pub fn attention_slow(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    key_mask: Option<&Tensor>,
+    key_mask: KeyMask,
     window: Option<usize>,
     scale: f64,
 ) -> Result<Tensor> {
     let n = dims(q, k, v, window, scale)?;
-    let keep = key_mask_u8(key_mask, q, &n)?.to_vec2::<u8>()?;
+    let keep = key_mask_u8(key_mask.padding, q, &n)?.to_vec2::<u8>()?;
+    let start = match seq_start_u32(key_mask.seq_start, q, &n)? {
+        Some(s) => s.to_vec2::<u32>()?,
+        None => vec![vec![0; n.t]; n.b],
+    };
     let mut add = vec![0f32; n.b * n.t * n.t];
     for b in 0..n.b {
         for i in 0..n.t {
             for j in 0..n.t {
-                if !(n.keys(i).contains(&j) && keep[b][j] != 0) {
+                let visible = j <= i
+                    && (n.window == 0 || i - j < n.window)
+                    && j >= start[b][i] as usize
+                    && keep[b][j] != 0;
+                if !visible {
                     add[(b * n.t + i) * n.t + j] = f32::MIN;
                 }
             }
@@ -646,7 +726,11 @@ mod tests {
         // right padding: batch 1 has its last position masked (with window >= 2 no query row is
         // fully masked; those rows are where fused (zeros) and reference (uniform) differ)
         let m = Tensor::new(&[[1u32, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0]], &dev)?;
-        let mask = masked.then_some(m);
+        let m = masked.then_some(m);
+        let mask = KeyMask {
+            padding: m.as_ref(),
+            seq_start: None,
+        };
         let scale = 0.35;
         check_fused_vs_slow(
             &format!("attention {dtype:?} nh={nh} nkv={nkv} window={window:?} masked={masked}"),
@@ -654,9 +738,9 @@ mod tests {
             &[true, true, true],
             |x| {
                 let plan = AttentionPlan::default();
-                attention(&x[0], &x[1], &x[2], mask.as_ref(), window, scale, &plan)
+                attention(&x[0], &x[1], &x[2], mask, window, scale, &plan)
             },
-            |x| attention_slow(&x[0], &x[1], &x[2], mask.as_ref(), window, scale),
+            |x| attention_slow(&x[0], &x[1], &x[2], mask, window, scale),
             tol,
         )
     }
@@ -674,6 +758,141 @@ mod tests {
     #[test]
     fn fused_matches_slow_bf16() -> Result<()> {
         check(DType::BF16, 4, 2, Some(3), true, (2e-2, 3e-2))
+    }
+
+    /// The segment starts `(b, t)` of rows that pack sequences of the given lengths.
+    fn seq_starts(rows: &[&[usize]], dev: &Device) -> Result<Tensor> {
+        let t: usize = rows[0].iter().sum();
+        let mut starts = Vec::new();
+        for lens in rows {
+            assert_eq!(
+                lens.iter().sum::<usize>(),
+                t,
+                "rows of one batch have one length"
+            );
+            let mut first = 0;
+            for &len in *lens {
+                starts.extend(std::iter::repeat_n(first as u32, len));
+                first += len;
+            }
+        }
+        Tensor::from_vec(starts, (rows.len(), t), dev)
+    }
+
+    /// Packed rows (a sequence of length 1, sequence starts inside the sliding window, padding
+    /// inside a sequence; no query left without a key): fused == the dense reference, forward
+    /// and gradients.
+    fn check_segmented(dtype: DType, nh: usize, nkv: usize, tol: (f64, f64)) -> Result<()> {
+        let dev = Device::Cpu;
+        let (b, t, d) = (2, 11, 8);
+        let q = randn(&[b, nh, t, d], dtype, 1, &dev)?;
+        let k = randn(&[b, nkv, t, d], dtype, 2, &dev)?;
+        let v = randn(&[b, nkv, t, d], dtype, 3, &dev)?;
+        let starts = seq_starts(&[&[4, 1, 6], &[7, 4]], &dev)?;
+        let pad = Tensor::new(
+            &[
+                [1u8, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+                [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0],
+            ],
+            &dev,
+        )?;
+        for (window, padded) in [
+            (None, false),
+            (Some(3), true),
+            (Some(2), false),
+            (None, true),
+        ] {
+            let mask = KeyMask {
+                padding: padded.then_some(&pad),
+                seq_start: Some(&starts),
+            };
+            let plan = AttentionPlan::default();
+            check_fused_vs_slow(
+                &format!("segmented {dtype:?} nh={nh} nkv={nkv} window={window:?} padded={padded}"),
+                &[q.clone(), k.clone(), v.clone()],
+                &[true, true, true],
+                |x| attention(&x[0], &x[1], &x[2], mask, window, 0.35, &plan),
+                |x| attention_slow(&x[0], &x[1], &x[2], mask, window, 0.35),
+                tol,
+            )?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn segments_match_slow_f32() -> Result<()> {
+        check_segmented(DType::F32, 4, 2, (1e-5, 1e-4))?;
+        check_segmented(DType::F32, 3, 1, (1e-5, 1e-4))
+    }
+
+    #[test]
+    fn segments_match_slow_bf16() -> Result<()> {
+        check_segmented(DType::BF16, 4, 2, (2e-2, 3e-2))
+    }
+
+    /// Each packed sequence's output is the output of that sequence alone (the reference mask
+    /// is not involved), with the sliding window counted from the sequence's own tokens.
+    #[test]
+    fn segments_equal_each_sequence_alone() -> Result<()> {
+        let dev = Device::Cpu;
+        let (nh, nkv, t, d) = (4, 2, 11, 8);
+        let q = randn(&[1, nh, t, d], DType::F32, 1, &dev)?;
+        let k = randn(&[1, nkv, t, d], DType::F32, 2, &dev)?;
+        let v = randn(&[1, nkv, t, d], DType::F32, 3, &dev)?;
+        let lens = [4, 1, 6];
+        let starts = seq_starts(&[&lens], &dev)?;
+        let plan = AttentionPlan::default();
+        for window in [None, Some(3)] {
+            let mask = KeyMask {
+                padding: None,
+                seq_start: Some(&starts),
+            };
+            let packed = attention(&q, &k, &v, mask, window, 1.0, &plan)?;
+            let mut first = 0;
+            for len in lens {
+                let part = |x: &Tensor| x.narrow(2, first, len);
+                let alone = attention(
+                    &part(&q)?,
+                    &part(&k)?,
+                    &part(&v)?,
+                    KeyMask::default(),
+                    window,
+                    1.0,
+                    &plan,
+                )?;
+                crate::testing::assert_close(
+                    &format!("sequence at {first} window {window:?}"),
+                    &part(&packed)?,
+                    &alone,
+                    1e-6,
+                    1e-5,
+                )?;
+                first += len;
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn seq_start_must_be_b_t_u32() -> Result<()> {
+        let dev = Device::Cpu;
+        let q = randn(&[2, 2, 5, 8], DType::F32, 1, &dev)?;
+        let plan = AttentionPlan::default();
+        for bad in [
+            Tensor::zeros((2, 4), DType::U32, &dev)?,
+            Tensor::zeros((2, 5), DType::U8, &dev)?,
+        ] {
+            let mask = KeyMask {
+                padding: None,
+                seq_start: Some(&bad),
+            };
+            let err = attention(&q, &q, &q, mask, None, 1.0, &plan).unwrap_err();
+            assert!(
+                err.to_string().contains("seq_start must be (2, 5) u32"),
+                "{err}"
+            );
+        }
+        Ok(())
     }
 
     /// The grouped query heads equal the `repeat_kv` formulation (basic Candle ops).
@@ -740,7 +959,8 @@ mod tests {
         let t = 8;
         let q = Tensor::zeros((1, 1, t, t), DType::F32, &dev)?;
         let v = Tensor::eye(t, DType::F32, &dev)?.reshape((1, 1, t, t))?;
-        let o = attention(&q, &q, &v, None, Some(4), 1.0, &AttentionPlan::default())?;
+        let plan = AttentionPlan::default();
+        let o = attention(&q, &q, &v, KeyMask::default(), Some(4), 1.0, &plan)?;
         let row7 = o.get(0)?.get(0)?.get(7)?.to_vec1::<f32>()?;
         assert_eq!(row7, vec![0.0, 0.0, 0.0, 0.0, 0.25, 0.25, 0.25, 0.25]); // keys 4..=7
         Ok(())
@@ -756,7 +976,10 @@ mod tests {
             &q,
             &k,
             &k,
-            Some(&mask),
+            KeyMask {
+                padding: Some(&mask),
+                seq_start: None,
+            },
             None,
             1.0,
             &AttentionPlan::default(),

@@ -34,6 +34,13 @@
 //! adds its partial dK / dV into fp32 sums once, at its end. Same numerics as the blocked backward
 //! (P and dS rounded to the input dtype before their products, fp32 accumulation), summed in
 //! another order.
+//!
+//! Packed rows ([`super::KeyMask::seq_start`]): every kernel takes the `(b, t)` u32 segment starts
+//! as a device pointer, 0 without segments ([`seq_start_ptr`]), and raises each query row's lower
+//! key bound to its sequence start. As the starts are non-decreasing, the fused forward and dQ
+//! kernels start a query block's key loop at its first row's sequence start and the dK / dV kernel
+//! stops at the first query row whose sequence starts after its keys; the blocked path keeps its
+//! window-only key ranges.
 
 use super::{AttentionBackward, AttentionBwd, AttentionForward, AttentionPlan, Dims};
 use crate::cublas::{Gemm, Mat};
@@ -286,13 +293,15 @@ impl<'a> Ctx<'a> {
     }
 
     /// Masked softmax of a block's score rows: P and the rows' log-sum-exp.
-    fn softmax_rows(&self, s: u64, p: u64, lse: u64, mask: u64, blk: Block) -> Result<()> {
+    fn softmax_rows(&self, [s, p, lse, mask, seq_start]: [u64; 5], blk: Block) -> Result<()> {
         let n = &self.n;
         let f = self.func("attn_softmax_rows")?;
         let nrows = n.b * n.nh * blk.rows;
         let ints = self.row_args([], blk, nrows);
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&s).arg(&p).arg(&lse).arg(&mask);
+        for x in [&s, &p, &lse, &mask, &seq_start] {
+            b.arg(x);
+        }
         for i in &ints {
             b.arg(i);
         }
@@ -302,13 +311,17 @@ impl<'a> Ctx<'a> {
     }
 
     /// `dS` and `P` (input dtype) of a block from `S`, `dP`, `O`, `dO` and the log-sum-exp.
-    fn ds_rows(&self, [s, dp, o, dout, lse, mask, ds, p]: [u64; 8], blk: Block) -> Result<()> {
+    fn ds_rows(
+        &self,
+        [s, dp, o, dout, lse, mask, seq_start, ds, p]: [u64; 9],
+        blk: Block,
+    ) -> Result<()> {
         let n = &self.n;
         let f = self.func("attn_ds_rows")?;
         let nrows = n.b * n.nh * blk.rows;
         let ints = self.row_args([n.d], blk, nrows);
         let mut b = self.stream.launch_builder(&f);
-        for x in [&s, &dp, &o, &dout, &lse, &mask, &ds, &p] {
+        for x in [&s, &dp, &o, &dout, &lse, &mask, &seq_start, &ds, &p] {
             b.arg(x);
         }
         b.arg(&n.scale);
@@ -330,7 +343,11 @@ impl<'a> Ctx<'a> {
     }
 
     /// The fused forward: `o` and `lse` from `q`, `k`, `v` and the key mask in one launch.
-    fn flash_fwd(&self, plan: &AttentionPlan, [q, k, v, mask, o, lse]: [u64; 6]) -> Result<()> {
+    fn flash_fwd(
+        &self,
+        plan: &AttentionPlan,
+        [q, k, v, mask, seq_start, o, lse]: [u64; 7],
+    ) -> Result<()> {
         let n = &self.n;
         // (warps, K/V stages, query rows per block), as the kernel's entry points: head dim 512
         // splits O's columns over two warps per 16 rows.
@@ -352,15 +369,15 @@ impl<'a> Ctx<'a> {
         };
         let ints = [n.nh, self.groups(), n.t, n.window].map(|x| x as i32);
         let mut b = self.stream.launch_builder(&f);
-        for x in [&q, &k, &v, &mask, &o, &lse] {
+        for x in [&q, &k, &v, &mask, &seq_start, &o, &lse] {
             b.arg(x);
         }
         b.arg(&n.scale);
         for i in &ints {
             b.arg(i);
         }
-        // SAFETY: q/o hold b·nh·t·d elements, k/v b·nkv·t·d, mask b·t bytes, lse b·nh·t floats;
-        // the grid covers the t·g grouped rows of each of the b·nkv slabs.
+        // SAFETY: q/o hold b·nh·t·d elements, k/v b·nkv·t·d, mask b·t bytes, seq_start b·t u32 (or
+        // is 0), lse b·nh·t floats; the grid covers the t·g grouped rows of each of the b·nkv slabs.
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
     }
@@ -382,7 +399,11 @@ impl<'a> Ctx<'a> {
     /// The fused backward into `packed` (`[dq, dk, dv]` in the element dtype): the rows' `dO·O`,
     /// then the dK / dV kernel and the dQ kernel (each recomputes P), then, when the dK / dV
     /// kernel splits a GQA group's heads over blocks, the rounding of their fp32 sums.
-    fn flash_bwd(&self, [q, k, v, o, dout, lse, mask]: [u64; 7], packed: u64) -> Result<()> {
+    fn flash_bwd(
+        &self,
+        [q, k, v, o, dout, lse, mask, seq_start]: [u64; 8],
+        packed: u64,
+    ) -> Result<()> {
         let n = &self.n;
         let rows = n.b * n.nh * n.t;
         let dd = self.alloc::<f32>(rows)?;
@@ -397,7 +418,6 @@ impl<'a> Ctx<'a> {
         let elem = self.dtype.size_in_bytes() as u64;
         let dk = packed + n.q_elems() as u64 * elem;
         let dv = dk + n.kv_elems() as u64 * elem;
-        let seq_start = 0u64;
         let ints = [n.nh, self.groups(), n.t, n.window].map(|x| x as i32);
         // (keys per block, query rows per tile) of the dK / dV kernel and (keys per tile, query
         // rows per block) of the dQ kernel, as the entry points.
@@ -437,7 +457,7 @@ impl<'a> Ctx<'a> {
             b.arg(i);
         }
         // SAFETY: q/dout hold b·nh·t·d elements, k/v and dk/dv b·nkv·t·d, lse/dd b·nh·t floats,
-        // mask b·t bytes, dk32/dv32 (when split) b·nkv·t·d zeroed floats; the grid covers every
+        // mask b·t bytes, seq_start b·t u32 (or is 0), dk32/dv32 (when split) b·nkv·t·d zeroed floats; the grid covers every
         // key tile of each slab, and a block writes only its own keys' rows.
         unsafe { b.launch(cfg) }.w()?;
 
@@ -495,13 +515,13 @@ fn fwd<T: CudaDType + DeviceRepr + WithDType>(
     dev: &CudaDevice,
     n: &Dims,
     plan: &AttentionPlan,
-    [q, k, v, mask]: [u64; 4],
+    [q, k, v, mask, seq_start]: [u64; 5],
 ) -> Result<(CudaSlice<T>, CudaSlice<f32>)> {
     let cx = Ctx::new(dev, n, T::DTYPE);
     let o = cx.alloc::<T>(n.q_elems())?;
     let lse = cx.alloc::<f32>(n.b * n.nh * n.t)?;
     if cx.flash(plan) && [q, k, v].iter().all(|p| p % 16 == 0) {
-        cx.flash_fwd(plan, [q, k, v, mask, cx.addr(&o), cx.addr(&lse)])?;
+        cx.flash_fwd(plan, [q, k, v, mask, seq_start, cx.addr(&o), cx.addr(&lse)])?;
         return Ok((o, lse));
     }
     let bl = Blocking::new(n, plan.score_bytes);
@@ -517,7 +537,7 @@ fn fwd<T: CudaDType + DeviceRepr + WithDType>(
     for blk in bl.blocks(*n) {
         let g = cx.groups() * blk.rows;
         cx.scores_gemm(qs, k, s_, blk)?;
-        cx.softmax_rows(s_, p_, lse_, mask, blk)?;
+        cx.softmax_rows([s_, p_, lse_, mask, seq_start], blk)?;
         let (a, b, c) = (
             cx.scores(p_, blk, T::DTYPE),
             cx.kv(v, blk.k0, T::DTYPE),
@@ -535,13 +555,13 @@ fn bwd<T: CudaDType + DeviceRepr + WithDType>(
     dev: &CudaDevice,
     n: &Dims,
     plan: &AttentionPlan,
-    [q, k, v, o, dout, lse, mask]: [u64; 7],
+    [q, k, v, o, dout, lse, mask, seq_start]: [u64; 8],
 ) -> Result<CudaSlice<T>> {
     let cx = Ctx::new(dev, n, T::DTYPE);
     let (nq, nkv) = (n.q_elems(), n.kv_elems());
     let packed = cx.alloc::<T>(nq + 2 * nkv)?;
     if cx.flash_backward(plan) && [q, k, v, o, dout].iter().all(|p| p % 16 == 0) {
-        cx.flash_bwd([q, k, v, o, dout, lse, mask], cx.addr(&packed))?;
+        cx.flash_bwd([q, k, v, o, dout, lse, mask, seq_start], cx.addr(&packed))?;
         return Ok(packed);
     }
     let bl = Blocking::new(n, plan.score_bytes);
@@ -581,7 +601,7 @@ fn bwd<T: CudaDType + DeviceRepr + WithDType>(
             cx.scores(dp_, blk, DType::F32),
         );
         cx.gemm((g, blk.lk, n.d), (false, true), (1.0, 0.0), a, b, c)?;
-        cx.ds_rows([s_, dp_, o, dout, lse, mask, ds_, p_], blk)?;
+        cx.ds_rows([s_, dp_, o, dout, lse, mask, seq_start, ds_, p_], blk)?;
         let (dsm, pm) = (cx.scores(ds_, blk, T::DTYPE), cx.scores(p_, blk, T::DTYPE));
         cx.gemm(
             (blk.lk, n.d, g),
@@ -628,7 +648,20 @@ fn head_split(key_blocks: usize, g: usize) -> usize {
         .unwrap_or(g)
 }
 
+/// The kernels' `seq_start` argument: the device address of the `(b, t)` u32 segment starts, or 0
+/// for rows that hold one sequence each.
+fn seq_start_ptr(seq_start: Option<&Tensor>, stream: &CudaStream, op: &str) -> Result<u64> {
+    seq_start.map_or(Ok(0), |t| {
+        cuda::with_cuda_storage(t, op, "seq_start", |s, l| {
+            Ok(cuda::view::<u32>(s, l, op, "seq_start")?
+                .device_ptr(stream)
+                .0)
+        })
+    })
+}
+
 /// Forward on candle's CUDA storages: `(o, lse)`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn forward(
     op: &str,
     n: &Dims,
@@ -637,15 +670,17 @@ pub(super) fn forward(
     (s2, l2): (&CudaStorage, &Layout),
     (s3, l3): (&CudaStorage, &Layout),
     mask: &Tensor,
+    seq_start: Option<&Tensor>,
 ) -> Result<(CudaStorage, CudaStorage)> {
     let dev = s1.device().clone();
     let stream = dev.cuda_stream();
     let (mg, ml) = mask.storage_and_layout();
     let m = cuda::view::<u8>(cuda_of(&mg, op, "key_mask")?, ml, op, "key_mask")?;
     let mask = m.device_ptr(&stream).0;
+    let seq_start = seq_start_ptr(seq_start, &stream, op)?;
     with_cuda_float_type!(s1, op, T => {
         let addr = |s, l, what| -> Result<u64> { Ok(cuda::view::<T>(s, l, op, what)?.device_ptr(&stream).0) };
-        let ptrs = [addr(s1, l1, "q")?, addr(s2, l2, "k")?, addr(s3, l3, "v")?, mask];
+        let ptrs = [addr(s1, l1, "q")?, addr(s2, l2, "k")?, addr(s3, l3, "v")?, mask, seq_start];
         let (o, lse) = fwd::<T>(&dev, n, plan, ptrs)?;
         Ok((cuda::wrap(o, &dev), cuda::wrap(lse, &dev)))
     })
@@ -664,6 +699,7 @@ pub(super) fn backward(a: &AttentionBwd, (s, l): (&CudaStorage, &Layout)) -> Res
         .0;
     let (ls, ll) = st(4, "lse")?;
     let lse = cuda::view::<f32>(ls, ll, op, "lse")?.device_ptr(&stream).0;
+    let seq_start = seq_start_ptr(a.seq_start.as_ref(), &stream, op)?;
     with_cuda_float_type!(s, op, T => {
         let addr = |(s, l): (&CudaStorage, &Layout), what| -> Result<u64> {
             Ok(cuda::view::<T>(s, l, op, what)?.device_ptr(&stream).0)
@@ -676,6 +712,7 @@ pub(super) fn backward(a: &AttentionBwd, (s, l): (&CudaStorage, &Layout)) -> Res
             addr(st(3, "grad")?, "grad")?,
             lse,
             mask,
+            seq_start,
         ];
         Ok(cuda::wrap(bwd::<T>(&dev, &a.n, &a.plan, ptrs)?, &dev))
     })

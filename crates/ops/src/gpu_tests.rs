@@ -455,11 +455,72 @@ fn gpu_kernels_table() -> Result<()> {
                 &format!("attention {dn} win={win:?} {plan:?}"),
                 &format!("b2 nh{nh} nkv{nkv} t320 d{d}"),
                 &move |x| {
+                    let padding = m.to_device(x[0].device())?;
+                    let keys = KeyMask {
+                        padding: Some(&padding),
+                        seq_start: None,
+                    };
                     attention(
                         &x[0],
                         &x[1],
                         &x[2],
-                        Some(&m.to_device(x[0].device())?),
+                        keys,
+                        win,
+                        1.0 / (d as f64).sqrt(),
+                        &plan,
+                    )
+                },
+                &[
+                    r(&[2, nh, 320, d], dtype, 1)?,
+                    r(&[2, nkv, 320, d], dtype, 2)?,
+                    r(&[2, nkv, 320, d], dtype, 3)?,
+                ],
+                &[true, true, true],
+                tol,
+                &gpu,
+            )?;
+        }
+        // Packed rows (sequence starts at a fused block boundary, a sequence of length 1,
+        // boundaries inside the sliding window, padding inside the last sequence of each row), the
+        // fused kernels and the blocked path, at head dims 256, 512 and 32.
+        let lens: [&[usize]; 2] = [&[64, 1, 150, 105], &[37, 200, 83]];
+        let starts: Vec<u32> = lens
+            .iter()
+            .flat_map(|row| {
+                let mut first = 0;
+                row.iter().flat_map(move |&len| {
+                    first += len;
+                    std::iter::repeat_n((first - len) as u32, len)
+                })
+            })
+            .collect();
+        let starts = Tensor::from_vec(starts, (2, 320), &Device::Cpu)?;
+        for ((nh, nkv, d, win), plan) in [
+            (8, 4, 256, Some(128)),
+            (8, 4, 256, None),
+            (4, 2, 512, Some(100)),
+            (4, 1, 512, None),
+            (4, 2, 32, Some(40)),
+        ]
+        .into_iter()
+        .flat_map(|c| [(c, fused), (c, blocked)])
+        {
+            let (m, st) = (mask.clone(), starts.clone());
+            ok &= check(
+                &format!("attention segmented {dn} win={win:?} {plan:?}"),
+                &format!("b2 nh{nh} nkv{nkv} t320 d{d}"),
+                &move |x| {
+                    let (padding, seq_start) =
+                        (m.to_device(x[0].device())?, st.to_device(x[0].device())?);
+                    let keys = KeyMask {
+                        padding: Some(&padding),
+                        seq_start: Some(&seq_start),
+                    };
+                    attention(
+                        &x[0],
+                        &x[1],
+                        &x[2],
+                        keys,
                         win,
                         1.0 / (d as f64).sqrt(),
                         &plan,
@@ -627,8 +688,8 @@ fn gpu_kernels_table() -> Result<()> {
                 plan.forward, plan.backward
             ),
             &format!("(1,{nh},2048,{d}) kv{nkv}"),
-            &move |x| attention(&x[0], &x[1], &x[2], None, win, sc, &plan),
-            &move |x| attention_slow(&x[0], &x[1], &x[2], None, win, sc),
+            &move |x| attention(&x[0], &x[1], &x[2], KeyMask::default(), win, sc, &plan),
+            &move |x| attention_slow(&x[0], &x[1], &x[2], KeyMask::default(), win, sc),
             &[
                 r(&[1, nh, t, d], bf, 1)?,
                 r(&[1, nkv, t, d], bf, 2)?,

@@ -12,8 +12,8 @@
 //!
 //! Ops: [`backward_with_seed`] (SeedGrad), [`linear_frozen`] (FrozenMatmul: d(x) only),
 //! [`lora_linear`] (frozen linear + LoRA branch as one node), [`rms_norm`], [`rope`], [`softmax_last_dim`], [`gelu_tanh_mul`], [`linear_cross_entropy`]
-//! (chunked, loss and d(hidden) in one pass), [`attention`] (causal, sliding window, key mask, GQA,
-//! no (t, t) tensor; CUDA kernels picked by an [`AttentionPlan`]) and the composite
+//! (chunked, loss and d(hidden) in one pass), [`attention`] (causal, sliding window, key padding and
+//! packed sequences ([`KeyMask`]), GQA, no (t, t) tensor; CUDA kernels picked by an [`AttentionPlan`]) and the composite
 //! [`attention_dense`] (dense additive mask; [`attention_slow`] is it with the causal mask), [`adamw_step`] + [`l2_norm`] (AdamW and the clip norm over flat fp32 buffers), [`lora_dropout`] /
 //! [`dropout_mask`] (counter-hash mask that replays, identical bits on CPU and CUDA).
 //!
@@ -52,7 +52,7 @@ mod util;
 
 pub use attention::{
     attention, attention_dense, attention_dense_backward, attention_saved, attention_slow,
-    AttentionBackward, AttentionForward, AttentionPlan, AttentionSaved,
+    AttentionBackward, AttentionForward, AttentionPlan, AttentionSaved, KeyMask,
 };
 pub use cross_entropy::{
     cross_entropy_sum, linear_cross_entropy, linear_cross_entropy_slow, softcap,

@@ -108,18 +108,27 @@ fn attention_saved_matches_autograd() -> Result<()> {
         &[[1u32, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1]],
         &Device::Cpu,
     )?;
+    // Two packed sequences per row (the segment starts reach the backward too).
+    let starts = Tensor::new(
+        &[[0u32, 0, 0, 3, 3, 3, 3], [0, 0, 0, 0, 4, 4, 4]],
+        &Device::Cpu,
+    )?;
+    let keys = KeyMask {
+        padding: Some(&mask),
+        seq_start: Some(&starts),
+    };
     let g = randn(&[2, 4, 7, 8], DType::F32, 4)?;
     let plan = AttentionPlan::default();
     let want = autograd(
-        |t| attention(&t[0], &t[1], &t[2], Some(&mask), Some(3), 1.0, &plan),
+        |t| attention(&t[0], &t[1], &t[2], keys, Some(3), 1.0, &plan),
         &[q.clone(), k.clone(), v.clone()],
         &g,
     )?;
-    let (o, saved) = attention_saved(&q, &k, &v, Some(&mask), Some(3), 1.0, &plan)?;
+    let (o, saved) = attention_saved(&q, &k, &v, keys, Some(3), 1.0, &plan)?;
     assert_same(
         "attention_saved output",
         &o,
-        &attention(&q, &k, &v, Some(&mask), Some(3), 1.0, &plan)?,
+        &attention(&q, &k, &v, keys, Some(3), 1.0, &plan)?,
     )?;
     let (dq, dk, dv) = saved.backward(&q, &k, &v, &o, &g)?;
     for (what, got, want) in [

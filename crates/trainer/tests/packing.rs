@@ -1,6 +1,7 @@
 //! Packed rows through the trainer glue: the loss of a packed batch equals the sum of its
 //! samples' losses computed alone (f32, CPU, the tiny model: samples longer than its sliding
-//! window of 16, so the window must also stay inside each sample).
+//! window of 16, so the window must also stay inside each sample), with the packed batch on the
+//! fused attention (sequence starts, no dense mask).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use candle_core::{DType, Device};
 use g4ft_data::{
     Batching, DataLoader, DatasetOptions, Encoder, LoaderConfig, PadCollate, Sample, TokenDataset,
 };
+use g4ft_gemma4::mask::AttentionBias;
 use g4ft_gemma4::Gemma4Model;
 use g4ft_lora::{InitLoraWeights, LoraConfig, LoraContext, TargetModules};
 use g4ft_trainer::step::token_batch;
@@ -82,6 +84,17 @@ fn packed_loss_is_the_sum_of_the_samples_losses() {
         .flatten()
         .any(|(_, s)| s.input_ids.len() > 16));
     let packed = collate.collate_packed(&samples);
+    let bias = model.attention_bias(&token_batch(&packed)).unwrap();
+    assert!(
+        matches!(
+            bias,
+            AttentionBias::Causal {
+                key_mask: None,
+                seq_start: Some(_)
+            }
+        ),
+        "a packed batch takes the fused attention with sequence starts: {bias:?}"
+    );
     let got = loss_sum(&model, &packed);
     let alone: f64 = samples
         .iter()

@@ -1,7 +1,7 @@
 //! Explicit forward/backward of the attention block, for [`crate::decoder_layer::DecoderLayer`]'s
 //! explicit layer backward: own K/V or a KV producer's (KV-sharing consumers, whose K/V gradient
-//! goes back to the producer), causal attention through the fused op or a dense additive mask
-//! (packed or bidirectional batches, through the composite). Same ops, in the same order, as
+//! goes back to the producer), causal attention (padded or packed) through the fused op or a dense
+//! additive mask (bidirectional batches, through the composite). Same ops, in the same order, as
 //! [`Attention::own_kv`] + [`Attention::attend`], which stay the autograd reference.
 //!
 //! Memory: the tape keeps the raw q/k/v projections, the post-norm K/V, the attention output and
@@ -17,18 +17,8 @@ use g4ft_ops::{
 
 use super::{Attention, KvPair};
 use crate::error::{Error, Result};
+use crate::mask::Scores;
 use crate::rope::RopeTable;
-
-/// How the scores are masked in one call.
-pub(crate) enum Scores<'a> {
-    /// Causal (+ window on sliding layers) with an optional key-padding mask, fused op.
-    Causal {
-        key_mask: Option<&'a Tensor>,
-        window: Option<usize>,
-    },
-    /// A dense additive fp32 mask `(b, 1, t, t)` (packed or bidirectional batches), composite.
-    Dense(&'a Tensor),
-}
 
 /// What the attention core's backward needs beyond q, K/V, the output and its gradient.
 enum CoreSaved {

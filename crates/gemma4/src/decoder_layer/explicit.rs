@@ -8,8 +8,8 @@
 //!
 //! Covers every layer kind: own or shared K/V (a KV-sharing consumer returns the gradient of the
 //! producer's K/V; the producer's backward adds it to its own), sliding and full attention under a
-//! causal key-padding mask (fused) or a dense additive mask (packed / bidirectional batches), the
-//! dense MLP, the MoE branch (26B-A4B) and the per-layer embedding (E2B/E4B).
+//! causal mask (fused: key padding, packed sequences) or a dense additive mask (bidirectional
+//! batches), the dense MLP, the MoE branch (26B-A4B) and the per-layer embedding (E2B/E4B).
 
 use candle_core::Tensor;
 use g4ft_lora::{AdapterGrads, LoraContext, ProjectionSaved};
@@ -20,11 +20,11 @@ use g4ft_ops::{
 };
 
 use super::{DecoderLayer, LayerInputs, LayerMoe, LayerPle};
-use crate::attention::explicit::{AttentionTape, Scores};
+use crate::attention::explicit::AttentionTape;
 use crate::attention::KvPair;
 use crate::config::LayerType;
 use crate::error::Result;
-use crate::mask::AttentionBias;
+use crate::mask::Scores;
 use crate::moe::MoeTape;
 use crate::rope::RopeTable;
 
@@ -106,17 +106,9 @@ impl DecoderLayer {
 
     /// How this layer's attention scores are masked for `inputs`.
     fn scores<'a>(&self, inputs: &'a LayerInputs) -> Scores<'a> {
-        match &inputs.bias {
-            AttentionBias::Causal { key_mask } => Scores::Causal {
-                key_mask: key_mask.as_ref(),
-                window: (self.cfg.layer_type == LayerType::Sliding)
-                    .then_some(inputs.sliding_window),
-            },
-            AttentionBias::Additive(masks) => Scores::Dense(match self.cfg.layer_type {
-                LayerType::Sliding => &masks.sliding,
-                LayerType::Full => &masks.full,
-            }),
-        }
+        inputs
+            .bias
+            .scores(self.cfg.layer_type, inputs.sliding_window)
     }
 
     /// Recomputes the layer on `x (b, t, h)` without a graph and keeps its tape (the output itself
