@@ -1,15 +1,21 @@
 //! Padding and training speed of the three batching modes (plain, `--group-by-length`,
-//! `--packing`) on a long-tailed chat dataset made from the bundled sample data, with the tiny
-//! model on the CPU (the training step of `train_ddp`: forward, layer-wise backward, no DDP).
+//! `--packing`) on a long-tailed chat dataset made from the bundled sample data (the training step
+//! of `train_ddp`: forward, layer-wise backward, no DDP). By default the tiny model on the CPU;
+//! with `--config` a model of that size with random weights (`Gemma4Model::random_init`, as
+//! `bench_train`), e.g. on a GPU. The data is always tokenized with the bundled tiny tokenizer,
+//! whose ids (< 512) fit every Gemma 4 vocabulary.
 //!
 //! ```bash
 //! cargo run --release --example bench_batching -- [--rows 2000] [--micro-batch 8] [--max-len 1024] [--batches 20]
+//! cargo run --release --features cuda --example bench_batching -- \
+//!     --config crates/gemma4/tests/configs/gemma-4-12B-it.json --device cuda --dtype bf16
 //! ```
 //! The dataset: row `i` joins `k` sample conversations, `k` Pareto-distributed (P(k >= x) =
 //! x^-1.2, at most 40), so most rows are one or two short chats and a few are long, like real chat
 //! data. Padding is counted over the whole epoch plan; tokens/s (non-padding tokens) over
 //! `--batches` micro-batches of each mode spread evenly over the epoch (length grouping puts the
-//! longest batches first in each window, so the first few would not be typical).
+//! longest batches first in each window, so the first few would not be typical), after
+//! `--warmup` untimed micro-batches per mode; each timed step ends with a device synchronize.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -17,15 +23,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Device};
 use clap::Parser;
 use g4ft::data::{
     Batching, DataLoader, DatasetOptions, Encoder, LoaderConfig, PrepareOptions, TokenDataset,
 };
 use g4ft::ddp::DdpError;
-use g4ft::gemma4::Gemma4Model;
+use g4ft::gemma4::{Config, Gemma4Model};
 use g4ft::lora::{self, AdapterGrads, LoraConfig, TargetModules};
-use g4ft::trainer::config::POST_LORA_TARGETS;
+use g4ft::trainer::config::{DTypeKind, DeviceKind, POST_LORA_TARGETS};
 use g4ft::trainer::step::{self, GradSink};
 
 #[derive(Parser, Debug)]
@@ -43,6 +48,19 @@ struct Args {
     /// Micro-batches timed per mode, evenly spaced over the epoch.
     #[arg(long, default_value_t = 20)]
     batches: usize,
+    /// Untimed micro-batches before each mode's timed ones (kernel loading, allocator warm-up).
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// A Gemma 4 config.json (text or multimodal): time a model of that size with random
+    /// weights instead of the bundled tiny model.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Where the step runs.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    device: DeviceKind,
+    /// Frozen weight / activation dtype.
+    #[arg(long, value_enum, default_value_t = DTypeKind::F32)]
+    dtype: DTypeKind,
     /// Where the dataset and its token cache go.
     #[arg(long, default_value = "target/bench-batching")]
     work: PathBuf,
@@ -79,17 +97,38 @@ fn main() -> Result<()> {
         println!("  {line}");
     }
 
-    let mut model = Gemma4Model::load(
-        tiny.to_str().context("utf-8 path")?,
-        DType::F32,
-        &Device::Cpu,
-    )?;
+    let device = args.device.open(0)?;
+    let dtype = args.dtype.dtype();
+    let (mut model, what) = match &args.config {
+        None => (
+            Gemma4Model::load(tiny.to_str().context("utf-8 path")?, dtype, &device)?,
+            "tiny".to_string(),
+        ),
+        Some(path) => {
+            let cfg =
+                Config::from_file(path).with_context(|| format!("reading {}", path.display()))?;
+            let name = path.file_stem().map_or_else(
+                || path.display().to_string(),
+                |s| s.to_string_lossy().into_owned(),
+            );
+            let model = Gemma4Model::random_init(&cfg, dtype, &device, 42)?;
+            (model, format!("{name}, random"))
+        }
+    };
     let lora_cfg = LoraConfig::new(16, 32.0, TargetModules::Regex(POST_LORA_TARGETS.into()));
     lora::attach(&lora_cfg, model.projections_mut(), 42)?;
-
+    let c = model.config();
     println!(
-        "\n| batching | micro-batches / epoch | tokens / epoch | padding | tokens/s (CPU, tiny) |"
+        "model {what}: {} layers, hidden {}, vocab {}, {dtype:?} on {:?}, every layer recomputed",
+        c.num_hidden_layers,
+        c.hidden_size,
+        c.vocab_size,
+        device.location()
     );
+    let lower = |x: &dyn std::fmt::Debug| format!("{x:?}").to_lowercase();
+    let on = format!("{}, {what}, {}", lower(&args.device), lower(&args.dtype));
+
+    println!("\n| batching | micro-batches / epoch | tokens / epoch | padding | tokens/s ({on}) |");
     println!("|---|---:|---:|---:|---:|");
     let modes = [
         ("plain", Batching::Plain),
@@ -123,19 +162,19 @@ fn main() -> Result<()> {
             slots += b.batch * b.seq_len;
         }
         let stride = (loader.len() / args.batches.max(1)).max(1);
+        let warmup = loader.epoch(0, 0).enumerate().take(args.warmup);
+        let timed = loader.epoch(0, 0).enumerate().step_by(stride);
         let (mut timed_tokens, mut secs) = (0usize, 0.0);
-        for (k, batch) in loader
-            .epoch(0, 0)
-            .enumerate()
-            .step_by(stride)
-            .take(args.batches)
-        {
+        for (n, (k, batch)) in warmup.chain(timed.take(args.batches)).enumerate() {
             let b = batch?;
             let ctx = step::train_context(42, 0, k as u64);
             let start = Instant::now();
             step::backward(&model, &mut Discard, &b, &ctx, 1.0)?;
-            secs += start.elapsed().as_secs_f64();
-            timed_tokens += b.n_tokens;
+            device.synchronize()?;
+            if n >= args.warmup {
+                secs += start.elapsed().as_secs_f64();
+                timed_tokens += b.n_tokens;
+            }
         }
         println!(
             "| {name} | {} | {real} | {:.1}% | {:.0} |",

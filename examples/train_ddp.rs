@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
-use candle_core::{DType, Device};
+use candle_core::Device;
 use clap::{ArgMatches, ValueEnum};
 use g4ft::data::{
     detect_format, Batch, Batching, DataLoader, DatasetOptions, Encoder, Format, LabelMode,
@@ -43,7 +43,7 @@ use g4ft::trainer::checkpoint::state::{
 use g4ft::trainer::checkpoint::{prune_checkpoints, write_checkpoint_atomic};
 use g4ft::trainer::config::cli;
 use g4ft::trainer::config::ResolvedConfig;
-use g4ft::trainer::config::{DTypeKind, DeviceKind, LabelsKind, ReportTo};
+use g4ft::trainer::config::{LabelsKind, ReportTo};
 use g4ft::trainer::metrics::memory::{self, MemProbe};
 use g4ft::trainer::metrics::tensorboard::EventWriter;
 use g4ft::trainer::metrics::{truncate_metrics, MetricsLogger, MfuSpec, StepStats};
@@ -75,10 +75,7 @@ fn train(matches: &ArgMatches) -> Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let device = match cfg.device {
-        DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Cuda => g4ft::trainer::device::cuda_training_device(local_rank)?,
-    };
+    let device = cfg.device.open(local_rank)?;
     // Peak memory for the log line: the CUDA pool's high-water mark, or peak RSS on CPU.
     let mem = MemProbe::new(&device)?;
     let timeout = Duration::from_secs(cfg.collective_timeout_s);
@@ -157,10 +154,7 @@ fn train_in_group(
     }
 
     // 2. Model: every rank loads its own copy of the frozen base.
-    let dtype = match cfg.dtype {
-        DTypeKind::F32 => DType::F32,
-        DTypeKind::Bf16 => DType::BF16,
-    };
+    let dtype = cfg.dtype.dtype();
     //    A Hub id is downloaded once into the cache (config, weights, tokenizer, template).
     let files = ModelFiles::resolve_with(&cfg.model, &Hub::from_env(cfg.revision.as_deref()))?;
     let model_dir = files

@@ -426,7 +426,10 @@ fn gpu_kernels_table() -> Result<()> {
         // splits the GQA groups of 2 and 8 over blocks, not the group of 1), then the blocked
         // kernels with 48-row (nh 8) / 96-row (nh 4) blocks and a ragged last block: 983,040 B =
         // 48 rows of b·nh·t fp32 scores at nh 8 (Q regrouped for the groups of 2 and 8). The
-        // default plan picks between the two per call.
+        // default plan picks between the two per call. Then packed rows ("segmented": a sequence
+        // start at a fused block boundary, a sequence of length 1, starts inside the sliding
+        // window, the padded last 20 keys inside each row's last sequence) at head dims 256, 512
+        // and 32.
         let fused = AttentionPlan {
             backward: AttentionBackward::Fused,
             ..AttentionPlan::default()
@@ -436,53 +439,6 @@ fn gpu_kernels_table() -> Result<()> {
             backward: AttentionBackward::Blocked,
             score_bytes: 983_040,
         };
-        for ((nh, nkv, d, win), plan) in [
-            (8, 4, 256, Some(128)),
-            (4, 4, 256, Some(70)),
-            (8, 1, 512, None),
-            (4, 2, 512, Some(100)),
-            (4, 2, 80, Some(33)),
-            (4, 4, 64, Some(50)),
-            (6, 2, 128, None),
-            (4, 2, 32, Some(40)),
-            (2, 1, 16, None),
-        ]
-        .into_iter()
-        .flat_map(|c| [(c, fused), (c, blocked)])
-        {
-            let m = mask.clone();
-            ok &= check(
-                &format!("attention {dn} win={win:?} {plan:?}"),
-                &format!("b2 nh{nh} nkv{nkv} t320 d{d}"),
-                &move |x| {
-                    let padding = m.to_device(x[0].device())?;
-                    let keys = KeyMask {
-                        padding: Some(&padding),
-                        seq_start: None,
-                    };
-                    attention(
-                        &x[0],
-                        &x[1],
-                        &x[2],
-                        keys,
-                        win,
-                        1.0 / (d as f64).sqrt(),
-                        &plan,
-                    )
-                },
-                &[
-                    r(&[2, nh, 320, d], dtype, 1)?,
-                    r(&[2, nkv, 320, d], dtype, 2)?,
-                    r(&[2, nkv, 320, d], dtype, 3)?,
-                ],
-                &[true, true, true],
-                tol,
-                &gpu,
-            )?;
-        }
-        // Packed rows (sequence starts at a fused block boundary, a sequence of length 1,
-        // boundaries inside the sliding window, padding inside the last sequence of each row), the
-        // fused kernels and the blocked path, at head dims 256, 512 and 32.
         let lens: [&[usize]; 2] = [&[64, 1, 150, 105], &[37, 200, 83]];
         let starts: Vec<u32> = lens
             .iter()
@@ -495,26 +451,38 @@ fn gpu_kernels_table() -> Result<()> {
             })
             .collect();
         let starts = Tensor::from_vec(starts, (2, 320), &Device::Cpu)?;
-        for ((nh, nkv, d, win), plan) in [
-            (8, 4, 256, Some(128)),
-            (8, 4, 256, None),
-            (4, 2, 512, Some(100)),
-            (4, 1, 512, None),
-            (4, 2, 32, Some(40)),
+        for ((nh, nkv, d, win, packed), plan) in [
+            (8, 4, 256, Some(128), false),
+            (4, 4, 256, Some(70), false),
+            (8, 1, 512, None, false),
+            (4, 2, 512, Some(100), false),
+            (4, 2, 80, Some(33), false),
+            (4, 4, 64, Some(50), false),
+            (6, 2, 128, None, false),
+            (4, 2, 32, Some(40), false),
+            (2, 1, 16, None, false),
+            (8, 4, 256, Some(128), true),
+            (8, 4, 256, None, true),
+            (4, 4, 256, Some(70), true),
+            (4, 2, 512, Some(100), true),
+            (4, 1, 512, None, true),
+            (4, 2, 32, Some(40), true),
         ]
         .into_iter()
         .flat_map(|c| [(c, fused), (c, blocked)])
         {
-            let (m, st) = (mask.clone(), starts.clone());
+            let (m, st) = (mask.clone(), packed.then(|| starts.clone()));
+            let what = if packed { " segmented" } else { "" };
             ok &= check(
-                &format!("attention segmented {dn} win={win:?} {plan:?}"),
+                &format!("attention{what} {dn} win={win:?} {plan:?}"),
                 &format!("b2 nh{nh} nkv{nkv} t320 d{d}"),
                 &move |x| {
-                    let (padding, seq_start) =
-                        (m.to_device(x[0].device())?, st.to_device(x[0].device())?);
+                    let dev = x[0].device();
+                    let padding = m.to_device(dev)?;
+                    let seq_start = st.as_ref().map(|s| s.to_device(dev)).transpose()?;
                     let keys = KeyMask {
                         padding: Some(&padding),
-                        seq_start: Some(&seq_start),
+                        seq_start: seq_start.as_ref(),
                     };
                     attention(
                         &x[0],

@@ -34,6 +34,17 @@ pub enum DeviceKind {
     Cuda,
 }
 
+impl DeviceKind {
+    /// Opens the device: the CPU, or GPU `local_rank`
+    /// ([`crate::device::cuda_training_device`]).
+    pub fn open(self, local_rank: usize) -> anyhow::Result<candle_core::Device> {
+        match self {
+            DeviceKind::Cpu => Ok(candle_core::Device::Cpu),
+            DeviceKind::Cuda => crate::device::cuda_training_device(local_rank),
+        }
+    }
+}
+
 /// Dtype of the frozen base weights and activations. Adapters, grads and optimizer state are
 /// always fp32 (PEFT upcasts adapters; the post's autocast computes matmuls in bf16).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -43,6 +54,16 @@ pub enum DTypeKind {
     F32,
     /// bf16 base weights and activations (the post's setting on GPU).
     Bf16,
+}
+
+impl DTypeKind {
+    /// The Candle dtype.
+    pub fn dtype(self) -> candle_core::DType {
+        match self {
+            DTypeKind::F32 => candle_core::DType::F32,
+            DTypeKind::Bf16 => candle_core::DType::BF16,
+        }
+    }
 }
 
 /// Which tokens the loss is computed on (the data crate's `LabelMode`; docs/data.md).
