@@ -457,8 +457,9 @@ impl<'a> Ctx<'a> {
             b.arg(i);
         }
         // SAFETY: q/dout hold b·nh·t·d elements, k/v and dk/dv b·nkv·t·d, lse/dd b·nh·t floats,
-        // mask b·t bytes, seq_start b·t u32 (or is 0), dk32/dv32 (when split) b·nkv·t·d zeroed floats; the grid covers every
-        // key tile of each slab, and a block writes only its own keys' rows.
+        // mask b·t bytes, seq_start b·t u32 (or is 0), dk32/dv32 (when split) b·nkv·t·d zeroed
+        // floats; the grid covers every key tile of each slab, and a block writes only its own
+        // keys' rows.
         unsafe { b.launch(cfg) }.w()?;
 
         let smem = (2 * qbr + 2 * qbc) * (n.d + 8) * 2;
@@ -644,7 +645,7 @@ const KV_BLOCKS_TARGET: usize = 512;
 /// divisor of `g` that brings `key_blocks` (key tiles × slabs) to [`KV_BLOCKS_TARGET`], or `g`.
 fn head_split(key_blocks: usize, g: usize) -> usize {
     (1..=g)
-        .find(|h| g % h == 0 && key_blocks * h >= KV_BLOCKS_TARGET)
+        .find(|&h| g.is_multiple_of(h) && key_blocks * h >= KV_BLOCKS_TARGET)
         .unwrap_or(g)
 }
 
