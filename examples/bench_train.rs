@@ -283,6 +283,16 @@ fn main() -> Result<()> {
             ddp.buckets()?.len(),
         );
         println!("{recompute}");
+        let head_dims: std::collections::BTreeSet<usize> =
+            cfg.layers.iter().map(|l| l.head_dim).collect();
+        let backward: Vec<String> = head_dims
+            .iter()
+            .map(|&d| {
+                let dims = (shape.micro_batch, cfg.num_attention_heads, shape.seq, d);
+                format!("head dim {d} {:?}", attention.backward_for(dtype, dims))
+            })
+            .collect();
+        println!("attention backward on CUDA: {}", backward.join(", "));
     }
 
     let optim = AdamW::new(

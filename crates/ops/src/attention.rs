@@ -47,6 +47,41 @@ impl Default for AttentionPlan {
     }
 }
 
+impl AttentionPlan {
+    /// Query rows per block of the blocked path for `b` samples of `nh` heads and `t` tokens: as
+    /// many as one [`AttentionPlan::score_bytes`] fp32 score buffer holds, a multiple of 16 and at
+    /// least 16 (all `t` when they fit).
+    pub fn blocked_rows(&self, b: usize, nh: usize, t: usize) -> usize {
+        let bq = (self.score_bytes / (b * nh * t * 4).max(1)).max(16);
+        if bq < t {
+            bq / 16 * 16
+        } else {
+            t
+        }
+    }
+
+    /// The backward the CUDA path runs for `dtype` inputs of `b` samples, `nh` query heads, `t`
+    /// tokens and head dim `d`: [`AttentionBackward::Fused`] or [`AttentionBackward::Blocked`]
+    /// ([`AttentionBackward::Auto`] resolved; the fused kernels also need 16-byte aligned inputs).
+    pub fn backward_for(
+        &self,
+        dtype: DType,
+        (b, nh, t, d): (usize, usize, usize, usize),
+    ) -> AttentionBackward {
+        let covered = matches!(dtype, DType::BF16 | DType::F16) && matches!(d, 256 | 512);
+        let fused = match self.backward {
+            AttentionBackward::Blocked => false,
+            AttentionBackward::Fused => covered,
+            AttentionBackward::Auto => covered && (d == 256 || self.blocked_rows(b, nh, t) < 64),
+        };
+        if fused {
+            AttentionBackward::Fused
+        } else {
+            AttentionBackward::Blocked
+        }
+    }
+}
+
 /// The forward kernel of [`AttentionPlan`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionForward {
@@ -950,6 +985,61 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    #[test]
+    fn auto_backward_is_fused_at_256_and_at_512_only_for_long_sequences() {
+        let plan = AttentionPlan::default();
+        let bf = DType::BF16;
+        // The 12B at 2048 tokens: 256-row blocked blocks at head dim 512 stay blocked.
+        assert_eq!(plan.blocked_rows(1, 16, 2048), 256);
+        assert_eq!(
+            plan.backward_for(bf, (1, 16, 2048, 256)),
+            AttentionBackward::Fused
+        );
+        assert_eq!(
+            plan.backward_for(bf, (1, 16, 2048, 512)),
+            AttentionBackward::Blocked
+        );
+        // 8k: 64 rows, still blocked; 16k and 32k: 32 and 16 rows, fused.
+        assert_eq!(
+            plan.backward_for(bf, (1, 16, 8192, 512)),
+            AttentionBackward::Blocked
+        );
+        assert_eq!(
+            plan.backward_for(bf, (1, 16, 16384, 512)),
+            AttentionBackward::Fused
+        );
+        assert_eq!(plan.blocked_rows(1, 16, 32768), 16);
+        assert_eq!(
+            plan.backward_for(bf, (1, 16, 32768, 512)),
+            AttentionBackward::Fused
+        );
+        // f32 and other head dims always take the blocked path; so does an explicit plan.
+        assert_eq!(
+            plan.backward_for(DType::F32, (1, 16, 32768, 256)),
+            AttentionBackward::Blocked
+        );
+        assert_eq!(
+            plan.backward_for(bf, (1, 16, 32768, 128)),
+            AttentionBackward::Blocked
+        );
+        let blocked = AttentionPlan {
+            backward: AttentionBackward::Blocked,
+            ..plan
+        };
+        assert_eq!(
+            blocked.backward_for(bf, (1, 16, 32768, 512)),
+            AttentionBackward::Blocked
+        );
+        let fused = AttentionPlan {
+            backward: AttentionBackward::Fused,
+            ..plan
+        };
+        assert_eq!(
+            fused.backward_for(bf, (1, 16, 2048, 512)),
+            AttentionBackward::Fused
+        );
     }
 
     #[test]

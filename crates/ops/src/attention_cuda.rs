@@ -80,11 +80,9 @@ struct Block {
 }
 
 impl Blocking {
-    /// Query blocks whose fp32 score buffer stays within `score_bytes` (at least 16 rows).
-    fn new(n: &Dims, score_bytes: usize) -> Self {
-        let per_row = n.b * n.nh * n.t * 4;
-        let bq = (score_bytes / per_row).max(16);
-        let bq = if bq < n.t { bq / 16 * 16 } else { n.t };
+    /// Query blocks of [`AttentionPlan::blocked_rows`] rows.
+    fn new(n: &Dims, plan: &AttentionPlan) -> Self {
+        let bq = plan.blocked_rows(n.b, n.nh, n.t);
         let ld_max = if n.window > 0 {
             (bq + n.window - 1).min(n.t)
         } else {
@@ -382,18 +380,11 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    /// Whether `plan` asks for the fused backward kernels and they cover this call (16-bit
-    /// inputs, head dim 256 or 512; [`AttentionBackward::Auto`]'s rule at head dim 512).
+    /// Whether `plan` runs the fused backward kernels for this call
+    /// ([`AttentionPlan::backward_for`]).
     fn flash_backward(&self, plan: &AttentionPlan) -> bool {
-        let covered =
-            matches!(self.dtype, DType::BF16 | DType::F16) && matches!(self.n.d, 256 | 512);
-        match plan.backward {
-            AttentionBackward::Blocked => false,
-            AttentionBackward::Fused => covered,
-            AttentionBackward::Auto => {
-                covered && (self.n.d == 256 || Blocking::new(&self.n, plan.score_bytes).bq < 64)
-            }
-        }
+        let n = &self.n;
+        plan.backward_for(self.dtype, (n.b, n.nh, n.t, n.d)) == AttentionBackward::Fused
     }
 
     /// The fused backward into `packed` (`[dq, dk, dv]` in the element dtype): the rows' `dO·O`,
@@ -525,7 +516,7 @@ fn fwd<T: CudaDType + DeviceRepr + WithDType>(
         cx.flash_fwd(plan, [q, k, v, mask, seq_start, cx.addr(&o), cx.addr(&lse)])?;
         return Ok((o, lse));
     }
-    let bl = Blocking::new(n, plan.score_bytes);
+    let bl = Blocking::new(n, plan);
     let rows_max = n.b * n.nh * bl.bq;
     let s = cx.alloc::<f32>(rows_max * bl.ld_max)?;
     let p = cx.alloc::<T>(rows_max * bl.ld_max)?;
@@ -565,7 +556,7 @@ fn bwd<T: CudaDType + DeviceRepr + WithDType>(
         cx.flash_bwd([q, k, v, o, dout, lse, mask, seq_start], cx.addr(&packed))?;
         return Ok(packed);
     }
-    let bl = Blocking::new(n, plan.score_bytes);
+    let bl = Blocking::new(n, plan);
     let rows_max = n.b * n.nh * bl.bq;
     let dk32 = dev.alloc_zeros::<f32>(nkv)?;
     let dv32 = dev.alloc_zeros::<f32>(nkv)?;
