@@ -448,7 +448,8 @@ mod tests {
             else {
                 panic!("expected to take the lock");
             };
-            assert!(t0.elapsed() < Duration::from_secs(1));
+            // At once, not after the 60 s timeout (with room for a loaded CI machine).
+            assert!(t0.elapsed() < Duration::from_secs(10));
             drop(guard);
             assert!(!lock.exists(), "the builder removes its lock");
         }

@@ -66,7 +66,8 @@ mod tests {
         let err = a
             .wait(&["here", "never"], Duration::from_millis(200))
             .unwrap_err();
-        assert!(t0.elapsed() < Duration::from_secs(3));
+        // Back after its 200 ms, not hung (with room for a loaded CI machine).
+        assert!(t0.elapsed() < Duration::from_secs(10));
         let msg = err.to_string();
         assert!(msg.contains("never") && !msg.contains("\"here\""), "{msg}");
         assert_eq!(a.get("here").unwrap(), b"1");
