@@ -989,57 +989,31 @@ mod tests {
 
     #[test]
     fn auto_backward_is_fused_at_256_and_at_512_only_for_long_sequences() {
-        let plan = AttentionPlan::default();
+        use AttentionBackward::{Auto, Blocked, Fused};
+        let plan = |backward| AttentionPlan {
+            backward,
+            ..AttentionPlan::default()
+        };
+        // The 12B's block sizes: 256 rows at 2048 tokens, 64 at 8k, 16 at 32k.
+        assert_eq!(plan(Auto).blocked_rows(1, 16, 2048), 256);
+        assert_eq!(plan(Auto).blocked_rows(1, 16, 8192), 64);
+        assert_eq!(plan(Auto).blocked_rows(1, 16, 32768), 16);
         let bf = DType::BF16;
-        // The 12B at 2048 tokens: 256-row blocked blocks at head dim 512 stay blocked.
-        assert_eq!(plan.blocked_rows(1, 16, 2048), 256);
-        assert_eq!(
-            plan.backward_for(bf, (1, 16, 2048, 256)),
-            AttentionBackward::Fused
-        );
-        assert_eq!(
-            plan.backward_for(bf, (1, 16, 2048, 512)),
-            AttentionBackward::Blocked
-        );
-        // 8k: 64 rows, still blocked; 16k and 32k: 32 and 16 rows, fused.
-        assert_eq!(
-            plan.backward_for(bf, (1, 16, 8192, 512)),
-            AttentionBackward::Blocked
-        );
-        assert_eq!(
-            plan.backward_for(bf, (1, 16, 16384, 512)),
-            AttentionBackward::Fused
-        );
-        assert_eq!(plan.blocked_rows(1, 16, 32768), 16);
-        assert_eq!(
-            plan.backward_for(bf, (1, 16, 32768, 512)),
-            AttentionBackward::Fused
-        );
-        // f32 and other head dims always take the blocked path; so does an explicit plan.
-        assert_eq!(
-            plan.backward_for(DType::F32, (1, 16, 32768, 256)),
-            AttentionBackward::Blocked
-        );
-        assert_eq!(
-            plan.backward_for(bf, (1, 16, 32768, 128)),
-            AttentionBackward::Blocked
-        );
-        let blocked = AttentionPlan {
-            backward: AttentionBackward::Blocked,
-            ..plan
-        };
-        assert_eq!(
-            blocked.backward_for(bf, (1, 16, 32768, 512)),
-            AttentionBackward::Blocked
-        );
-        let fused = AttentionPlan {
-            backward: AttentionBackward::Fused,
-            ..plan
-        };
-        assert_eq!(
-            fused.backward_for(bf, (1, 16, 2048, 512)),
-            AttentionBackward::Fused
-        );
+        for (backward, dtype, t, d, runs) in [
+            (Auto, bf, 2048, 256, Fused),
+            (Auto, bf, 2048, 512, Blocked),
+            (Auto, bf, 8192, 512, Blocked),
+            (Auto, bf, 16384, 512, Fused),
+            (Auto, bf, 32768, 512, Fused),
+            // f32 and other head dims always take the blocked path; so does an explicit plan.
+            (Auto, DType::F32, 32768, 256, Blocked),
+            (Auto, bf, 32768, 128, Blocked),
+            (Blocked, bf, 32768, 512, Blocked),
+            (Fused, bf, 2048, 512, Fused),
+        ] {
+            let got = plan(backward).backward_for(dtype, (1, 16, t, d));
+            assert_eq!(got, runs, "{backward:?} {dtype:?} t {t} d {d}");
+        }
     }
 
     #[test]
