@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Per-kernel GPU time of one 12B-shaped training step under Nsight Compute (the GPU machine has ncu,
-# not nsys), from the repository root after tools/gpu/build.sh (carry .gpu). The model is the real
-# 12B text config cut to LAYERS layers (default 6 = 5 sliding + 1 full, the 5:1 pattern), one
+# Per-kernel GPU time of one training step under Nsight Compute (the GPU machine has ncu, not nsys),
+# from the repository root after tools/gpu/build.sh (carry .gpu). The model is the real text config
+# CONFIG (default the 12B's) cut to LAYERS layers (default 6 = 5 sliding + 1 full, the 5:1 pattern), one
 # micro-batch of SEQ tokens; ncu records gpu__time_duration of every kernel after the first SKIP
 # launches (model init), and tools/gpu/ncu_summary.py groups them. DETAIL_KERNELS (a regex of kernel
 # names, e.g. attn_flash_bwd) adds ncu's speed-of-light, warp-stall, memory and occupancy sections
@@ -10,13 +10,14 @@
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 LAYERS="${LAYERS:-6}"; SEQ="${SEQ:-2048}"
+CONFIG="${CONFIG:-crates/gemma4/tests/configs/gemma-4-12B-it.json}"
 (cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
 source tools/cuda/device_env.sh
 NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
 cfg="$OUT/config_${LAYERS}l.json"
-python3 - "$cfg" "$LAYERS" <<'PY'
+python3 - "$cfg" "$LAYERS" "$CONFIG" <<'PY'
 import json, sys
-c = json.load(open("crates/gemma4/tests/configs/gemma-4-12B-it.json"))
+c = json.load(open(sys.argv[3]))
 t = c.get("text_config", c)
 n = int(sys.argv[2])
 t["num_hidden_layers"] = n
