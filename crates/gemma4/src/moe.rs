@@ -17,8 +17,8 @@
 use candle_core::{DType, Tensor, D};
 use g4ft_ops::{
     gelu_tanh_mul, gelu_tanh_mul_backward, grouped_matmul, linear_frozen, linear_frozen_backward,
-    moe_combine, moe_combine_backward, moe_group, moe_topk, rms_norm, rms_norm_backward,
-    softmax_last_dim, MoeGroups,
+    moe_combine, moe_combine_backward, moe_gather, moe_group, moe_topk, rms_norm,
+    rms_norm_backward, softmax_last_dim, MoeGroups,
 };
 
 use crate::config::{Config, MoeConfig};
@@ -130,7 +130,7 @@ impl Moe {
         let routing = self.route(&probs)?;
         let groups = moe_group(&routing.idx, self.cfg.num_experts)?;
         let im = self.cfg.moe_intermediate_size;
-        let x = u.index_select(&groups.token, 0)?; // (n·k, h)
+        let x = moe_gather(u, &groups)?; // (n·k, h)
         let gu = grouped_matmul(&x, &self.gate_up, &groups, true)?; // (n·k, 2·I)
         drop(x);
         let gate = gu.narrow(1, 0, im)?.contiguous()?;

@@ -8,12 +8,14 @@
 //   is stable and deterministic. Writes [order | token | slot_pos | offsets].
 // - grouped_gemm_{nt,nn}: y[r] = x[r]·W[e]ᵀ (W (E, N, K)) or x[r]·W[e] (W (E, K, N)) for the rows
 //   r of expert e's segment; a block owns a 64-row tile of one segment and 128 output columns,
-//   4 warps of 32×64 with mma.sync m16n8k16, fp32 accumulators, double-buffered cp.async tiles.
+//   4 warps of 32×64 with mma.sync m16n8k16, fp32 accumulators, a 3-stage cp.async pipeline of
+//   32-deep K tiles (two tiles in flight while one is multiplied; one barrier per tile).
 //   Row tiles never straddle experts: tile → expert by a scan of the offsets.
 // - grouped_gemm_simple: one thread per output element (f32, and shapes the tiled kernel does not
 //   take: K or N not a multiple of 8).
 // - moe_combine: one block per token; its k grouped rows in ascending position, weighted, fp32 sum.
-// - moe_gather_scaled / moe_gather_dot: the combine's backward (d(rows), d(weights)).
+// - moe_gather_scaled / moe_gather_dot: the rows of the tokens in grouped order, optionally
+//   weighted (the experts' input, and the combine's backward d(rows)), and d(weights).
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -117,7 +119,7 @@ extern "C" __global__ void moe_group(const uint32_t* idx, uint32_t* out, int m, 
 // ---------------------------------------------------------------------------------------------
 // grouped GEMM
 
-constexpr int GBM = 64, GBN = 128, GBK = 32, GTHREADS = 128;
+constexpr int GBM = 64, GBN = 128, GBK = 32, GTHREADS = 128, GSTAGES = 3;
 constexpr int LDA = GBK + 8;  // A tile row stride (elements): rows of K, padded
 constexpr int LDB_NT = GBK + 8;
 constexpr int LDB_NN = GBN + 8;
@@ -168,8 +170,8 @@ template <typename T, bool NT>
 __device__ __forceinline__ void grouped_gemm(const T* x, const T* w, const uint32_t* offsets, T* y, int e_count,
                                              int n, int kdim) {
     constexpr int SB = NT ? GBN * LDB_NT : GBK * LDB_NN;
-    __shared__ __align__(16) T sa[2][GBM * LDA];
-    __shared__ __align__(16) T sb[2][SB];
+    __shared__ __align__(16) T sa[GSTAGES][GBM * LDA];  // 46,080 bytes (NT) at most: static
+    __shared__ __align__(16) T sb[GSTAGES][SB];
     int e, r0, valid;
     if (!tile_of(offsets, e_count, blockIdx.y, e, r0, valid)) return;  // uniform per block
     const int n0 = blockIdx.x * GBN;
@@ -181,21 +183,24 @@ __device__ __forceinline__ void grouped_gemm(const T* x, const T* w, const uint3
 #pragma unroll
         for (int j = 0; j < 8; ++j) c[i][j][0] = c[i][j][1] = c[i][j][2] = c[i][j][3] = 0.f;
 
+    // One commit group per K tile, empty past the last, so that before multiplying tile kt
+    // exactly GSTAGES − 2 newer groups may still be in flight.
     const int ktiles = (kdim + GBK - 1) / GBK;
-    load_stage<T, NT>(sa[0], sb[0], x, we, r0, valid, n0, 0, n, kdim);
-    cp_async_commit();
+#pragma unroll
+    for (int s = 0; s < GSTAGES - 1; ++s) {
+        if (s < ktiles) load_stage<T, NT>(sa[s], sb[s], x, we, r0, valid, n0, s * GBK, n, kdim);
+        cp_async_commit();
+    }
     for (int kt = 0; kt < ktiles; ++kt) {
-        const int cur = kt & 1;
-        if (kt + 1 < ktiles) {
-            load_stage<T, NT>(sa[cur ^ 1], sb[cur ^ 1], x, we, r0, valid, n0, (kt + 1) * GBK, n, kdim);
-            cp_async_commit();
-            cp_async_wait_one();
-        } else {
-            cp_async_wait_all();
-        }
-        __syncthreads();
-        const T* A = sa[cur];
-        const T* B = sb[cur];
+        static_assert(GSTAGES == 3, "the wait below keeps one newer group in flight");
+        cp_async_wait_one();  // this thread's copies of tile kt are in
+        __syncthreads();      // everyone's are, and every warp is done with tile kt − 1
+        const int nk = kt + GSTAGES - 1;  // into the stage tile kt − 1 used
+        if (nk < ktiles)
+            load_stage<T, NT>(sa[nk % GSTAGES], sb[nk % GSTAGES], x, we, r0, valid, n0, nk * GBK, n, kdim);
+        cp_async_commit();
+        const T* A = sa[kt % GSTAGES];
+        const T* B = sb[kt % GSTAGES];
 #pragma unroll
         for (int kk = 0; kk < GBK / 16; ++kk) {
             uint32_t a[2][4];
@@ -218,7 +223,6 @@ __device__ __forceinline__ void grouped_gemm(const T* x, const T* w, const uint3
                 }
             }
         }
-        __syncthreads();  // this stage is free for the load after next
     }
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
@@ -305,13 +309,31 @@ __device__ __forceinline__ void combine(const T* y, const uint32_t* slot_pos, co
     }
 }
 
-// dy[p] = r(f32(g[token[p]]) · w[p]), grid-stride over m·h.
+// out[p] = r(f32(x[token[p]]) · w[p]) (w null: 1, a copy), grid-stride over m·h elements, or over
+// its 16-byte packs when `packed` (h a multiple of a pack, x 16-byte aligned; out is).
 template <typename T>
-__device__ __forceinline__ void gather_scaled(const T* g, const float* w, const uint32_t* token, T* dy, int m, int h) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)m * h;
-         i += (size_t)gridDim.x * blockDim.x) {
+__device__ __forceinline__ void gather_scaled(const T* x, const float* w, const uint32_t* token, T* out, int m, int h,
+                                              bool packed) {
+    constexpr int V = 16 / sizeof(T);
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    if (packed) {
+        const int hv = h / V;
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)m * hv; i += stride) {
+            const size_t p = i / hv, col = (i % hv) * V;
+            uint4 v = *reinterpret_cast<const uint4*>(x + (size_t)token[p] * h + col);
+            if (w) {
+                T* e = reinterpret_cast<T*>(&v);
+                const float wp = w[p];
+#pragma unroll
+                for (int j = 0; j < V; ++j) e[j] = from_f32<T>(to_f32(e[j]) * wp);
+            }
+            *reinterpret_cast<uint4*>(out + p * h + col) = v;
+        }
+        return;
+    }
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)m * h; i += stride) {
         const size_t p = i / h, col = i % h;
-        dy[i] = from_f32<T>(to_f32(g[(size_t)token[p] * h + col]) * w[p]);
+        out[i] = from_f32<T>(to_f32(x[(size_t)token[p] * h + col]) * (w ? w[p] : 1.f));
     }
 }
 
@@ -333,10 +355,10 @@ __device__ __forceinline__ void gather_dot(const T* y, const T* g, const uint32_
                                                int h, int k) {                                                \
         combine<T>(y, slot_pos, w, out, h, k);                                                               \
     }                                                                                                        \
-    extern "C" __global__ void moe_gather_scaled_##S(const T* g, const float* w, const uint32_t* token, T* dy, \
-                                                     int m, int h) {                                          \
-        gather_scaled<T>(g, w, token, dy, m, h);                                                             \
-    }                                                                                                        \
+    extern "C" __global__ void moe_gather_scaled_##S(const T* x, const float* w, const uint32_t* token, T* out, \
+                                                     int m, int h, int packed) {                               \
+        gather_scaled<T>(x, w, token, out, m, h, packed != 0);                                                \
+    }                                                                                                         \
     extern "C" __global__ void moe_gather_dot_##S(const T* y, const T* g, const uint32_t* token, float* dw,    \
                                                   int m, int h) {                                             \
         gather_dot<T>(y, g, token, dw, m, h);                                                                \

@@ -291,7 +291,7 @@ fn gpu_kernels_table() -> Result<()> {
                     let probs = softmax_last_dim(&x[0])?;
                     let idx = moe_topk(&probs, k)?;
                     let groups = moe_group(&idx, e)?;
-                    let rows = x[1].index_select(&groups.token, 0)?;
+                    let rows = moe_gather(&x[1], &groups)?;
                     let y1 = grouped_matmul(&rows, &x[2], &groups, true)?; // (m, 2I)
                     let y2 = grouped_matmul(&y1, &x[2], &groups, false)?; // (m, h)
                     let w = probs

@@ -66,7 +66,9 @@ pub use linear_frozen::{linear_frozen, linear_frozen_backward, linear_frozen_slo
 pub use lora_linear::{
     lora_linear, lora_linear_saved, lora_linear_slow, LoraDropout, LoraLinearSaved,
 };
-pub use moe::{grouped_matmul, moe_combine, moe_combine_backward, moe_group, moe_topk, MoeGroups};
+pub use moe::{
+    grouped_matmul, moe_combine, moe_combine_backward, moe_gather, moe_group, moe_topk, MoeGroups,
+};
 pub use optim::{adamw_step, l2_norm, AdamWParams, AdamWScalars};
 pub use rms_norm::{
     rms_norm, rms_norm_add, rms_norm_backward, rms_norm_backward_over_input, rms_norm_slow,

@@ -312,18 +312,42 @@ pub fn moe_combine_backward(
         );
     }
     let g = g.to_dtype(y.dtype())?.contiguous()?;
-    let token = groups.token.contiguous()?;
-    let dy = g.apply_op3_no_bwd(&w.contiguous()?, &token, &GatherScaled)?;
-    let dw = y.contiguous()?.apply_op3_no_bwd(&g, &token, &GatherDot)?;
+    let dy = gather(&g, Some(w), groups)?;
+    let dw = y
+        .contiguous()?
+        .apply_op3_no_bwd(&g, &groups.token.contiguous()?, &GatherDot)?;
     Ok((dy, dw))
 }
 
-/// `(g (n, h), w (m,) f32, token (m,))` → `dy (m, h)`: `dy[p] = r(f32(g[token[p]]) · w[p])`.
-struct GatherScaled;
+/// The rows of `x (n, h)` in grouped order, `(n·k, h)`: row `p` is token `token[p]`'s (the
+/// experts' input; `index_select(&groups.token, 0)` without a graph, on CUDA in 16-byte packs).
+pub fn moe_gather(x: &Tensor, groups: &MoeGroups) -> Result<Tensor> {
+    let (n, _) = x.dims2()?;
+    if n != groups.n_tokens {
+        bail!(
+            "moe_gather: x has {n} rows, the grouping {} tokens",
+            groups.n_tokens
+        );
+    }
+    gather(&x.contiguous()?, None, groups)
+}
 
-impl CustomOp3 for GatherScaled {
+/// `out[p] = r(f32(x[token[p]]) · w[p])` (`w` None: 1) for the grouped positions `p`.
+fn gather(x: &Tensor, w: Option<&Tensor>, groups: &MoeGroups) -> Result<Tensor> {
+    let op = Gather {
+        w: w.map(Tensor::contiguous).transpose()?,
+    };
+    x.apply_op2_no_bwd(&groups.token.contiguous()?, &op)
+}
+
+/// `(x (n, h), token (m,))` → `(m, h)`: `out[p] = r(f32(x[token[p]]) · w[p])`, `w (m,)` f32 or 1.
+struct Gather {
+    w: Option<Tensor>,
+}
+
+impl CustomOp2 for Gather {
     fn name(&self) -> &'static str {
-        "moe-gather-scaled"
+        "moe-gather"
     }
 
     fn cpu_fwd(
@@ -332,21 +356,25 @@ impl CustomOp3 for GatherScaled {
         l1: &Layout,
         s2: &CpuStorage,
         l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
         let (_, h) = l1.shape().dims2()?;
-        let w = cpu_slice::<f32>(s2, l2, op, "w")?;
-        let token = cpu_slice::<u32>(s3, l3, op, "token")?;
+        let token = cpu_slice::<u32>(s2, l2, op, "token")?;
+        let w = match &self.w {
+            Some(w) => Some(crate::util::with_cpu_storage(w, op, "w", |s, l| {
+                Ok(cpu_slice::<f32>(s, l, op, "w")?.to_vec())
+            })?),
+            None => None,
+        };
         with_float_type!(s1, op, T => {
-            let g = cpu_slice::<T>(s1, l1, op, "g")?;
-            let mut dy = Vec::with_capacity(token.len() * h);
-            for (&t, &wp) in token.iter().zip(w) {
-                let row = &g[t as usize * h..(t as usize + 1) * h];
-                dy.extend(row.iter().map(|v| T::from_f32(v.to_f32() * wp)));
+            let x = cpu_slice::<T>(s1, l1, op, "x")?;
+            let mut out = Vec::with_capacity(token.len() * h);
+            for (p, &t) in token.iter().enumerate() {
+                let row = &x[t as usize * h..(t as usize + 1) * h];
+                let wp = w.as_ref().map_or(1.0, |w| w[p]);
+                out.extend(row.iter().map(|v| T::from_f32(v.to_f32() * wp)));
             }
-            Ok((T::storage(dy), Shape::from((token.len(), h))))
+            Ok((T::storage(out), Shape::from((token.len(), h))))
         })
     }
 
@@ -357,13 +385,11 @@ impl CustomOp3 for GatherScaled {
         l1: &Layout,
         s2: &candle_core::CudaStorage,
         l2: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (_, h) = l1.shape().dims2()?;
-        let m = l3.shape().elem_count();
-        let dy = cuda_impl::gather_scaled((s1, l1), (s2, l2), (s3, l3), m, h)?;
-        Ok((dy, Shape::from((m, h))))
+        let m = l2.shape().elem_count();
+        let out = cuda_impl::gather((s1, l1), self.w.as_ref(), (s2, l2), m, h)?;
+        Ok((out, Shape::from((m, h))))
     }
 }
 
@@ -532,6 +558,24 @@ mod tests {
                 assert!(diff < 1e-5, "row {r}: {diff}");
             }
         }
+        Ok(())
+    }
+
+    #[test]
+    fn gather_is_index_select_and_its_weighted_form_scales_rows() -> Result<()> {
+        let dev = Device::Cpu;
+        let idx = Tensor::new(&[[2u32, 0], [0, 2], [2, 1]], &dev)?;
+        let g = moe_group(&idx, 3)?;
+        let x = Tensor::randn(0f32, 1., (3, 4), &dev)?.to_dtype(DType::BF16)?;
+        let rows = moe_gather(&x, &g)?;
+        let want = x.index_select(&g.token, 0)?;
+        assert_eq!(rows.to_vec2::<half::bf16>()?, want.to_vec2::<half::bf16>()?);
+        let w = Tensor::new(&[0.5f32, 2., 1., -1., 0.25, 3.], &dev)?;
+        let scaled = gather(&x, Some(&w), &g)?.to_dtype(DType::F32)?;
+        let want = want.to_dtype(DType::F32)?.broadcast_mul(&w.unsqueeze(1)?)?;
+        let diff = (scaled - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff < 2e-2, "{diff}");
+        assert!(moe_gather(&x.narrow(0, 0, 2)?, &g).is_err());
         Ok(())
     }
 }

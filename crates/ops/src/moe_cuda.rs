@@ -128,31 +128,46 @@ pub(super) fn grouped_matmul(
     })
 }
 
-/// `dy (m, h)`: each grouped row's share of the combine's output gradient.
-pub(super) fn gather_scaled(
-    (sg, lg): (&CudaStorage, &Layout),
-    (sw, lw): (&CudaStorage, &Layout),
+/// `out (m, h)`: the rows of `x` in grouped order, times the grouped weights `w` if given (the
+/// experts' input; the combine's backward). 16-byte packs when the rows allow.
+pub(super) fn gather(
+    (sx, lx): (&CudaStorage, &Layout),
+    w: Option<&Tensor>,
     (st, lt): (&CudaStorage, &Layout),
     m: usize,
     h: usize,
 ) -> Result<CudaStorage> {
     let op = "moe_gather_scaled";
-    let dev = sg.device().clone();
-    let w = cuda::view::<f32>(sw, lw, op, "w")?;
+    let dev = sx.device().clone();
+    let stream = dev.cuda_stream();
     let token = cuda::view::<u32>(st, lt, op, "token")?;
     let (m_, h_) = (as_i32(m, "rows")?, as_i32(h, "hidden")?);
-    with_cuda_float_type!(sg, op, T => {
-        let g = cuda::view::<T>(sg, lg, op, "g")?;
-        // SAFETY: every element is written.
-        let dy = unsafe { dev.alloc::<T>(m * h)? };
-        let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(op))?;
-        let stream = dev.cuda_stream();
-        let mut b = stream.launch_builder(&f);
-        b.arg(&g).arg(&w).arg(&token).arg(&dy).arg(&m_).arg(&h_);
-        // SAFETY: g holds n·h elements with every token < n, w and token m, dy m·h.
-        unsafe { b.launch(cuda::elementwise(m * h)) }.w()?;
-        Ok(cuda::wrap(dy, &dev))
-    })
+    let launch = |w_ptr: u64| -> Result<CudaStorage> {
+        with_cuda_float_type!(sx, op, T => {
+            let x = cuda::view::<T>(sx, lx, op, "x")?;
+            let per_pack = 16 / std::mem::size_of::<T>();
+            let packed = h.is_multiple_of(per_pack) && x.device_ptr(&stream).0 % 16 == 0;
+            // SAFETY: every element is written.
+            let out = unsafe { dev.alloc::<T>(m * h)? };
+            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(op))?;
+            let packed_ = i32::from(packed);
+            let mut b = stream.launch_builder(&f);
+            b.arg(&x).arg(&w_ptr).arg(&token).arg(&out).arg(&m_).arg(&h_).arg(&packed_);
+            let threads = if packed { m * h / per_pack } else { m * h };
+            // SAFETY: x holds n·h elements with every token < n, w (if not null) and token m,
+            // out m·h; with `packed` the rows are 16-byte multiples and x 16-byte aligned.
+            unsafe { b.launch(cuda::elementwise(threads)) }.w()?;
+            Ok(cuda::wrap(out, &dev))
+        })
+    };
+    match w {
+        Some(w) => cuda::with_cuda_storage(w, op, "w", |sw, lw| {
+            let wv = cuda::view::<f32>(sw, lw, op, "w")?;
+            let ptr = wv.device_ptr(&stream).0;
+            launch(ptr)
+        }),
+        None => launch(0),
+    }
 }
 
 /// `dw (m,)` f32: each grouped row's dot product with its token's output gradient.
