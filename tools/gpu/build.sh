@@ -3,7 +3,8 @@
 # on a machine without a GPU: the CUDA 13.0 toolchain comes from tools/cuda/setup_toolchain.sh
 # (installed on first use; docs/cuda.md). CUDA_COMPUTE_CAP picks the GPU generation (default 90,
 # H100/H200); CARGO_TARGET_DIR the build folder (default target/cuda, kept apart from the CPU
-# build because the feature set differs).
+# build because the feature set differs; one per checkout: another worktree's build in the same
+# folder can leave its kernels in this one's binaries, docs/cuda.md).
 # Usage: bash tools/gpu/build.sh            (from the repository root)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
