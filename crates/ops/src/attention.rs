@@ -68,7 +68,7 @@ impl AttentionPlan {
         dtype: DType,
         (b, nh, t, d): (usize, usize, usize, usize),
     ) -> AttentionBackward {
-        let covered = matches!(dtype, DType::BF16 | DType::F16) && matches!(d, 256 | 512);
+        let covered = fused_covers(&FUSED_BACKWARD_DIMS, dtype, d);
         let fused = match self.backward {
             AttentionBackward::Blocked => false,
             AttentionBackward::Fused => covered,
@@ -80,6 +80,17 @@ impl AttentionPlan {
             AttentionBackward::Blocked
         }
     }
+}
+
+/// Head dims the fused backward kernels are instantiated for (`kernels/attention_flash_bwd.cu`;
+/// the forward's are in the CUDA module, its only user).
+const FUSED_BACKWARD_DIMS: [usize; 2] = [256, 512];
+
+/// Whether fused kernels instantiated for head dims `dims` take `dtype` inputs of head dim `d`:
+/// bf16 / f16 only (the launch also needs 16-byte aligned inputs). The one rule of the fused
+/// forward and backward.
+fn fused_covers(dims: &[usize], dtype: DType, d: usize) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16) && dims.contains(&d)
 }
 
 /// The forward kernel of [`AttentionPlan`].

@@ -57,8 +57,8 @@ const MODULE: Module = cuda_module!("attention");
 const FLASH: Module = cuda_module!("attention_flash");
 const FLASH_BWD: Module = cuda_module!("attention_flash_bwd");
 
-/// Head dims the fused forward kernel is instantiated for.
-const FLASH_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
+/// Head dims the fused forward kernel is instantiated for (`kernels/attention_flash.cu`).
+const FUSED_FORWARD_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
 /// Keys per shared-memory tile of the fused forward (`BC` in the kernel).
 const FLASH_KEYS: usize = 64;
 
@@ -335,8 +335,7 @@ impl<'a> Ctx<'a> {
     /// instantiated head dim).
     fn flash(&self, plan: &AttentionPlan) -> bool {
         plan.forward != AttentionForward::Blocked
-            && matches!(self.dtype, DType::BF16 | DType::F16)
-            && FLASH_DIMS.contains(&self.n.d)
+            && super::fused_covers(&FUSED_FORWARD_DIMS, self.dtype, self.n.d)
             && self.n.scale > 0.0 // the kernel takes row maxima of unscaled scores
     }
 
