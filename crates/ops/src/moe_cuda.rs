@@ -2,7 +2,9 @@
 
 use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{bail, CudaStorage, DType, Layout, Result, Tensor};
 
@@ -160,14 +162,7 @@ pub(super) fn gather(
             Ok(cuda::wrap(out, &dev))
         })
     };
-    match w {
-        Some(w) => cuda::with_cuda_storage(w, op, "w", |sw, lw| {
-            let wv = cuda::view::<f32>(sw, lw, op, "w")?;
-            let ptr = wv.device_ptr(&stream).0;
-            launch(ptr)
-        }),
-        None => launch(0),
-    }
+    with_weights_ptr(w, op, &stream, launch)
 }
 
 /// `dw (m,)` f32: each grouped row's dot product with its token's output gradient.
@@ -228,10 +223,20 @@ pub(super) fn combine(
             Ok(cuda::wrap(out, &dev))
         })
     };
+    with_weights_ptr(w, op, &stream, launch)
+}
+
+/// `launch` given the device address of the optional f32 weights `w` (0 without them).
+fn with_weights_ptr<R>(
+    w: Option<&Tensor>,
+    op: &str,
+    stream: &CudaStream,
+    launch: impl FnOnce(u64) -> Result<R>,
+) -> Result<R> {
     match w {
         Some(w) => cuda::with_cuda_storage(w, op, "w", |sw, lw| {
             let wv = cuda::view::<f32>(sw, lw, op, "w")?;
-            let ptr = wv.device_ptr(&stream).0;
+            let ptr = wv.device_ptr(stream).0;
             launch(ptr)
         }),
         None => launch(0),
