@@ -4,12 +4,21 @@
 # (installed on first use; docs/cuda.md). CUDA_COMPUTE_CAP picks the GPU generation (default 90,
 # H100/H200); CARGO_TARGET_DIR the build folder (default target/cuda, kept apart from the CPU
 # build because the feature set differs; one per checkout: another worktree's build in the same
-# folder can leave its kernels in this one's binaries, docs/cuda.md).
+# folder can leave its kernels in this one's binaries, docs/cuda.md, so the folder records the
+# checkout that uses it and a build from another one stops with an error).
 # Usage: bash tools/gpu/build.sh            (from the repository root)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 eval "$(bash tools/cuda/setup_toolchain.sh)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/cuda}"
+owner="$CARGO_TARGET_DIR/.g4ft-checkout"
+if [ -f "$owner" ] && [ "$(cat "$owner")" != "$PWD" ]; then
+  echo "build.sh: $CARGO_TARGET_DIR holds the build of the checkout $(cat "$owner"); cargo could" >&2
+  echo "reuse its kernels here. Set CARGO_TARGET_DIR to a folder of this checkout's own (docs/cuda.md)," >&2
+  echo "or remove $owner if that checkout is gone." >&2
+  exit 1
+fi
+mkdir -p "$CARGO_TARGET_DIR" && echo "$PWD" > "$owner"
 cargo build --release --features cuda -p g4ft -p g4ft-ddp --examples --bins
 mkdir -p .gpu
 # Test binaries run there: gemma4 parity + layer-wise backward (with G4FT_TEST_DEVICE=cuda; they read
