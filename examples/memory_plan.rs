@@ -9,7 +9,11 @@
 //! cargo run --release --example memory_plan -- --config crates/gemma4/tests/configs/gemma-4-12B-it.json
 //! cargo run --release --example memory_plan -- --config crates/gemma4/tests/configs/gemma-4-12B-it.json \
 //!     --seq 32768 --recompute auto --memory-budget-gb 130
+//! cargo run --release --example memory_plan -- --config crates/gemma4/tests/configs/gemma-4-12B-it.json \
+//!     --recompute all --longest-within-gb 139
 //! ```
+//! `--longest-within-gb` prints, instead of the budget, the longest sequence (a multiple of 1,024
+//! tokens) whose step is predicted to fit that many GB under the recompute policy.
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -29,7 +33,14 @@ struct Args {
     /// Ranks (GPUs) in the DDP job.
     #[arg(long, default_value_t = 1)]
     world: usize,
+    /// Print the longest sequence (a multiple of 1,024 tokens, `--seq` ignored) whose predicted
+    /// peak under the recompute policy stays within this many GB, e.g. a card's memory.
+    #[arg(long, value_name = "GB")]
+    longest_within_gb: Option<f64>,
 }
+
+/// Steps of the `--longest-within-gb` search, tokens.
+const LONGEST_STEP: usize = 1024;
 
 fn main() -> Result<()> {
     let args = Args::parse();
@@ -51,19 +62,50 @@ fn main() -> Result<()> {
         .map(|s| ProjectionShape::new(s.path.clone(), s.in_features, s.out_features))
         .collect();
     let trainable = count_trainable(&lcfg, &shapes)?;
-    let memory = MemoryModel::new(
-        &cfg,
-        StepShape {
-            micro_batch: a.micro_batch,
-            seq: a.seq,
-            lora_r: a.lora_r,
-            trainable,
-            dtype,
-        },
-    );
+    let shape = StepShape {
+        micro_batch: a.micro_batch,
+        seq: a.seq,
+        lora_r: a.lora_r,
+        trainable,
+        dtype,
+    };
     let policy = a.recompute_policy(|| {
         bail!("memory_plan reads no device: give --memory-budget-gb with --recompute auto")
     })?;
+    if let Some(gb) = args.longest_within_gb {
+        if !(gb.is_finite() && gb > 0.0) {
+            bail!("--longest-within-gb: expected a positive number of GB, got {gb}");
+        }
+        let budget = (gb * GB) as u64;
+        let Some((seq, plan)) = MemoryModel::longest_seq(&cfg, shape, policy, budget, LONGEST_STEP)
+        else {
+            bail!(
+                "not even {LONGEST_STEP} tokens per sample fit {gb} GB under this policy (micro-batch {})",
+                a.micro_batch
+            );
+        };
+        println!(
+            "longest sequence within {gb} GB: {seq} tokens per sample, micro-batch {} ({})",
+            a.micro_batch,
+            a.config.display()
+        );
+        println!("{plan}");
+        let next = MemoryModel::new(
+            &cfg,
+            StepShape {
+                seq: seq + LONGEST_STEP,
+                ..shape
+            },
+        )
+        .plan(policy);
+        println!(
+            "{} tokens: predicted peak {:.3} GB",
+            seq + LONGEST_STEP,
+            next.peak.bytes as f64 / GB
+        );
+        return Ok(());
+    }
+    let memory = MemoryModel::new(&cfg, shape);
     let plan = memory.plan(policy);
     let (saved, tapes) = memory.held_by_kind(&plan.keep);
     let (worst_layer, worst) = memory

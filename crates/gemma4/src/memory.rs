@@ -282,6 +282,55 @@ impl MemoryModel {
     }
 }
 
+/// Sequence lengths [`MemoryModel::longest_seq`] tries at most: 2^26 tokens per sample.
+const LONGEST_SEQ_CAP: usize = 1 << 26;
+
+impl MemoryModel {
+    /// The longest sequence, a multiple of `step` tokens, whose step (`shape` with that `seq`) is
+    /// predicted to peak within `budget_bytes` under `policy`, with its plan; `None` when not even
+    /// `step` tokens fit. The peak grows with the sequence length, so a doubling search and a
+    /// bisection find it in a few dozen models; lengths above 2^26 tokens are not tried.
+    pub fn longest_seq(
+        cfg: &Config,
+        shape: StepShape,
+        policy: Recompute,
+        budget_bytes: u64,
+        step: usize,
+    ) -> Option<(usize, RecomputePlan)> {
+        let plan_at = |seq: usize| MemoryModel::new(cfg, StepShape { seq, ..shape }).plan(policy);
+        let fits = |seq: usize| {
+            let plan = plan_at(seq);
+            plan.fits() && plan.peak.bytes <= budget_bytes
+        };
+        let seq = longest_fitting(step.max(1), LONGEST_SEQ_CAP, fits)?;
+        Some((seq, plan_at(seq)))
+    }
+}
+
+/// The largest multiple of `step` up to `cap` for which `fits` holds, given that `fits` holds
+/// for every length below one that fits; `None` if `step` itself does not fit.
+fn longest_fitting(step: usize, cap: usize, fits: impl Fn(usize) -> bool) -> Option<usize> {
+    if !fits(step) {
+        return None;
+    }
+    // Multiples of `step`: `lo` fits, `hi` does not (or is past the cap).
+    let (mut lo, mut hi) = (1, 2);
+    while hi * step <= cap && fits(hi * step) {
+        (lo, hi) = (hi, hi * 2);
+    }
+    let hi_limit = cap / step + 1;
+    hi = hi.min(hi_limit);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid * step) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo * step)
+}
+
 impl RecomputePlan {
     /// `false` only for `Auto` whose predicted peak is over the budget even with every layer
     /// recomputed (the run may still fit: the model is a prediction).
@@ -414,6 +463,51 @@ mod tests {
         let first = m.peak(&KeepMask::from_layers(vec![true, false, false]));
         assert_eq!(first.bytes, 1000 + 100 + 10 + 105);
         assert_eq!(m.peak(&KeepMask::keep_all(3)).bytes, 1000 + 300 + 50);
+    }
+
+    #[test]
+    fn longest_fitting_finds_the_last_multiple_that_fits() {
+        for limit in [0, 5, 1024, 1025, 5000, 196_608, 200_000] {
+            let got = longest_fitting(1024, 1 << 26, |seq| seq <= limit);
+            let want = (limit >= 1024).then_some(limit / 1024 * 1024);
+            assert_eq!(got, want, "limit {limit}");
+        }
+        // Everything fits: the cap's last multiple.
+        assert_eq!(longest_fitting(1000, 10_500, |_| true), Some(10_000));
+    }
+
+    #[test]
+    fn the_longest_sequence_fits_and_one_step_more_does_not() {
+        let cfg = Config::from_file(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/configs/gemma-4-12B-it.json"),
+        )
+        .unwrap();
+        let shape = StepShape {
+            micro_batch: 1,
+            seq: 1,
+            lora_r: 16,
+            trainable: 65_568_768,
+            dtype: DType::BF16,
+        };
+        let budget = 139e9 as u64;
+        let (seq, plan) =
+            MemoryModel::longest_seq(&cfg, shape, Recompute::All, budget, 1024).unwrap();
+        assert!(plan.peak.bytes <= budget && seq % 1024 == 0, "{seq} {plan}");
+        let next = MemoryModel::new(
+            &cfg,
+            StepShape {
+                seq: seq + 1024,
+                ..shape
+            },
+        )
+        .plan(Recompute::All);
+        assert!(next.peak.bytes > budget, "{} fits too", seq + 1024);
+        // Keeping every layer's activations fits a much shorter sequence.
+        let (none, _) =
+            MemoryModel::longest_seq(&cfg, shape, Recompute::None, budget, 1024).unwrap();
+        assert!(none < seq / 2, "{none} vs {seq}");
+        assert!(MemoryModel::longest_seq(&cfg, shape, Recompute::All, 1, 1024).is_none());
     }
 
     #[test]
