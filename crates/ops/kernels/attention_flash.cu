@@ -20,6 +20,7 @@
 // warps own the same 16 rows, each computes the whole S = Q·Kᵀ and the softmax (the same values:
 // same inputs, same order) and accumulates its half of O's columns.
 #include "common.cuh"
+#include "grouped_rows.cuh"
 #include "mma.cuh"
 
 namespace flash {
@@ -53,10 +54,8 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int rw = warp % ROWW, part = warp / ROWW;  // row group, column part
-    const int slab = blockIdx.y, nkv = nh / g, bi = slab / nkv, kvh = slab % nkv;
-    const int rows = t * g;
-    const int r0 = (gridDim.x - 1 - blockIdx.x) * BR;  // the longest key ranges first
-    const int qlo = r0 / g, qhi = (min(r0 + BR, rows) - 1) / g;
+    const GroupedRows<BR> gr(nh, g, t);
+    const int slab = gr.slab, bi = gr.bi, rows = gr.rows, r0 = gr.r0, qlo = gr.qlo, qhi = gr.qhi;
     // The first token of query qi's packed sequence (0 without segments; qi clamped for the rows
     // past the end of the slab), read where it is needed: the two rows' bounds kept in registers
     // across the key loop took up to 4 more registers at head dims 128-512 and 19 at 64 (ptxas).
@@ -65,10 +64,8 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
     const T* kslab = k + (size_t)slab * t * D;
     const T* vslab = v + (size_t)slab * t * D;
     const uint8_t* mrow = mask + (size_t)bi * t;
-    // Grouped row R of this slab → its (b, nh, t, d) row.
-    auto qrow = [&](int R) -> size_t { return (((size_t)bi * nh + kvh * g + R % g) * t + R / g) * D; };
 
-    load_rows<T, D, THREADS>(sq, BR, rows - r0, [&](int r) { return q + qrow(r0 + r); });
+    load_rows<T, D, THREADS>(sq, BR, rows - r0, [&](int r) { return q + gr.head_row(r0 + r, nh, g, t) * D; });
     load_tile<T, D, BC, THREADS>(sk0, kslab + (size_t)klo * D, t - klo);
     if (STAGES == 2) load_tile<T, D, BC, THREADS>(sv0, vslab + (size_t)klo * D, t - klo);
     cp_async_commit();
@@ -232,15 +229,14 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
     }
     store_rows<T, D, DTW>(acc, inv[0], inv[1], sq + rw * 16 * LD, part, lane, [&](int r) -> T* {
         const int R = r0 + rw * 16 + r;
-        return R < rows ? o + qrow(R) : nullptr;
+        return R < rows ? o + gr.head_row(R, nh, g, t) * D : nullptr;
     });
     if (part == 0 && lane % 4 == 0)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int R = h ? rb : ra;
             if (R < rows)
-                lse[((size_t)bi * nh + kvh * g + R % g) * t + R / g] =
-                    l[h] > 0.f ? m[h] * LN2 + logf(l[h]) : INFINITY;
+                lse[gr.head_row(R, nh, g, t)] = l[h] > 0.f ? m[h] * LN2 + logf(l[h]) : INFINITY;
         }
 }
 

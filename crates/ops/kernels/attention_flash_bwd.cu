@@ -20,6 +20,7 @@
 // key_mask[b, j] != 0 (`seq_start` null = 0, else non-decreasing along t). A row that saw no key
 // in the forward has lse = +inf and contributes nothing.
 #include "common.cuh"
+#include "grouped_rows.cuh"
 #include "mma.cuh"
 
 namespace flash_bwd {
@@ -254,27 +255,24 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int rw = warp % ROWW, part = warp / ROWW;  // row group, column part
-    const int slab = blockIdx.y, nkv = nh / g, bi = slab / nkv, kvh = slab % nkv;
-    const int rows = t * g;
-    const int r0 = (gridDim.x - 1 - blockIdx.x) * BR;  // the longest key ranges first
-    const int qlo = r0 / g, qhi = (min(r0 + BR, rows) - 1) / g;
+    const GroupedRows<BR> gr(nh, g, t);
+    const int slab = gr.slab, bi = gr.bi, rows = gr.rows, r0 = gr.r0, qlo = gr.qlo, qhi = gr.qhi;
     const uint32_t* srow = seq_start ? seq_start + (size_t)bi * t : nullptr;
     int klo = window > 0 ? max(0, qlo + 1 - window) : 0;
     if (srow) klo = max(klo, (int)srow[qlo]);
     const T* kslab = k + (size_t)slab * t * D;
     const T* vslab = v + (size_t)slab * t * D;
     const uint8_t* mrow = mask + (size_t)bi * t;
-    auto head_row = [&](int R) -> size_t { return ((size_t)bi * nh + kvh * g + R % g) * t + R / g; };
 
-    load_rows<T, D, THREADS>(sq, BR, rows - r0, [&](int r) { return q + head_row(r0 + r) * D; });
-    load_rows<T, D, THREADS>(sdo, BR, rows - r0, [&](int r) { return dout + head_row(r0 + r) * D; });
+    load_rows<T, D, THREADS>(sq, BR, rows - r0, [&](int r) { return q + gr.head_row(r0 + r, nh, g, t) * D; });
+    load_rows<T, D, THREADS>(sdo, BR, rows - r0, [&](int r) { return dout + gr.head_row(r0 + r, nh, g, t) * D; });
     cp_async_commit();
 
     // This thread's two rows (the C-fragment rows lane/4 and lane/4 + 8 of its warp).
     const int ra = r0 + rw * 16 + lane / 4, rb = ra + 8;
     const bool oka = ra < rows, okb = rb < rows;
     const int qa = ra / g, qb = rb / g;
-    const size_t ha = head_row(oka ? ra : r0), hb = head_row(okb ? rb : r0);
+    const size_t ha = gr.head_row(oka ? ra : r0, nh, g, t), hb = gr.head_row(okb ? rb : r0, nh, g, t);
     const float la = oka ? lse[ha] * G4FT_LOG2E : INFINITY, lb = okb ? lse[hb] * G4FT_LOG2E : INFINITY;
     const float da = oka ? dd[ha] : 0.f, db = okb ? dd[hb] : 0.f;
     const int sa = oka && srow ? (int)srow[qa] : 0, sb = okb && srow ? (int)srow[qb] : 0;
@@ -342,7 +340,7 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
     __syncthreads();
     store_rows<T, D, DTW>(acc, 1.f, 1.f, sq + rw * 16 * LD, part, lane, [&](int r) -> T* {
         const int R = r0 + rw * 16 + r;
-        return R < rows ? dq + head_row(R) * D : nullptr;
+        return R < rows ? dq + gr.head_row(R, nh, g, t) * D : nullptr;
     });
 }
 
