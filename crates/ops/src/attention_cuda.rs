@@ -277,6 +277,35 @@ impl<'a> Ctx<'a> {
         cuda::func(self.dev, m, &cuda::kname_of(root, self.dtype)?)
     }
 
+    /// Launches `f` on the call's stream with the argument order of every attention kernel:
+    /// the device pointers `ptrs`, then `scale` when given, then the integers `ints`.
+    ///
+    /// # Safety
+    /// `f` takes exactly those parameters in that order, and every buffer behind `ptrs` is as
+    /// large as the kernel reads and writes for `cfg`.
+    unsafe fn launch(
+        &self,
+        f: &candle_core::cuda_backend::cudarc::driver::CudaFunction,
+        ptrs: &[u64],
+        scale: Option<f32>,
+        ints: &[i32],
+        cfg: LaunchConfig,
+    ) -> Result<()> {
+        let mut b = self.stream.launch_builder(f);
+        for p in ptrs {
+            b.arg(p);
+        }
+        if let Some(scale) = &scale {
+            b.arg(scale);
+        }
+        for i in ints {
+            b.arg(i);
+        }
+        // SAFETY: the caller's contract above.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
+    }
+
     /// The integer arguments both row kernels take: `nh, g, t`, then `extra`, then the block's
     /// `rows, lk, ld, q0, k0`, the window and the number of score rows `nrows`.
     fn row_args<const E: usize>(&self, extra: [usize; E], blk: Block, nrows: usize) -> Vec<i32> {
@@ -296,16 +325,9 @@ impl<'a> Ctx<'a> {
         let f = self.func("attn_softmax_rows")?;
         let nrows = n.b * n.nh * blk.rows;
         let ints = self.row_args([], blk, nrows);
-        let mut b = self.stream.launch_builder(&f);
-        for x in [&s, &p, &lse, &mask, &seq_start] {
-            b.arg(x);
-        }
-        for i in &ints {
-            b.arg(i);
-        }
+        let ptrs = [s, p, lse, mask, seq_start];
         // SAFETY: one warp per score row; s/p hold b·nh·rows rows of lk, lse b·nh·t floats.
-        unsafe { b.launch(cuda::warp_per_row(nrows)) }.w()?;
-        Ok(())
+        unsafe { self.launch(&f, &ptrs, None, &ints, cuda::warp_per_row(nrows)) }
     }
 
     /// `dS` and `P` (input dtype) of a block from `S`, `dP`, `O`, `dO` and the log-sum-exp.
@@ -318,17 +340,9 @@ impl<'a> Ctx<'a> {
         let f = self.func("attn_ds_rows")?;
         let nrows = n.b * n.nh * blk.rows;
         let ints = self.row_args([n.d], blk, nrows);
-        let mut b = self.stream.launch_builder(&f);
-        for x in [&s, &dp, &o, &dout, &lse, &mask, &seq_start, &ds, &p] {
-            b.arg(x);
-        }
-        b.arg(&n.scale);
-        for i in &ints {
-            b.arg(i);
-        }
+        let ptrs = [s, dp, o, dout, lse, mask, seq_start, ds, p];
         // SAFETY: one warp per score row, buffers sized as in `softmax_rows`.
-        unsafe { b.launch(cuda::warp_per_row(nrows)) }.w()?;
-        Ok(())
+        unsafe { self.launch(&f, &ptrs, Some(n.scale), &ints, cuda::warp_per_row(nrows)) }
     }
 
     /// Whether `plan` asks for the fused forward kernel and it covers this call (16-bit inputs, an
@@ -365,18 +379,10 @@ impl<'a> Ctx<'a> {
             shared_mem_bytes: smem as u32,
         };
         let ints = [n.nh, self.groups(), n.t, n.window].map(|x| x as i32);
-        let mut b = self.stream.launch_builder(&f);
-        for x in [&q, &k, &v, &mask, &seq_start, &o, &lse] {
-            b.arg(x);
-        }
-        b.arg(&n.scale);
-        for i in &ints {
-            b.arg(i);
-        }
+        let ptrs = [q, k, v, mask, seq_start, o, lse];
         // SAFETY: q/o hold b·nh·t·d elements, k/v b·nkv·t·d, mask b·t bytes, seq_start b·t u32 (or
         // is 0), lse b·nh·t floats; the grid covers the t·g grouped rows of each of the b·nkv slabs.
-        unsafe { b.launch(cfg) }.w()?;
-        Ok(())
+        unsafe { self.launch(&f, &ptrs, Some(n.scale), &ints, cfg) }
     }
 
     /// Whether `plan` runs the fused backward kernels for this call
@@ -399,11 +405,9 @@ impl<'a> Ctx<'a> {
         let dd = self.alloc::<f32>(rows)?;
         let dd_ = self.addr(&dd);
         let f = self.func_of(&FLASH_BWD, "attn_flash_bwd_dot")?;
-        let (d, nrows) = (n.d as i32, rows as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&o).arg(&dout).arg(&dd_).arg(&d).arg(&nrows);
+        let dims = [n.d as i32, rows as i32];
         // SAFETY: o / dout hold `rows` rows of d elements, dd `rows` floats; one warp per row.
-        unsafe { b.launch(cuda::warp_per_row(rows)) }.w()?;
+        unsafe { self.launch(&f, &[o, dout, dd_], None, &dims, cuda::warp_per_row(rows)) }?;
 
         let elem = self.dtype.size_in_bytes() as u64;
         let dk = packed + n.q_elems() as u64 * elem;
@@ -436,21 +440,12 @@ impl<'a> Ctx<'a> {
             block_dim: (256, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let mut b = self.stream.launch_builder(&f);
-        for x in [
-            &q, &k, &v, &dout, &lse, &dd_, &mask, &seq_start, &dk, &dv, &dk32, &dv32,
-        ] {
-            b.arg(x);
-        }
-        b.arg(&n.scale);
-        for i in &ints {
-            b.arg(i);
-        }
+        let ptrs = [q, k, v, dout, lse, dd_, mask, seq_start, dk, dv, dk32, dv32];
         // SAFETY: q/dout hold b·nh·t·d elements, k/v and dk/dv b·nkv·t·d, lse/dd b·nh·t floats,
         // mask b·t bytes, seq_start b·t u32 (or is 0), dk32/dv32 (when split) b·nkv·t·d zeroed
         // floats; the grid covers every key tile of each slab, and a block writes only its own
         // keys' rows.
-        unsafe { b.launch(cfg) }.w()?;
+        unsafe { self.launch(&f, &ptrs, Some(n.scale), &ints, cfg) }?;
 
         let smem = (2 * qbr + 2 * qbc) * (n.d + 8) * 2;
         let f = self.flash_func(&FLASH_BWD, &format!("attn_flash_bwd_q_d{}", n.d), smem)?;
@@ -463,17 +458,10 @@ impl<'a> Ctx<'a> {
             block_dim: (256, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let mut b = self.stream.launch_builder(&f);
-        for x in [&q, &k, &v, &dout, &lse, &dd_, &mask, &seq_start, &packed] {
-            b.arg(x);
-        }
-        b.arg(&n.scale);
-        for i in &ints {
-            b.arg(i);
-        }
+        let ptrs = [q, k, v, dout, lse, dd_, mask, seq_start, packed];
         // SAFETY: as above; dq (the packed output's first b·nh·t·d elements) gets each query row
         // from the one block that owns it.
-        unsafe { b.launch(cfg) }.w()?;
+        unsafe { self.launch(&f, &ptrs, Some(n.scale), &ints, cfg) }?;
         if hsplit > 1 {
             self.round(dk32, dk, n.kv_elems())?;
             self.round(dv32, dv, n.kv_elems())?;
