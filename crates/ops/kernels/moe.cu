@@ -7,9 +7,12 @@
 //   start), pass 2 places this expert's slots in slot order (ballot prefix sums), so the grouping
 //   is stable and deterministic. Writes [order | token | slot_pos | offsets].
 // - grouped_gemm_{nt,nn}: y[r] = x[r]·W[e]ᵀ (W (E, N, K)) or x[r]·W[e] (W (E, K, N)) for the rows
-//   r of expert e's segment; a block owns a 64-row tile of one segment and 128 output columns,
-//   4 warps of 32×64 with mma.sync m16n8k16, fp32 accumulators, a 3-stage cp.async pipeline of
-//   32-deep K tiles (two tiles in flight while one is multiplied; one barrier per tile).
+//   r of expert e's segment; a block owns a 128-row tile of one segment and 128 output columns,
+//   8 warps of 32×64 with mma.sync m16n8k16, fp32 accumulators, a 3-stage cp.async pipeline of
+//   32-deep K tiles in dynamic shared memory (two tiles in flight while one is multiplied; one
+//   barrier per tile). A warp whose 32 rows are all past the segment's end skips the products (the
+//   last tile of a segment is often short). 128×128 tiles read 64 FLOP per byte of shared-memory
+//   fill, against 43 for 64×128: the grouped GEMM streams every expert's weights once per row tile.
 //   Row tiles never straddle experts: tile → expert by a scan of the offsets.
 // - grouped_gemm_simple: one thread per output element (f32, and shapes the tiled kernel does not
 //   take: K or N not a multiple of 8).
@@ -119,7 +122,7 @@ extern "C" __global__ void moe_group(const uint32_t* idx, uint32_t* out, int m, 
 // ---------------------------------------------------------------------------------------------
 // grouped GEMM
 
-constexpr int GBM = 64, GBN = 128, GBK = 32, GTHREADS = 128, GSTAGES = 3;
+constexpr int GBM = 128, GBN = 128, GBK = 32, GTHREADS = 256, GSTAGES = 3;
 constexpr int LDA = GBK + 8;  // A tile row stride (elements): rows of K, padded
 constexpr int LDB_NT = GBK + 8;
 constexpr int LDB_NN = GBN + 8;
@@ -165,18 +168,27 @@ __device__ __forceinline__ void load_stage(T* sa, T* sb, const T* x, const T* w,
     }
 }
 
-// grid (ceil(N / 128), ceil(m / 64) + E), block 128. K and N multiples of 8, 16-byte aligned rows.
+// The dynamic shared memory of one grouped-GEMM block: GSTAGES A tiles, then GSTAGES B tiles.
+template <bool NT>
+constexpr int grouped_gemm_smem() {
+    return GSTAGES * (GBM * LDA + (NT ? GBN * LDB_NT : GBK * LDB_NN)) * 2;
+}
+
+// grid (ceil(N / 128), ceil(m / 128) + E), block 256, grouped_gemm_smem<NT>() bytes of dynamic
+// shared memory (61,440 NT, 56,832 NN). K and N multiples of 8, 16-byte aligned rows.
 template <typename T, bool NT>
 __device__ __forceinline__ void grouped_gemm(const T* x, const T* w, const uint32_t* offsets, T* y, int e_count,
                                              int n, int kdim) {
-    constexpr int SB = NT ? GBN * LDB_NT : GBK * LDB_NN;
-    __shared__ __align__(16) T sa[GSTAGES][GBM * LDA];  // 46,080 bytes (NT) at most: static
-    __shared__ __align__(16) T sb[GSTAGES][SB];
+    constexpr int SA = GBM * LDA, SB = NT ? GBN * LDB_NT : GBK * LDB_NN;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T (*const sa)[SA] = reinterpret_cast<T (*)[SA]>(smem_raw);
+    T (*const sb)[SB] = reinterpret_cast<T (*)[SB]>(smem_raw + GSTAGES * SA * sizeof(T));
     int e, r0, valid;
     if (!tile_of(offsets, e_count, blockIdx.y, e, r0, valid)) return;  // uniform per block
     const int n0 = blockIdx.x * GBN;
     const T* we = w + (size_t)e * n * kdim;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
+    const bool busy = wm * 32 < valid;  // warp-uniform: this warp has rows in the segment
     float c[2][8][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -201,6 +213,7 @@ __device__ __forceinline__ void grouped_gemm(const T* x, const T* w, const uint3
         cp_async_commit();
         const T* A = sa[kt % GSTAGES];
         const T* B = sb[kt % GSTAGES];
+        if (!busy) continue;  // it still loads its share and meets every barrier
 #pragma unroll
         for (int kk = 0; kk < GBK / 16; ++kk) {
             uint32_t a[2][4];

@@ -14,9 +14,25 @@ const MODULE: Module = cuda_module!("moe");
 const TOPK_MAX_EXPERTS: usize = 512;
 /// Experts per token the combine kernel takes.
 const COMBINE_MAX_K: usize = 32;
-/// Rows and columns of a grouped-GEMM block tile (as `kernels/moe.cu`).
-const GEMM_ROWS: usize = 64;
+/// Rows, columns and depth of a grouped-GEMM block tile, its pipeline stages and threads (as
+/// `kernels/moe.cu`).
+const GEMM_ROWS: usize = 128;
 const GEMM_COLS: usize = 128;
+const GEMM_DEPTH: usize = 32;
+const GEMM_STAGES: usize = 3;
+const GEMM_THREADS: u32 = 256;
+
+/// Dynamic shared memory of a grouped-GEMM block (`grouped_gemm_smem` in the kernel): the stages'
+/// A tiles (rows of K, padded by 8) and B tiles (W rows of K with `transpose_w`, else K rows of
+/// N), 16-bit elements.
+fn gemm_smem(transpose_w: bool) -> usize {
+    let b = if transpose_w {
+        GEMM_COLS * (GEMM_DEPTH + 8)
+    } else {
+        GEMM_DEPTH * (GEMM_COLS + 8)
+    };
+    GEMM_STAGES * (GEMM_ROWS * (GEMM_DEPTH + 8) + b) * 2
+}
 
 fn as_i32(x: usize, what: &str) -> Result<i32> {
     i32::try_from(x).map_err(|_| candle_core::Error::Msg(format!("moe: {what} = {x} exceeds i32")))
@@ -106,11 +122,12 @@ pub(super) fn grouped_matmul(
             let tiled = sx.dtype() != DType::F32 && k.is_multiple_of(8) && n.is_multiple_of(8) && aligned;
             if tiled {
                 let root = if transpose_w { "grouped_gemm_nt" } else { "grouped_gemm_nn" };
-                let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(root))?;
+                let smem = gemm_smem(transpose_w);
+                let f = cuda::func_smem(&dev, &MODULE, &cuda::kname::<T>(root), smem)?;
                 let cfg = LaunchConfig {
                     grid_dim: (n.div_ceil(GEMM_COLS) as u32, (m.div_ceil(GEMM_ROWS) + e) as u32, 1),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: 0,
+                    block_dim: (GEMM_THREADS, 1, 1),
+                    shared_mem_bytes: smem as u32,
                 };
                 let mut b = stream.launch_builder(&f);
                 b.arg(&x).arg(&wv).arg(&offsets).arg(&y).arg(&e_).arg(&n_).arg(&k_);
