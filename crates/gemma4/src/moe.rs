@@ -16,9 +16,9 @@
 
 use candle_core::{DType, Tensor, D};
 use g4ft_ops::{
-    gelu_tanh_mul, gelu_tanh_mul_backward, grouped_matmul, linear_frozen, linear_frozen_backward,
-    moe_combine, moe_combine_backward, moe_gather, moe_group, moe_topk, rms_norm,
-    rms_norm_backward, softmax_last_dim, MoeGroups,
+    gelu_tanh_mul, gelu_tanh_mul_halves, gelu_tanh_mul_halves_backward, grouped_matmul,
+    linear_frozen, linear_frozen_backward, moe_combine, moe_combine_backward, moe_gather,
+    moe_group, moe_topk, rms_norm, rms_norm_backward, softmax_last_dim, MoeGroups,
 };
 
 use crate::config::{Config, MoeConfig};
@@ -129,14 +129,10 @@ impl Moe {
         let probs = self.router_probs(residual)?;
         let routing = self.route(&probs)?;
         let groups = moe_group(&routing.idx, self.cfg.num_experts)?;
-        let im = self.cfg.moe_intermediate_size;
         let x = moe_gather(u, &groups)?; // (n·k, h)
-        let gu = grouped_matmul(&x, &self.gate_up, &groups, true)?; // (n·k, 2·I)
+        let gu = grouped_matmul(&x, &self.gate_up, &groups, true)?; // (n·k, 2·I): [gate | up]
         drop(x);
-        let gate = gu.narrow(1, 0, im)?.contiguous()?;
-        let up = gu.narrow(1, im, im)?.contiguous()?;
-        drop(gu);
-        let act = gelu_tanh_mul(&gate, &up)?;
+        let act = gelu_tanh_mul_halves(&gu)?;
         let y = grouped_matmul(&act, &self.down, &groups, true)?; // (n·k, h)
         drop(act);
         let w = routing
@@ -149,8 +145,7 @@ impl Moe {
             routing,
             groups,
             w,
-            gate,
-            up,
+            gu,
             y,
         };
         Ok((out, tape))
@@ -171,8 +166,7 @@ impl Moe {
             routing,
             groups,
             w,
-            gate,
-            up,
+            gu,
             y,
         } = tape;
         // out = Σ_slots w · f32(y): the expert outputs' gradient and the weights' gradient.
@@ -180,10 +174,8 @@ impl Moe {
         drop((y, w));
         let dact = grouped_matmul(&dy, &self.down, &groups, false)?; // (n·k, I)
         drop(dy);
-        let (dgate, dup) = gelu_tanh_mul_backward(&gate, &up, &dact)?;
-        drop((gate, up, dact));
-        let dgu = Tensor::cat(&[&dgate, &dup], 1)?; // (n·k, 2·I)
-        drop((dgate, dup));
+        let dgu = gelu_tanh_mul_halves_backward(&gu, &dact)?; // (n·k, 2·I)
+        drop((gu, dact));
         let dx = grouped_matmul(&dgu, &self.gate_up, &groups, false)?; // (n·k, h)
         drop(dgu);
         let du = moe_combine(&dx, None, &groups)?;
@@ -230,9 +222,8 @@ pub(crate) struct MoeTape {
     groups: MoeGroups,
     /// Routing weight of each grouped row `(n·k,)` f32.
     w: Tensor,
-    /// Expert gate and up projections of the grouped rows `(n·k, I)`.
-    gate: Tensor,
-    up: Tensor,
+    /// Expert gate and up projections of the grouped rows side by side `(n·k, 2·I)`.
+    gu: Tensor,
     /// Expert outputs of the grouped rows `(n·k, h)`.
     y: Tensor,
 }

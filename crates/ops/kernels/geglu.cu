@@ -2,6 +2,7 @@
 // Rounding as PyTorch/transformers: a = r(gelu_f32(gate)), y = r(a * up).
 // Backward: dgate = r(r(g*up) * gelu'(gate)), dup = r(g * a), into two buffers (the halves of one
 // packed (2, n) buffer, or gate and up themselves: each thread reads its element before writing it).
+// geglu_halves_*: the same per element on rows that hold [gate | up] side by side.
 #include "common.cuh"
 
 #define SQRT_2_OVER_PI 0.7978845608028654f
@@ -14,6 +15,17 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 __device__ __forceinline__ float gelu_tanh_grad(float x) {
     float t = tanhf(SQRT_2_OVER_PI * x * (1.f + GELU_C * x * x));
     return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * SQRT_2_OVER_PI * (1.f + 3.f * GELU_C * x * x);
+}
+
+// One element: y from (gate x, up u); d(gate), d(up) from (x, u) and the output gradient g.
+template <typename T>
+__device__ __forceinline__ float geglu_y(float x, float u) {
+    return round_to<T>(gelu_tanh(x)) * u;
+}
+template <typename T>
+__device__ __forceinline__ void geglu_d(float x, float u, float g, float& dg, float& du) {
+    dg = round_to<T>(g * u) * gelu_tanh_grad(x);
+    du = g * round_to<T>(gelu_tanh(x));
 }
 
 // Both kernels walk 16-byte packs of P = 16/sizeof(T) elements when every operand is 16-byte
@@ -32,14 +44,13 @@ __device__ void geglu_fwd(const T* gate, const T* up, T* y, size_t n) {
             load_n<T, P>(gate + q * P, gv);
             load_n<T, P>(up + q * P, uv);
 #pragma unroll
-            for (int e = 0; e < P; ++e) gv[e] = round_to<T>(gelu_tanh(gv[e])) * uv[e];
+            for (int e = 0; e < P; ++e) gv[e] = geglu_y<T>(gv[e], uv[e]);
             store_n<T, P>(y + q * P, gv);
         }
         start = packs * P;
     }
     for (size_t i = start + tid; i < n; i += stride) {
-        float a = round_to<T>(gelu_tanh(to_f32(gate[i])));
-        y[i] = from_f32<T>(a * to_f32(up[i]));
+        y[i] = from_f32<T>(geglu_y<T>(to_f32(gate[i]), to_f32(up[i])));
     }
 }
 
@@ -57,20 +68,73 @@ __device__ void geglu_bwd(const T* gate, const T* up, const T* g, T* dgate, T* d
             load_n<T, P>(up + q * P, u);
             load_n<T, P>(g + q * P, gv);
 #pragma unroll
-            for (int e = 0; e < P; ++e) {
-                dg[e] = round_to<T>(gv[e] * u[e]) * gelu_tanh_grad(x[e]);
-                du[e] = gv[e] * round_to<T>(gelu_tanh(x[e]));
-            }
+            for (int e = 0; e < P; ++e) geglu_d<T>(x[e], u[e], gv[e], dg[e], du[e]);
             store_n<T, P>(dgate + q * P, dg);
             store_n<T, P>(dup + q * P, du);
         }
         start = packs * P;
     }
     for (size_t i = start + tid; i < n; i += stride) {
-        float x = to_f32(gate[i]), u = to_f32(up[i]), gv = to_f32(g[i]);
-        float a = round_to<T>(gelu_tanh(x));
-        dgate[i] = from_f32<T>(round_to<T>(gv * u) * gelu_tanh_grad(x));
-        dup[i] = from_f32<T>(gv * a);
+        float dg, du;
+        geglu_d<T>(to_f32(gate[i]), to_f32(up[i]), to_f32(g[i]), dg, du);
+        dgate[i] = from_f32<T>(dg);
+        dup[i] = from_f32<T>(du);
+    }
+}
+
+// The row-halves forms, for a (rows, 2·cols) buffer whose rows hold [gate | up] (the MoE experts'
+// gate_up product): y (rows, cols) = gelu(gate)·up, and the backward writes [d(gate) | d(up)] rows
+// into a (rows, 2·cols) buffer from the gradient g (rows, cols). Packs when cols is a multiple of P
+// and the buffers are 16-byte aligned, else single elements; grid-stride over (row, column).
+template <typename T>
+__device__ void geglu_halves_fwd(const T* gu, T* y, size_t rows, int cols) {
+    constexpr int P = 16 / sizeof(T);
+    const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const int w = cols % P == 0 && aligned16(gu) && aligned16(y) ? P : 1;  // elements per step
+    const int per_row = cols / w;
+    for (size_t q = tid; q < rows * per_row; q += stride) {
+        const size_t r = q / per_row, c = (q % per_row) * w;
+        const T* gate = gu + r * 2 * cols + c;
+        if (w == P) {
+            float gv[P], uv[P];
+            load_n<T, P>(gate, gv);
+            load_n<T, P>(gate + cols, uv);
+#pragma unroll
+            for (int e = 0; e < P; ++e) gv[e] = geglu_y<T>(gv[e], uv[e]);
+            store_n<T, P>(y + r * cols + c, gv);
+        } else {
+            y[r * cols + c] = from_f32<T>(geglu_y<T>(to_f32(gate[0]), to_f32(gate[cols])));
+        }
+    }
+}
+
+template <typename T>
+__device__ void geglu_halves_bwd(const T* gu, const T* g, T* dgu, size_t rows, int cols) {
+    constexpr int P = 16 / sizeof(T);
+    const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const int w = cols % P == 0 && aligned16(gu) && aligned16(g) && aligned16(dgu) ? P : 1;
+    const int per_row = cols / w;
+    for (size_t q = tid; q < rows * per_row; q += stride) {
+        const size_t r = q / per_row, c = (q % per_row) * w;
+        const T* gate = gu + r * 2 * cols + c;
+        T* dgate = dgu + r * 2 * cols + c;
+        if (w == P) {
+            float x[P], u[P], gv[P], dg[P], du[P];
+            load_n<T, P>(gate, x);
+            load_n<T, P>(gate + cols, u);
+            load_n<T, P>(g + r * cols + c, gv);
+#pragma unroll
+            for (int e = 0; e < P; ++e) geglu_d<T>(x[e], u[e], gv[e], dg[e], du[e]);
+            store_n<T, P>(dgate, dg);
+            store_n<T, P>(dgate + cols, du);
+        } else {
+            float dg, du;
+            geglu_d<T>(to_f32(gate[0]), to_f32(gate[cols]), to_f32(g[r * cols + c]), dg, du);
+            dgate[0] = from_f32<T>(dg);
+            dgate[cols] = from_f32<T>(du);
+        }
     }
 }
 
@@ -81,5 +145,12 @@ __device__ void geglu_bwd(const T* gate, const T* up, const T* g, T* dgate, T* d
     extern "C" __global__ void geglu_bwd_##S(const T* gate, const T* up, const T* g, T* dgate,       \
                                              T* dup, size_t n) {                                     \
         geglu_bwd<T>(gate, up, g, dgate, dup, n);                                                    \
+    }                                                                                                \
+    extern "C" __global__ void geglu_halves_fwd_##S(const T* gu, T* y, size_t rows, int cols) {      \
+        geglu_halves_fwd<T>(gu, y, rows, cols);                                                      \
+    }                                                                                                \
+    extern "C" __global__ void geglu_halves_bwd_##S(const T* gu, const T* g, T* dgu, size_t rows,    \
+                                                    int cols) {                                      \
+        geglu_halves_bwd<T>(gu, g, dgu, rows, cols);                                                 \
     }
 G4FT_FLOAT_TYPES(INST)

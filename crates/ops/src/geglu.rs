@@ -4,7 +4,9 @@
 //! `d(gate) = r(r(g·up)·gelu'(gate))`, `d(up) = r(g·a)` — the roundings autograd of the composite does.
 
 use crate::util::{cpu_slice, round, with_float_type, Elem, Storable};
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{
+    bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+};
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const GELU_C: f32 = 0.044715;
@@ -212,6 +214,42 @@ mod cuda_impl {
         })
     }
 
+    /// The row-halves forward on `gu (m, 2·c)` or, with `grad (m, c)`, its backward `(m, 2·c)`.
+    pub(super) fn launch_halves(
+        op: &str,
+        (s1, l1): (&CudaStorage, &Layout),
+        grad: Option<(&CudaStorage, &Layout)>,
+        m: usize,
+        c: usize,
+    ) -> Result<CudaStorage> {
+        let dev = s1.device().clone();
+        let cols =
+            i32::try_from(c).map_err(|_| candle_core::Error::Msg(format!("{op}: {c} columns")))?;
+        with_cuda_float_type!(s1, op, T => {
+            let gu = cuda::view::<T>(s1, l1, op, "gu")?;
+            let out_n = if grad.is_some() { 2 * m * c } else { m * c };
+            // SAFETY: every element is written by the kernel.
+            let y = unsafe { dev.alloc::<T>(out_n)? };
+            let root = if grad.is_some() { "geglu_halves_bwd" } else { "geglu_halves_fwd" };
+            let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(root))?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&f);
+            b.arg(&gu);
+            let g = match grad {
+                Some((gs, gl)) => Some(cuda::view::<T>(gs, gl, op, "grad")?),
+                None => None,
+            };
+            if let Some(g) = &g {
+                b.arg(g);
+            }
+            b.arg(&y).arg(&m).arg(&cols);
+            // SAFETY: gu holds m·2c elements, grad (if given) m·c, the output m·c (forward) or
+            // m·2c (backward); one thread per element or 16-byte pack, grid-stride.
+            unsafe { b.launch(cuda::elementwise(m * c)) }.w()?;
+            Ok(cuda::wrap(y, &dev))
+        })
+    }
+
     /// Forward on `(gate, up)` or, with `grad`, the packed backward.
     pub(super) fn launch(
         op: &str,
@@ -320,6 +358,123 @@ pub fn gelu_tanh_mul_backward(gate: &Tensor, up: &Tensor, g: &Tensor) -> Result<
     ))
 }
 
+/// [`gelu_tanh_mul`] of the two halves of each row of `gu (m, 2·c)`, `gate = gu[:, ..c]` and
+/// `up = gu[:, c..]` (the MoE experts' `gate_up` product), without copying them apart: `(m, c)`.
+/// Same numerics. Records no graph (explicit backward passes: [`gelu_tanh_mul_halves_backward`]).
+pub fn gelu_tanh_mul_halves(gu: &Tensor) -> Result<Tensor> {
+    halves_cols(gu, None, "gelu_tanh_mul_halves")?;
+    gu.contiguous()?.apply_op1_no_bwd(&GeGluHalves)
+}
+
+/// The backward of [`gelu_tanh_mul_halves`]: `d(gu) (m, 2·c)`, each row `[d(gate) | d(up)]`, from
+/// the forward input `gu` and the output gradient `g (m, c)`. Same numerics as
+/// [`gelu_tanh_mul_backward`].
+pub fn gelu_tanh_mul_halves_backward(gu: &Tensor, g: &Tensor) -> Result<Tensor> {
+    halves_cols(gu, Some(g), "gelu_tanh_mul_halves_backward")?;
+    gu.contiguous()?
+        .apply_op2_no_bwd(&g.contiguous()?, &GeGluHalvesBwd)
+}
+
+/// `c` of a `(m, 2·c)` row-halves input, checking the gradient `(m, c)` when given.
+fn halves_cols(gu: &Tensor, g: Option<&Tensor>, op: &str) -> Result<usize> {
+    let (m, two_c) = gu.dims2()?;
+    let c = two_c / 2;
+    let g_ok = g.is_none_or(|g| g.dims() == [m, c] && g.dtype() == gu.dtype());
+    if two_c % 2 != 0 || !g_ok {
+        bail!(
+            "{op}: gu {:?} must be (m, 2·c) and the gradient {:?} (m, c) of its dtype",
+            gu.dims(),
+            g.map(Tensor::dims)
+        );
+    }
+    Ok(c)
+}
+
+/// `gu (m, 2·c)` → `(m, c)`: `r(r(gelu(gu[:, j]))·gu[:, c + j])`.
+struct GeGluHalves;
+
+/// `(gu (m, 2·c), g (m, c))` → `d(gu) (m, 2·c)`.
+struct GeGluHalvesBwd;
+
+impl CustomOp1 for GeGluHalves {
+    fn name(&self) -> &'static str {
+        "gelu-tanh-mul-halves"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let (m, two_c) = l.shape().dims2()?;
+        let c = two_c / 2;
+        with_float_type!(s, op, T => {
+            let gu = cpu_slice::<T>(s, l, op, "gu")?;
+            let y = gu
+                .chunks(two_c)
+                .flat_map(|row| {
+                    let (gate, up) = row.split_at(c);
+                    gate.iter().zip(up).map(|(g, u)| T::from_f32(round::<T>(gelu(g.to_f32())) * u.to_f32()))
+                })
+                .collect();
+            Ok((T::storage(y), Shape::from((m, c))))
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (m, two_c) = l.shape().dims2()?;
+        let y = cuda_impl::launch_halves(self.name(), (s, l), None, m, two_c / 2)?;
+        Ok((y, Shape::from((m, two_c / 2))))
+    }
+}
+
+impl CustomOp2 for GeGluHalvesBwd {
+    fn name(&self) -> &'static str {
+        "gelu-tanh-mul-halves-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let (m, two_c) = l1.shape().dims2()?;
+        let c = two_c / 2;
+        with_float_type!(s1, op, T => {
+            let gu = cpu_slice::<T>(s1, l1, op, "gu")?;
+            let g = cpu_slice::<T>(s2, l2, op, "grad")?;
+            let mut out = vec![T::from_f32(0.0); m * two_c];
+            for ((row, grow), orow) in gu.chunks(two_c).zip(g.chunks(c)).zip(out.chunks_mut(two_c)) {
+                let (dgate, dup) = orow.split_at_mut(c);
+                for j in 0..c {
+                    let (x, u, gv) = (row[j].to_f32(), row[c + j].to_f32(), grow[j].to_f32());
+                    dgate[j] = T::from_f32(round::<T>(gv * u) * gelu_grad(x));
+                    dup[j] = T::from_f32(gv * round::<T>(gelu(x)));
+                }
+            }
+            Ok((T::storage(out), l1.shape().clone()))
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (m, two_c) = l1.shape().dims2()?;
+        let y = cuda_impl::launch_halves(self.name(), (s1, l1), Some((s2, l2)), m, two_c / 2)?;
+        Ok((y, l1.shape().clone()))
+    }
+}
+
 /// Composite reference for [`gelu_tanh_mul`].
 pub fn gelu_tanh_mul_slow(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     let act = gelu_tanh(gate)?;
@@ -354,6 +509,31 @@ mod tests {
                 tol,
             )?;
         }
+        Ok(())
+    }
+    #[test]
+    fn halves_equal_the_split_form_to_the_bit() -> Result<()> {
+        for (rows, c) in [(3, 24), (5, 7)] {
+            let gu = (randn(&[rows, 2 * c], DType::BF16, 3, &Device::Cpu)? * 2.0)?;
+            let g = randn(&[rows, c], DType::BF16, 4, &Device::Cpu)?;
+            let (gate, up) = (gu.narrow(1, 0, c)?, gu.narrow(1, c, c)?);
+            let bits = |t: &Tensor| t.to_vec2::<half::bf16>();
+            assert_eq!(
+                bits(&gelu_tanh_mul_halves(&gu)?)?,
+                bits(&gelu_tanh_mul(&gate, &up)?)?
+            );
+            let (dgate, dup) = gelu_tanh_mul_backward(&gate, &up, &g)?;
+            let want = Tensor::cat(&[&dgate, &dup], 1)?;
+            assert_eq!(
+                bits(&gelu_tanh_mul_halves_backward(&gu, &g)?)?,
+                bits(&want)?
+            );
+        }
+        let odd = Tensor::zeros((2, 5), DType::BF16, &Device::Cpu)?;
+        assert!(gelu_tanh_mul_halves(&odd).is_err());
+        let gu = Tensor::zeros((2, 6), DType::BF16, &Device::Cpu)?;
+        let bad_g = Tensor::zeros((2, 6), DType::BF16, &Device::Cpu)?;
+        assert!(gelu_tanh_mul_halves_backward(&gu, &bad_g).is_err());
         Ok(())
     }
 }

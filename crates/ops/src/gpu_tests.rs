@@ -385,6 +385,21 @@ fn gpu_kernels_table() -> Result<()> {
             tol,
             &gpu,
         )?;
+        // Row halves [gate | up]: 16-byte packs (136 columns), and single elements (33).
+        for (rows, c) in [(64, 136), (9, 33)] {
+            ok &= check_outputs(
+                &format!("gelu_tanh_mul_halves + backward {dn}"),
+                &format!("({rows}, 2·{c})"),
+                &|x| {
+                    let y = gelu_tanh_mul_halves(&x[0])?;
+                    let dgu = gelu_tanh_mul_halves_backward(&x[0], &x[1])?;
+                    Ok(vec![y, dgu])
+                },
+                &[r(&[rows, 2 * c], dtype, 1)?, r(&[rows, c], dtype, 2)?],
+                tol,
+                &gpu,
+            )?;
+        }
         // 16-byte packs only, and packs plus an odd tail.
         for (rows, cols) in [(64, 3000), (7, 1001)] {
             ok &= check(

@@ -60,7 +60,7 @@ pub use cross_entropy::{
 pub use dropout::{dropout_key, dropout_mask, lora_dropout, lora_dropout_slow};
 pub use geglu::{
     gelu_tanh, gelu_tanh_mul, gelu_tanh_mul_backward, gelu_tanh_mul_backward_in_place,
-    gelu_tanh_mul_slow,
+    gelu_tanh_mul_halves, gelu_tanh_mul_halves_backward, gelu_tanh_mul_slow,
 };
 pub use linear_frozen::{linear_frozen, linear_frozen_backward, linear_frozen_slow};
 pub use lora_linear::{
