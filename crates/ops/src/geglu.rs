@@ -20,6 +20,19 @@ fn gelu_grad(x: f32) -> f32 {
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x)
 }
 
+/// One output element from (gate `x`, up `u`), rounded as `T` does: `r(gelu(x))·u`.
+fn geglu_y<T: Elem>(x: f32, u: f32) -> T {
+    T::from_f32(round::<T>(gelu(x)) * u)
+}
+
+/// `(d(gate), d(up))` of one element from `x`, `u` and the output gradient `g`.
+fn geglu_d<T: Elem>(x: f32, u: f32, g: f32) -> (T, T) {
+    (
+        T::from_f32(round::<T>(g * u) * gelu_grad(x)),
+        T::from_f32(g * round::<T>(gelu(x))),
+    )
+}
+
 struct GeGlu;
 
 /// Backward on `(gate, up, g)` → packed `(2, ...)`: `[d(gate), d(up)]`.
@@ -44,7 +57,7 @@ impl CustomOp2 for GeGlu {
             let y = gate
                 .iter()
                 .zip(up)
-                .map(|(g, u)| T::from_f32(round::<T>(gelu(g.to_f32())) * u.to_f32()))
+                .map(|(g, u)| geglu_y::<T>(g.to_f32(), u.to_f32()))
                 .collect();
             Ok((T::storage(y), l1.shape().clone()))
         })
@@ -97,8 +110,7 @@ impl CustomOp3 for GeGluBwd {
             let (dgate, dup) = out.split_at_mut(gate.len());
             for i in 0..gate.len() {
                 let (x, u, gv) = (gate[i].to_f32(), up[i].to_f32(), g[i].to_f32());
-                dgate[i] = T::from_f32(round::<T>(gv * u) * gelu_grad(x));
-                dup[i] = T::from_f32(gv * round::<T>(gelu(x)));
+                (dgate[i], dup[i]) = geglu_d::<T>(x, u, gv);
             }
             Ok((T::storage(out), packed_shape(l1)))
         })
@@ -156,8 +168,9 @@ impl candle_core::InplaceOp3 for GeGluBwdInPlace {
             let mut dup = Vec::with_capacity(up.len());
             for ((x, &u), &gv) in gate.iter_mut().zip(up).zip(g) {
                 let (xv, u, gv) = (x.to_f32(), u.to_f32(), gv.to_f32());
-                *x = T::from_f32(round::<T>(gv * u) * gelu_grad(xv));
-                dup.push(T::from_f32(gv * round::<T>(gelu(xv))));
+                let (dg, du) = geglu_d::<T>(xv, u, gv);
+                *x = dg;
+                dup.push(du);
             }
             self.dup.put(Tensor::from_vec(dup, l2.dims(), &candle_core::Device::Cpu)?);
             Ok(())
@@ -411,7 +424,7 @@ impl CustomOp1 for GeGluHalves {
                 .chunks(two_c)
                 .flat_map(|row| {
                     let (gate, up) = row.split_at(c);
-                    gate.iter().zip(up).map(|(g, u)| T::from_f32(round::<T>(gelu(g.to_f32())) * u.to_f32()))
+                    gate.iter().zip(up).map(|(g, u)| geglu_y::<T>(g.to_f32(), u.to_f32()))
                 })
                 .collect();
             Ok((T::storage(y), Shape::from((m, c))))
@@ -453,8 +466,7 @@ impl CustomOp2 for GeGluHalvesBwd {
                 let (dgate, dup) = orow.split_at_mut(c);
                 for j in 0..c {
                     let (x, u, gv) = (row[j].to_f32(), row[c + j].to_f32(), grow[j].to_f32());
-                    dgate[j] = T::from_f32(round::<T>(gv * u) * gelu_grad(x));
-                    dup[j] = T::from_f32(gv * round::<T>(gelu(x)));
+                    (dgate[j], dup[j]) = geglu_d::<T>(x, u, gv);
                 }
             }
             Ok((T::storage(out), l1.shape().clone()))
