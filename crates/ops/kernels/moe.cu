@@ -168,14 +168,9 @@ __device__ __forceinline__ void load_stage(T* sa, T* sb, const T* x, const T* w,
     }
 }
 
-// The dynamic shared memory of one grouped-GEMM block: GSTAGES A tiles, then GSTAGES B tiles.
-template <bool NT>
-constexpr int grouped_gemm_smem() {
-    return GSTAGES * (GBM * LDA + (NT ? GBN * LDB_NT : GBK * LDB_NN)) * 2;
-}
-
-// grid (ceil(N / 128), ceil(m / 128) + E), block 256, grouped_gemm_smem<NT>() bytes of dynamic
-// shared memory (61,440 NT, 56,832 NN). K and N multiples of 8, 16-byte aligned rows.
+// grid (ceil(N / 128), ceil(m / 128) + E), block 256, dynamic shared memory for GSTAGES A tiles
+// then GSTAGES B tiles: GSTAGES·(GBM·LDA + GBN·LDB_NT or GBK·LDB_NN)·2 bytes (61,440 NT, 56,832
+// NN; `gemm_smem` in src/moe_cuda.rs). K and N multiples of 8, 16-byte aligned rows.
 template <typename T, bool NT>
 __device__ __forceinline__ void grouped_gemm(const T* x, const T* w, const uint32_t* offsets, T* y, int e_count,
                                              int n, int kdim) {
