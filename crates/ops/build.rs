@@ -17,6 +17,7 @@ fn main() {
             "dropout",
             "transpose",
             "moe",
+            "scale",
         ],
     );
 }

@@ -9,14 +9,14 @@
 
 use candle_core::{DType, Device, Tensor};
 use g4ft_lora::{LoraContext, LoraLinear};
-use g4ft_ops::{linear_cross_entropy, linear_frozen, rms_norm, softcap, AttentionPlan};
+use g4ft_ops::{linear_cross_entropy, linear_frozen, mul_scalar, rms_norm, softcap, AttentionPlan};
 
 use crate::config::{Config, KvSharing, LayerType};
 use crate::decoder_layer::{DecoderLayer, LayerInputs};
 use crate::error::{Error, Result};
 use crate::loader::{Checkpoint, ModelFiles};
 use crate::mask::AttentionBias;
-use crate::numerics::{mul_scalar, round_to_dtype};
+use crate::numerics::round_to_dtype;
 use crate::recompute::KeepMask;
 use crate::rope::RopeTable;
 use crate::weights::Weights;
@@ -396,7 +396,7 @@ impl Gemma4Model {
             Some(&p.per_layer_projection_norm),
             self.cfg.rms_norm_eps,
         )?;
-        mul_scalar(&(proj + tok)?, 2f64.powf(-0.5))
+        Ok(mul_scalar(&(proj + tok)?, 2f64.powf(-0.5))?)
     }
 
     /// Runs the decoder stack (all layers) on prepared inputs: final hidden `(b, t, h)` before the

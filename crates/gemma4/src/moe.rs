@@ -18,12 +18,12 @@ use candle_core::{DType, Tensor, D};
 use g4ft_ops::{
     gelu_tanh_mul, gelu_tanh_mul_halves, gelu_tanh_mul_halves_backward, grouped_matmul,
     linear_frozen, linear_frozen_backward, moe_combine, moe_combine_backward, moe_gather,
-    moe_group, moe_topk, rms_norm, rms_norm_backward, softmax_last_dim, MoeGroups,
+    moe_group, moe_topk, mul_scalar_vector, mul_vector_scalar, rms_norm, rms_norm_backward,
+    softmax_last_dim, MoeGroups,
 };
 
 use crate::config::{Config, MoeConfig};
 use crate::error::Result;
-use crate::numerics::mul_scalar;
 use crate::weights::Weights;
 
 /// Router and experts of one layer.
@@ -60,10 +60,7 @@ impl Moe {
     /// The router: probabilities `(n, E)` f32 of the flat residual `(n, h)`.
     fn router_probs(&self, residual: &Tensor) -> Result<Tensor> {
         let z = rms_norm(residual, None, self.eps)?;
-        let z = mul_scalar(
-            &z.broadcast_mul(&self.scale)?,
-            (self.hidden as f64).powf(-0.5),
-        )?;
+        let z = mul_vector_scalar(&z, &self.scale, (self.hidden as f64).powf(-0.5))?;
         let logits = linear_frozen(&z, &self.proj)?; // (n, E)
         Ok(softmax_last_dim(&logits.to_dtype(DType::F32)?)?)
     }
@@ -192,7 +189,7 @@ impl Moe {
         let dot = (&dprobs * &probs)?.sum_keepdim(D::Minus1)?;
         let dlogits = (&probs * dprobs.broadcast_sub(&dot)?)?.to_dtype(dtype)?;
         let dz = linear_frozen_backward(&dlogits, &self.proj)?;
-        let dzn = mul_scalar(&dz, (self.hidden as f64).powf(-0.5))?.broadcast_mul(&self.scale)?;
+        let dzn = mul_scalar_vector(&dz, (self.hidden as f64).powf(-0.5), &self.scale)?;
         let dres = rms_norm_backward(residual, None, &dzn, self.eps, None)?;
         Ok((du, dres))
     }

@@ -215,6 +215,26 @@ fn gpu_kernels_table() -> Result<()> {
                 &gpu,
             )?;
         }
+        // The products with PyTorch's roundings: 16-byte packs (rows of 2816), single elements (33).
+        for d in [2816, 33] {
+            let c = 2816f64.powf(-0.5);
+            let ops: [(&str, Op); 3] = [
+                ("mul_scalar", &|x| mul_scalar(&x[0], c)),
+                ("mul_vector_scalar", &|x| mul_vector_scalar(&x[0], &x[1], c)),
+                ("mul_scalar_vector", &|x| mul_scalar_vector(&x[0], c, &x[1])),
+            ];
+            for (name, f) in ops {
+                ok &= check(
+                    &format!("{name} {dn}"),
+                    &format!("(37, {d})"),
+                    f,
+                    &[r(&[37, d], dtype, 1)?, r(&[d], dtype, 2)?],
+                    &[true, false],
+                    0.0,
+                    &gpu,
+                )?;
+            }
+        }
         // Adapters in x's dtype and in fp32 (master weights: cast copies), several ranks and
         // widths (odd ones included).
         let shapes = [
@@ -586,6 +606,17 @@ fn gpu_kernels_table() -> Result<()> {
         &|x| rms_norm(&x[0], Some(&x[1]), 1e-6),
         &|x| rms_norm_slow(&x[0], Some(&x[1]), 1e-6),
         &[r(&[t, h], bf, 1)?, r(&[h], bf, 2)?],
+        &gpu,
+    )?;
+    // The 26B-A4B router's input scale (its hidden size), against Candle's broadcast multiply and
+    // fp32 round trip.
+    let c = 2816f64.powf(-0.5);
+    time_row(
+        "mul_vector_scalar (router scale)",
+        "(2048, 2816)",
+        &|x| mul_vector_scalar(&x[0], &x[1], c),
+        &|x| (x[0].broadcast_mul(&x[1])?.to_dtype(DType::F32)? * c)?.to_dtype(bf),
+        &[r(&[t, 2816], bf, 1)?, r(&[2816], bf, 2)?],
         &gpu,
     )?;
     time_row(

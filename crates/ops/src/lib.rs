@@ -43,6 +43,7 @@ mod moe;
 mod optim;
 mod rms_norm;
 mod rope;
+mod scale;
 mod seed_grad;
 mod softmax;
 #[cfg(test)]
@@ -74,6 +75,7 @@ pub use rms_norm::{
     rms_norm, rms_norm_add, rms_norm_backward, rms_norm_backward_over_input, rms_norm_slow,
 };
 pub use rope::{rope, rope_backward, rope_slow};
+pub use scale::{mul_scalar, mul_scalar_vector, mul_vector_scalar};
 pub use seed_grad::backward_with_seed;
 pub use softmax::{softmax_last_dim, softmax_last_dim_slow};
 pub use transpose::{swap_dims12, swap_dims12_slow};
