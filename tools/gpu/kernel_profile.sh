@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Per-kernel GPU time of one training step under Nsight Compute (the GPU machine has ncu, not nsys),
 # from the repository root after tools/gpu/build.sh (carry .gpu). The model is the real text config
-# CONFIG (default the 12B's) cut to LAYERS layers (default 6 = 5 sliding + 1 full, the 5:1 pattern), one
+# CONFIG (default the 12B's) cut to LAYERS layers (default 6 = 5 sliding + 1 full, the 5:1 pattern; "all"
+# keeps every layer), one
 # micro-batch of SEQ tokens; ncu records gpu__time_duration of every kernel after the first SKIP
 # launches (model init), and tools/gpu/ncu_summary.py groups them. DETAIL_KERNELS (a regex of kernel
 # names, e.g. attn_flash_bwd) adds ncu's speed-of-light, warp-stall, memory and occupancy sections
@@ -19,9 +20,10 @@ python3 - "$cfg" "$LAYERS" "$CONFIG" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[3]))
 t = c.get("text_config", c)
-n = int(sys.argv[2])
-t["num_hidden_layers"] = n
-t["layer_types"] = t["layer_types"][:n]
+if sys.argv[2] != "all":
+    n = int(sys.argv[2])
+    t["num_hidden_layers"] = n
+    t["layer_types"] = t["layer_types"][:n]
 json.dump(c, open(sys.argv[1], "w"))
 PY
 # 3 steps of 1 micro-batch; ncu records only the last (bench_train --cuda-profiler-last-step).

@@ -12,25 +12,33 @@ import collections
 import io
 
 
+def kernel_times(path):
+    """(kernel name, GPU ns) of every launch in the log, in launch order."""
+    text = open(path, errors="replace").read()
+    start = text.find('"ID"')
+    rows = list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
+    return [
+        (r["Kernel Name"], float(r["Metric Value"].replace(",", "")))
+        for r in rows
+        if r.get("Metric Name") == "gpu__time_duration.sum"
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=40)
     a = ap.parse_args()
-    text = open(a.csv, errors="replace").read()
-    start = text.find('"ID"')
-    rows = list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
-    rows = [r for r in rows if r.get("Metric Name") == "gpu__time_duration.sum"]
-    if not rows:
+    launches = kernel_times(a.csv)
+    if not launches:
         print("no kernel rows")
         return
     by = collections.defaultdict(lambda: [0.0, 0])
-    for r in rows:
-        ns = float(r["Metric Value"].replace(",", ""))
-        by[r["Kernel Name"]][0] += ns
-        by[r["Kernel Name"]][1] += 1
+    for name, ns in launches:
+        by[name][0] += ns
+        by[name][1] += 1
     total = sum(v[0] for v in by.values())
-    print(f"kernel launches: {len(rows)}; GPU busy {total / 1e6:.2f} ms")
+    print(f"kernel launches: {len(launches)}; GPU busy {total / 1e6:.2f} ms")
     print(f"{'kernel':60s} {'ms':>9s} {'calls':>6s} {'us/call':>9s} {'share':>6s}")
     for name, (ns, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[: a.top]:
         print(f"{name[:60]:60s} {ns / 1e6:9.3f} {c:6d} {ns / c / 1e3:9.1f} {100 * ns / total:5.1f}%")
