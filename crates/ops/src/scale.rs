@@ -268,7 +268,7 @@ mod tests {
             let tol = (0.0, 0.0);
             check_fused_vs_slow(
                 &format!("mul_scalar {dtype:?}"),
-                &[x.clone()],
+                std::slice::from_ref(&x),
                 &[true],
                 |t| mul_scalar(&t[0], c),
                 |t| times_scalar(&t[0], c),
