@@ -15,7 +15,7 @@ CONFIG="${CONFIG:-crates/gemma4/tests/configs/gemma-4-12B-it.json}"
 (cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
 source tools/cuda/device_env.sh
 NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
-cfg="$OUT/config_${LAYERS}l.json"
+cfg="$OUT/config_${LAYERS}_layers.json"
 python3 - "$cfg" "$LAYERS" "$CONFIG" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[3]))

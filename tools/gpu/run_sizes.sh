@@ -19,7 +19,7 @@ for size in ${SIZES:-E2B E4B 12B 26B-A4B 31B}; do
   timeout 420 .gpu/bench_train --config "crates/gemma4/tests/configs/${OURS[$size]}.json" --device cuda \
     --dtype bf16 --seq 2048 --micro-batch 1 --accum 8 --steps "${STEPS:-4}" --warmup-discard 1 \
     --peak-tflops "$P" --profile > "$OUT/ours_$size.log" 2>&1
-  grep -E "^(model|lora|SUMMARY)|launches" "$OUT/ours_$size.log" | head -8
+  grep -E "^(model|lora|SUMMARY)" "$OUT/ours_$size.log" | head -8
   [ "${OURS_ONLY:-0}" = 1 ] && continue
   echo "=== $size: PyTorch script"
   (cd .gpu/bench/pytorch-reference && CONFIG_PATH="configs/${REF[$size]}.json" PEAK_TFLOPS=$P STEPS="${ANCHOR_STEPS:-5}" \
