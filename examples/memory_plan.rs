@@ -156,6 +156,11 @@ fn main() -> Result<()> {
         memory.grad_buckets,
         format!("{trainable} × 4 B"),
     );
+    row(
+        "adapter copies for the step",
+        memory.adapter_copies,
+        format!("{trainable} × {wbytes} B"),
+    );
     let kept = plan.keep.kept();
     row(
         "saved layer inputs (checkpointing)",
@@ -205,7 +210,7 @@ fn main() -> Result<()> {
     println!(
         "PLAN weights_gb={:.3} lora_state_gb={:.3} saved_gb={:.3} kept_gb={:.3} kept_layers={kept} recompute_gb={:.3} ce_gb={:.3} comm_gb={:.4} peak_gb={:.3} trainable={trainable}",
         memory.weights as f64 / GB,
-        (memory.lora_state + memory.grad_buckets) as f64 / GB,
+        (memory.lora_state + memory.grad_buckets + memory.adapter_copies) as f64 / GB,
         saved as f64 / GB,
         tapes as f64 / GB,
         worst as f64 / GB,

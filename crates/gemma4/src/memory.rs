@@ -8,6 +8,8 @@
 //! - frozen weights: every text parameter in the weight dtype;
 //! - LoRA state: fp32 parameters + AdamW `m` and `v` (12 B/param), and DDP's flat fp32 gradient
 //!   buckets, the only copy of the gradients (4 B/param);
+//! - the adapters' copies in the activation dtype, held over the step's micro-batches
+//!   ([`crate::Gemma4Model::hold_adapter_copies`]): `w` B/param;
 //! - per layer, held from the forward to its backward ([`LayerMemory`]): a recomputed layer its
 //!   input `b·t·H·w` (plus the K/V a KV producer lends its consumers), a layer that keeps its
 //!   activations its explicit-backward tape (which holds the input and the lent K/V);
@@ -141,6 +143,8 @@ pub struct MemoryModel {
     pub lora_state: u64,
     /// DDP's fp32 gradient buckets, bytes.
     pub grad_buckets: u64,
+    /// The adapters' copies in the activation dtype held over the micro-batches, bytes.
+    pub adapter_copies: u64,
     /// The batch's RoPE tables and per-layer-embedding inputs, bytes.
     pub prepared: u64,
     /// Each decoder layer, in order.
@@ -197,6 +201,7 @@ impl MemoryModel {
             weights: n_params * w,
             lora_state: 12 * shape.trainable,
             grad_buckets: 4 * shape.trainable,
+            adapter_copies: w * shape.trainable,
             prepared: (rope + ple) * w,
             layers,
             ce_chunk_rows,
@@ -205,9 +210,9 @@ impl MemoryModel {
     }
 
     /// What the whole step holds regardless of which layers keep their activations: weights,
-    /// LoRA state, buckets, prepared inputs.
+    /// LoRA state, buckets, the adapters' copies, prepared inputs.
     pub fn fixed(&self) -> u64 {
-        self.weights + self.lora_state + self.grad_buckets + self.prepared
+        self.weights + self.lora_state + self.grad_buckets + self.adapter_copies + self.prepared
     }
 
     /// What layer `i` holds from the forward to its backward under `keep`.
@@ -435,6 +440,7 @@ mod tests {
             weights: 1000,
             lora_state: 0,
             grad_buckets: 0,
+            adapter_copies: 0,
             prepared: 0,
             layers: layers
                 .into_iter()

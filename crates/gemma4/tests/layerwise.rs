@@ -340,10 +340,6 @@ fn gradients_are_the_same_bits_whichever_layers_are_recomputed() {
             runs.push((mask, grads, stats));
         }
         let (_, want, want_stats) = &runs[0];
-        let bits = |t: &Tensor| -> Vec<u32> {
-            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            v.into_iter().map(f32::to_bits).collect()
-        };
         for (mask, grads, stats) in &runs[1..] {
             let what = format!("{case} {layout:?}, layers kept: {}", mask.describe_kept());
             assert_eq!(stats, want_stats, "{what}: loss");
@@ -355,6 +351,51 @@ fn gradients_are_the_same_bits_whichever_layers_are_recomputed() {
             }
         }
         println!("{case} {layout:?}: {} masks, same bits", runs.len());
+    }
+}
+
+/// The bits of an fp32 gradient.
+fn bits(t: &Tensor) -> Vec<u32> {
+    let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    v.into_iter().map(f32::to_bits).collect()
+}
+
+/// The same bits of the loss and of every adapter gradient (dropout on) with the adapters' copies
+/// held over the step (`Gemma4Model::hold_adapter_copies`, as `accumulate_window` does) as with a
+/// cast in every projection call; in bf16 (fp32 masters, real casts) and in f32.
+#[test]
+fn held_adapter_copies_give_the_same_bits() {
+    let cases = [
+        ("gemma4-c-moe", DType::BF16),
+        ("gemma4-b-ple-kvshare", DType::BF16),
+        ("gemma4-a-unified-keqv", DType::F32),
+    ];
+    for (case, dtype) in cases {
+        let golden_batch = GoldenBatch::new(&golden(case));
+        let batch = golden_batch.tokens();
+        let mut model = load(case, dtype);
+        let adapters = attach_all(&mut model, 0.25);
+        let run = |model: &Gemma4Model| {
+            layerwise_grads(model, &batch, &golden_batch.labels, &adapters, 0.25)
+        };
+        let (want, want_stats) = run(&model);
+        let (held, held_stats) = {
+            let _hold = model.hold_adapter_copies().unwrap();
+            run(&model)
+        };
+        assert_eq!(held_stats, want_stats, "{case} {dtype:?}: loss");
+        assert_eq!(held.len(), adapters.len(), "{case}: adapters reported");
+        for (path, (ga, gb)) in &held {
+            let (wa, wb) = &want[path];
+            assert!(
+                bits(ga) == bits(wa),
+                "{case} {dtype:?}: {path}.lora_A differs"
+            );
+            assert!(
+                bits(gb) == bits(wb),
+                "{case} {dtype:?}: {path}.lora_B differs"
+            );
+        }
     }
 }
 

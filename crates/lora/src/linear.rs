@@ -1,6 +1,8 @@
 //! The LoRA-wrapped linear layer and the per-forward context that drives dropout and tracking.
 
-use candle_core::{Result, Tensor, Var};
+use candle_core::{DType, Result, Tensor, Var};
+use g4ft_ops::AdapterOperands;
+use std::sync::Mutex;
 
 /// Per-forward settings shared by every [`LoraLinear`] of a model.
 ///
@@ -55,6 +57,28 @@ pub struct LoraLinear {
     path: String,
     weight: Tensor,
     adapter: Option<Adapter>,
+    held: HeldCopies,
+}
+
+/// The adapter's `(A, B)` in an activation dtype while [`LoraLinear::hold_copies`] is in effect.
+/// A clone of the layer starts without them.
+#[derive(Debug, Default)]
+struct HeldCopies(Mutex<Option<(Tensor, Tensor)>>);
+
+impl Clone for HeldCopies {
+    fn clone(&self) -> Self {
+        HeldCopies::default()
+    }
+}
+
+impl HeldCopies {
+    fn get(&self) -> Option<(Tensor, Tensor)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, copies: Option<(Tensor, Tensor)>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = copies;
+    }
 }
 
 impl LoraLinear {
@@ -64,6 +88,7 @@ impl LoraLinear {
             path: path.into(),
             weight: weight.detach(),
             adapter: None,
+            held: HeldCopies::default(),
         }
     }
 
@@ -92,9 +117,36 @@ impl LoraLinear {
         self.adapter.as_ref()
     }
 
-    /// Attaches (or removes) an adapter.
+    /// Attaches (or removes) an adapter (dropping any held copies of the previous one).
     pub fn set_adapter(&mut self, adapter: Option<Adapter>) {
         self.adapter = adapter;
+        self.held.set(None);
+    }
+
+    /// Casts the adapter to `dtype` once for every forward until [`LoraLinear::release_copies`]
+    /// (otherwise each forward in that dtype casts `A` and `B`). Only for a span in which the
+    /// adapter's values do not change, such as the micro-batches of one optimizer step: the
+    /// forwards read these copies, not the parameters. No-op without an adapter.
+    pub fn hold_copies(&self, dtype: DType) -> Result<()> {
+        let copies = match &self.adapter {
+            Some(ad) => Some((
+                ad.a.as_detached_tensor().to_dtype(dtype)?,
+                ad.b.as_detached_tensor().to_dtype(dtype)?,
+            )),
+            None => None,
+        };
+        self.held.set(copies);
+        Ok(())
+    }
+
+    /// Drops the copies of [`LoraLinear::hold_copies`]: forwards cast again.
+    pub fn release_copies(&self) {
+        self.held.set(None);
+    }
+
+    /// The held copies when they are in `dtype`.
+    fn copies_in(&self, dtype: DType) -> Option<(Tensor, Tensor)> {
+        self.held.get().filter(|(a, _)| a.dtype() == dtype)
     }
 
     /// `x (..., in) → (..., out)`: frozen base GEMM plus `dropout(x)·Aᵀ·Bᵀ·scale` as one fused op
@@ -112,7 +164,14 @@ impl LoraLinear {
         };
         let dropout = (ctx.training && ad.dropout > 0.0)
             .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)));
-        g4ft_ops::lora_linear(x, &self.weight, &a, &b, ad.scale, dropout)
+        let copies = self.copies_in(x.dtype());
+        g4ft_ops::lora_linear(
+            x,
+            &self.weight,
+            with_held(&a, &b, &copies),
+            ad.scale,
+            dropout,
+        )
     }
 
     /// [`LoraLinear::forward`] without a graph, for explicit backward passes: the output and what
@@ -129,8 +188,9 @@ impl LoraLinear {
         };
         let dropout = (ctx.training && ad.dropout > 0.0)
             .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)));
-        let (a, b) = (ad.a.as_tensor(), ad.b.as_tensor());
-        let (y, saved) = g4ft_ops::lora_linear_saved(x, &self.weight, a, b, ad.scale, dropout)?;
+        let copies = self.copies_in(x.dtype());
+        let operands = with_held(ad.a.as_tensor(), ad.b.as_tensor(), &copies);
+        let (y, saved) = g4ft_ops::lora_linear_saved(x, &self.weight, operands, ad.scale, dropout)?;
         Ok((
             y,
             ProjectionSaved::Lora {
@@ -139,6 +199,19 @@ impl LoraLinear {
                 b: ad.b.clone(),
             },
         ))
+    }
+}
+
+/// The adapter operands `a`, `b` with the held copies, if any.
+fn with_held<'t>(
+    a: &'t Tensor,
+    b: &'t Tensor,
+    copies: &'t Option<(Tensor, Tensor)>,
+) -> AdapterOperands<'t> {
+    let operands = AdapterOperands::new(a, b);
+    match copies {
+        Some((ax, bx)) => operands.with_copies(ax, bx),
+        None => operands,
     }
 }
 

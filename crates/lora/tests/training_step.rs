@@ -165,3 +165,39 @@ fn adapter_branch_is_base_plus_masked_low_rank_update() {
     let diff16 = max_abs(&(y16.to_dtype(DType::F32).unwrap() - &want).unwrap());
     assert!(diff16 < 0.05 * max_abs(&want), "{diff16}");
 }
+
+/// While copies are held, a projection reads them and not the parameters (so they must not change
+/// meanwhile); releasing the copies reads the parameters again.
+#[test]
+fn held_copies_are_what_the_forward_reads_until_released() {
+    let dev = Device::Cpu;
+    let w = Tensor::ones((3, 4), DType::BF16, &dev).unwrap();
+    let mut proj = LoraLinear::new("layers.0.self_attn.q_proj", w);
+    let a =
+        candle_core::Var::from_tensor(&Tensor::ones((2, 4), DType::F32, &dev).unwrap()).unwrap();
+    let b =
+        candle_core::Var::from_tensor(&Tensor::ones((3, 2), DType::F32, &dev).unwrap()).unwrap();
+    proj.set_adapter(Some(g4ft_lora::Adapter {
+        a: a.clone(),
+        b,
+        scale: 1.0,
+        dropout: 0.0,
+    }));
+    let x = Tensor::ones((1, 4), DType::BF16, &dev).unwrap();
+    let y = |proj: &LoraLinear| -> f32 {
+        let (y, _) = proj.forward_saved(&x, &LoraContext::EVAL).unwrap();
+        y.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()[0]
+    };
+    assert_eq!(y(&proj), 4.0 + 8.0, "base 4 + adapter 2·4");
+    proj.hold_copies(DType::BF16).unwrap();
+    a.set(&Tensor::zeros((2, 4), DType::F32, &dev).unwrap())
+        .unwrap();
+    assert_eq!(y(&proj), 12.0, "the held copies, not the changed parameter");
+    proj.release_copies();
+    assert_eq!(y(&proj), 4.0, "released: the parameter again");
+}

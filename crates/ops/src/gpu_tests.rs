@@ -258,8 +258,7 @@ fn gpu_kernels_table() -> Result<()> {
                     lora_linear(
                         &x[0],
                         &w.to_device(x[0].device())?,
-                        &x[1],
-                        &x[2],
+                        AdapterOperands::new(&x[1], &x[2]),
                         2.0,
                         dropout,
                     )
@@ -284,7 +283,13 @@ fn gpu_kernels_table() -> Result<()> {
                 ),
                 "x (600, 15360) w (64, 15360) r16",
                 &move |x| {
-                    let (y, saved) = lora_linear_saved(&x[0], &x[1], &x[2], &x[3], 2.0, dropout)?;
+                    let (y, saved) = lora_linear_saved(
+                        &x[0],
+                        &x[1],
+                        AdapterOperands::new(&x[2], &x[3]),
+                        2.0,
+                        dropout,
+                    )?;
                     let (dx, da, db) = saved.backward_acc(&x[0], &x[4], x[5].copy()?)?;
                     let (dx_over, da_over, _) = saved.backward_over_input(x[0].copy()?, &x[4])?;
                     Ok(vec![y, dx, da, db, dx_over, da_over])
@@ -658,7 +663,7 @@ fn gpu_kernels_table() -> Result<()> {
         time_row(
             "lora_linear r16 (fp32 adapter) p=0.05",
             &format!("x ({t}, {inf}) -> {out}"),
-            &move |x| lora_linear(&x[0], &x[1], &x[2], &x[3], 2.0, drop),
+            &move |x| lora_linear(&x[0], &x[1], AdapterOperands::new(&x[2], &x[3]), 2.0, drop),
             &move |x| lora_linear_slow(&x[0], &x[1], &x[2], &x[3], 2.0, drop),
             &[
                 r(&[t, inf], bf, 1)?,

@@ -65,7 +65,7 @@ pub use geglu::{
 };
 pub use linear_frozen::{linear_frozen, linear_frozen_backward, linear_frozen_slow};
 pub use lora_linear::{
-    lora_linear, lora_linear_saved, lora_linear_slow, LoraDropout, LoraLinearSaved,
+    lora_linear, lora_linear_saved, lora_linear_slow, AdapterOperands, LoraDropout, LoraLinearSaved,
 };
 pub use moe::{
     grouped_matmul, moe_combine, moe_combine_backward, moe_gather, moe_group, moe_topk, MoeGroups,

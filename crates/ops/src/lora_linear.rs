@@ -22,6 +22,34 @@ use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 /// Dropout of the adapter input: probability and counter-hash key ([`crate::dropout_key`]).
 pub type LoraDropout = (f64, [u64; 3]);
 
+/// A LoRA adapter's operands: the weights `a (r, in)` and `b (out, r)` (typically fp32 masters;
+/// their gradients come back in their dtype) and, optionally, their copies in the activation
+/// dtype made once for many calls (without them each call casts `a` and `b`).
+#[derive(Debug, Clone, Copy)]
+pub struct AdapterOperands<'a> {
+    /// `A (r, in)`.
+    pub a: &'a Tensor,
+    /// `B (out, r)`.
+    pub b: &'a Tensor,
+    /// `(A, B)` in the activation dtype, if made already.
+    pub copies: Option<(&'a Tensor, &'a Tensor)>,
+}
+
+impl<'a> AdapterOperands<'a> {
+    /// `a` and `b`, cast by each call.
+    pub fn new(a: &'a Tensor, b: &'a Tensor) -> Self {
+        AdapterOperands { a, b, copies: None }
+    }
+
+    /// `a` and `b` with their copies `a_x`, `b_x` in the activation dtype (same shapes).
+    pub fn with_copies(self, a_x: &'a Tensor, b_x: &'a Tensor) -> Self {
+        AdapterOperands {
+            copies: Some((a_x, b_x)),
+            ..self
+        }
+    }
+}
+
 /// The forward op on `(x (m, in), a (r, in), b (out, r))`; stashes `low = drop(x)·Aᵀ`. `a`/`b` may
 /// be fp32 master weights: the GEMMs read `a_x`/`b_x`, their copies in `x`'s dtype (no graph), and
 /// the backward returns `dA`/`dB` in `a`/`b`'s dtype (fp32 straight from the GEMM accumulator).
@@ -223,21 +251,21 @@ impl LoraParts {
 }
 
 /// `x·Wᵀ + scale·(drop(x)·Aᵀ)·Bᵀ` as one op (see the module doc). `x`: `(..., in)`; `w`: frozen
-/// `(out, in)` in `x`'s dtype (never gets a gradient); `a`: `(r, in)`; `b`: `(out, r)`, both in one
-/// float dtype (typically fp32 master weights): the products use copies in `x`'s dtype, as PEFT
-/// under autocast, and `a`/`b` get their gradients in their own dtype.
-/// `dropout`: `Some((p, key))` with `0 < p < 1` applies [`crate::lora_dropout`] to the adapter
-/// input. Returns `(..., out)`. Gradients for `x`, `a` and `b`.
+/// `(out, in)` in `x`'s dtype (never gets a gradient); the adapter's `a`: `(r, in)` and `b`:
+/// `(out, r)`, both in one float dtype (typically fp32 master weights): the products use copies in
+/// `x`'s dtype, as PEFT under autocast (`adapter.copies`, or cast here), and `a`/`b` get their
+/// gradients in their own dtype. `dropout`: `Some((p, key))` with `0 < p < 1` applies
+/// [`crate::lora_dropout`] to the adapter input. Returns `(..., out)`. Gradients for `x`, `a` and
+/// `b`.
 pub fn lora_linear(
     x: &Tensor,
     w: &Tensor,
-    a: &Tensor,
-    b: &Tensor,
+    adapter: AdapterOperands<'_>,
     scale: f64,
     dropout: Option<LoraDropout>,
 ) -> Result<Tensor> {
-    let (op, x2, out_dims) = prepare(x, w, a, b, scale, dropout)?;
-    x2.apply_op3(&a.contiguous()?, &b.contiguous()?, op)?
+    let (op, x2, out_dims) = prepare(x, w, adapter, scale, dropout)?;
+    x2.apply_op3(&adapter.a.contiguous()?, &adapter.b.contiguous()?, op)?
         .reshape(out_dims)
 }
 
@@ -318,12 +346,12 @@ impl LoraLinearSaved {
 pub fn lora_linear_saved(
     x: &Tensor,
     w: &Tensor,
-    a: &Tensor,
-    b: &Tensor,
+    adapter: AdapterOperands<'_>,
     scale: f64,
     dropout: Option<LoraDropout>,
 ) -> Result<(Tensor, LoraLinearSaved)> {
-    let (op, x2, out_dims) = prepare(x, w, a, b, scale, dropout)?;
+    let (a, b) = (adapter.a, adapter.b);
+    let (op, x2, out_dims) = prepare(x, w, adapter, scale, dropout)?;
     let y = x2
         .apply_op3_no_bwd(&a.detach().contiguous()?, &b.detach().contiguous()?, &op)?
         .reshape(out_dims)?;
@@ -340,11 +368,11 @@ pub fn lora_linear_saved(
 fn prepare(
     x: &Tensor,
     w: &Tensor,
-    a: &Tensor,
-    b: &Tensor,
+    adapter: AdapterOperands<'_>,
     scale: f64,
     dropout: Option<LoraDropout>,
 ) -> Result<(LoraLinearOp, Tensor, Vec<usize>)> {
+    let (a, b) = (adapter.a, adapter.b);
     let (out, inf) = w.dims2()?;
     let (r, ain) = a.dims2()?;
     let (bout, br) = b.dims2()?;
@@ -375,12 +403,36 @@ fn prepare(
         }
     }
     let m: usize = lead.iter().product();
-    let cast = |t: &Tensor| t.detach().to_dtype(x.dtype())?.contiguous();
+    let (a_x, b_x) = match adapter.copies {
+        Some((a_x, b_x)) => {
+            if a_x.dims() != a.dims()
+                || b_x.dims() != b.dims()
+                || a_x.dtype() != x.dtype()
+                || b_x.dtype() != x.dtype()
+            {
+                bail!(
+                    "lora_linear: the adapter copies a {:?} {:?} and b {:?} {:?} must have a's and b's shapes {:?}, {:?} in x's dtype {:?}",
+                    a_x.dims(),
+                    a_x.dtype(),
+                    b_x.dims(),
+                    b_x.dtype(),
+                    a.dims(),
+                    b.dims(),
+                    x.dtype()
+                );
+            }
+            (a_x.detach().contiguous()?, b_x.detach().contiguous()?)
+        }
+        None => {
+            let cast = |t: &Tensor| t.detach().to_dtype(x.dtype())?.contiguous();
+            (cast(a)?, cast(b)?)
+        }
+    };
     let op = LoraLinearOp {
         parts: LoraParts {
             w: w.detach().contiguous()?,
-            a_x: cast(a)?,
-            b_x: cast(b)?,
+            a_x,
+            b_x,
             scale,
             dropout,
         },
@@ -635,7 +687,7 @@ mod tests {
                 randn(&[out, r], adapter, 3, &dev)?,
             ],
             &[true, true, true],
-            |x| lora_linear(&x[0], &w, &x[1], &x[2], 2.0, dropout),
+            |x| lora_linear(&x[0], &w, AdapterOperands::new(&x[1], &x[2]), 2.0, dropout),
             |x| lora_linear_slow(&x[0], &w, &x[1], &x[2], 2.0, dropout),
             tol,
         )
@@ -658,9 +710,63 @@ mod tests {
         let w = Tensor::zeros((5, 8), DType::F32, &dev)?;
         let a = Tensor::zeros((2, 8), DType::F32, &dev)?;
         let b = Tensor::zeros((5, 2), DType::F32, &dev)?;
-        assert!(lora_linear(&x, &w, &a, &b.t()?, 1.0, None).is_err());
-        let e = lora_linear(&x, &w, &a, &b, 1.0, Some((0.0, [0; 3]))).unwrap_err();
+        assert!(lora_linear(&x, &w, AdapterOperands::new(&a, &b.t()?), 1.0, None).is_err());
+        let e = lora_linear(
+            &x,
+            &w,
+            AdapterOperands::new(&a, &b),
+            1.0,
+            Some((0.0, [0; 3])),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("dropout p"), "{e}");
+        let a16 = a.to_dtype(DType::BF16)?;
+        let e = lora_linear(
+            &x,
+            &w,
+            AdapterOperands::new(&a, &b).with_copies(&a16, &b),
+            1.0,
+            None,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("adapter copies"), "{e}");
+        Ok(())
+    }
+
+    /// Copies made beforehand give the bits of the per-call cast: output, saved backward, and the
+    /// graph op's gradients (which still reach the fp32 masters, in fp32).
+    #[test]
+    fn adapter_copies_give_the_cast_bits() -> Result<()> {
+        let dev = Device::Cpu;
+        let (bf16, f32_) = (DType::BF16, DType::F32);
+        let x = randn(&[2, 5, 12], bf16, 1, &dev)?;
+        let w = randn(&[7, 12], bf16, 4, &dev)?;
+        let a = candle_core::Var::from_tensor(&randn(&[4, 12], f32_, 2, &dev)?)?;
+        let b = candle_core::Var::from_tensor(&randn(&[7, 4], f32_, 3, &dev)?)?;
+        let (a16, b16) = (a.to_dtype(bf16)?, b.to_dtype(bf16)?);
+        let key = crate::dropout_key(7, 3, "layers.0.mlp.up_proj");
+        let plain = AdapterOperands::new(&a, &b);
+        let held = plain.with_copies(&a16, &b16);
+        let same = |p: &Tensor, q: &Tensor| -> Result<()> {
+            assert_eq!(p.dtype(), q.dtype());
+            let d = (p.to_dtype(f32_)? - q.to_dtype(f32_)?)?.abs()?.max_all()?;
+            assert_eq!(d.to_scalar::<f32>()?, 0.0);
+            Ok(())
+        };
+        let g = randn(&[2, 5, 7], bf16, 9, &dev)?;
+        let (y1, s1) = lora_linear_saved(&x, &w, plain, 2.0, Some((0.25, key)))?;
+        let (y2, s2) = lora_linear_saved(&x, &w, held, 2.0, Some((0.25, key)))?;
+        same(&y1, &y2)?;
+        let (d1, d2) = (s1.backward(&x, &g)?, s2.backward(&x, &g)?);
+        for (p, q) in [(&d1.0, &d2.0), (&d1.1, &d2.1), (&d1.2, &d2.2)] {
+            same(p, q)?;
+        }
+        assert_eq!(d2.1.dtype(), f32_, "dA in the master's dtype");
+        let g1 = crate::backward_with_seed(&lora_linear(&x, &w, plain, 2.0, None)?, &g)?;
+        let g2 = crate::backward_with_seed(&lora_linear(&x, &w, held, 2.0, None)?, &g)?;
+        for v in [&a, &b] {
+            same(g1.get(v).expect("grad"), g2.get(v).expect("grad"))?;
+        }
         Ok(())
     }
 }

@@ -159,10 +159,15 @@ fn lora_linear_saved_matches_autograd_and_accumulates() -> Result<()> {
             randn(&[7, 4], DType::F32, 4)?,
         );
         let (g, acc) = (randn(&[2, 5, 7], dtype, 5)?, randn(&[2, 5, 12], dtype, 6)?);
-        let f = |t: &[Tensor]| lora_linear(&t[0], &w, &t[1], &t[2], 2.0, dropout);
+        let f =
+            |t: &[Tensor]| lora_linear(&t[0], &w, AdapterOperands::new(&t[1], &t[2]), 2.0, dropout);
         let want = autograd(f, &[x.clone(), a.clone(), b.clone()], &g)?;
-        let (y, saved) = lora_linear_saved(&x, &w, &a, &b, 2.0, dropout)?;
-        assert_same("forward", &y, &lora_linear(&x, &w, &a, &b, 2.0, dropout)?)?;
+        let (y, saved) = lora_linear_saved(&x, &w, AdapterOperands::new(&a, &b), 2.0, dropout)?;
+        assert_same(
+            "forward",
+            &y,
+            &lora_linear(&x, &w, AdapterOperands::new(&a, &b), 2.0, dropout)?,
+        )?;
         let (dx, da, db) = saved.backward(&x, &g)?;
         assert_same("dx", &dx, &want[0])?;
         assert_same("dA", &da, &want[1])?;
