@@ -22,9 +22,9 @@ const GEMM_DEPTH: usize = 32;
 const GEMM_STAGES: usize = 3;
 const GEMM_THREADS: u32 = 256;
 
-/// Dynamic shared memory of a grouped-GEMM block (`grouped_gemm_smem` in the kernel): the stages'
-/// A tiles (rows of K, padded by 8) and B tiles (W rows of K with `transpose_w`, else K rows of
-/// N), 16-bit elements.
+/// Dynamic shared memory of a grouped-GEMM block (the layout `grouped_gemm` in `kernels/moe.cu`
+/// carves it into): the stages' A tiles (rows of K, padded by 8) and B tiles (W rows of K with
+/// `transpose_w`, else K rows of N), 16-bit elements.
 fn gemm_smem(transpose_w: bool) -> usize {
     let b = if transpose_w {
         GEMM_COLS * (GEMM_DEPTH + 8)
