@@ -4,7 +4,8 @@
 # docs/benchmarks.md) back to back per size,
 # then the table (tools/gpu/sizes_table.py). Run on the GPU machine from the repository root after
 # tools/gpu/build.sh. Settings: SIZES ("E2B E4B 12B 26B-A4B 31B"), STEPS (4), ANCHOR_STEPS (5),
-# OURS_ONLY=1 skips the script. Logs and the table go to $OUT.
+# OURS_ONLY=1 skips the script. The table goes to $OUT, the per-size logs into $OUT/sizes_logs.tgz (the
+# GPU machine hands back a limited number of files; KEEP_LOGS=1 leaves them unpacked beside it).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 (cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
@@ -28,3 +29,6 @@ for size in ${SIZES:-E2B E4B 12B 26B-A4B 31B}; do
   grep -E "SUMMARY" "$OUT/script_$size.log"
 done
 python3 tools/gpu/sizes_table.py "$OUT" | tee "$OUT/sizes_table.md"
+if [ "${KEEP_LOGS:-0}" != 1 ]; then
+  (cd "$OUT" && shopt -s nullglob && logs=(ours_*.log script_*.log) && tar czf sizes_logs.tgz -- "${logs[@]}" && rm -- "${logs[@]}")
+fi
