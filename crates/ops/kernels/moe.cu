@@ -8,8 +8,8 @@
 //   is stable and deterministic. Writes [order | token | slot_pos | offsets].
 // - grouped_gemm_{nt,nn}: y[r] = x[r]·W[e]ᵀ (W (E, N, K)) or x[r]·W[e] (W (E, K, N)) for the rows
 //   r of expert e's segment; a block owns a 128-row tile of one segment and 128 output columns,
-//   8 warps of 32×64 with mma.sync m16n8k16, fp32 accumulators, a 3-stage cp.async pipeline of
-//   32-deep K tiles in dynamic shared memory (two tiles in flight while one is multiplied; one
+//   8 warps of 32×64 with mma.sync m16n8k16, fp32 accumulators, a 4-stage cp.async pipeline of
+//   32-deep K tiles in dynamic shared memory (three tiles in flight while one is multiplied; one
 //   barrier per tile). A warp whose 32 rows are all past the segment's end skips the products (the
 //   last tile of a segment is often short). 128×128 tiles read 64 FLOP per byte of shared-memory
 //   fill, against 43 for 64×128: the grouped GEMM streams every expert's weights once per row tile.
@@ -122,7 +122,7 @@ extern "C" __global__ void moe_group(const uint32_t* idx, uint32_t* out, int m, 
 // ---------------------------------------------------------------------------------------------
 // grouped GEMM
 
-constexpr int GBM = 128, GBN = 128, GBK = 32, GTHREADS = 256, GSTAGES = 3;
+constexpr int GBM = 128, GBN = 128, GBK = 32, GTHREADS = 256, GSTAGES = 4;
 constexpr int LDA = GBK + 8;  // A tile row stride (elements): rows of K, padded
 constexpr int LDB_NT = GBK + 8;
 constexpr int LDB_NN = GBN + 8;
@@ -169,7 +169,7 @@ __device__ __forceinline__ void load_stage(T* sa, T* sb, const T* x, const T* w,
 }
 
 // grid (ceil(N / 128), ceil(m / 128) + E), block 256, dynamic shared memory for GSTAGES A tiles
-// then GSTAGES B tiles: GSTAGES·(GBM·LDA + GBN·LDB_NT or GBK·LDB_NN)·2 bytes (61,440 NT, 56,832
+// then GSTAGES B tiles: GSTAGES·(GBM·LDA + GBN·LDB_NT or GBK·LDB_NN)·2 bytes (81,920 NT, 75,776
 // NN; `gemm_smem` in src/moe_cuda.rs). K and N multiples of 8, 16-byte aligned rows.
 template <typename T, bool NT>
 __device__ __forceinline__ void grouped_gemm(const T* x, const T* w, const uint32_t* offsets, T* y, int e_count,
@@ -199,8 +199,7 @@ __device__ __forceinline__ void grouped_gemm(const T* x, const T* w, const uint3
         cp_async_commit();
     }
     for (int kt = 0; kt < ktiles; ++kt) {
-        static_assert(GSTAGES == 3, "the wait below keeps one newer group in flight");
-        cp_async_wait_one();  // this thread's copies of tile kt are in
+        cp_async_wait_newer<GSTAGES - 2>();  // this thread's copies of tile kt are in
         __syncthreads();      // everyone's are, and every warp is done with tile kt − 1
         const int nk = kt + GSTAGES - 1;  // into the stage tile kt − 1 used
         if (nk < ktiles)

@@ -19,7 +19,7 @@ const COMBINE_MAX_K: usize = 32;
 const GEMM_ROWS: usize = 128;
 const GEMM_COLS: usize = 128;
 const GEMM_DEPTH: usize = 32;
-const GEMM_STAGES: usize = 3;
+const GEMM_STAGES: usize = 4;
 const GEMM_THREADS: u32 = 256;
 
 /// Dynamic shared memory of a grouped-GEMM block (the layout `grouped_gemm` in `kernels/moe.cu`
