@@ -99,7 +99,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
             no_pad = mv != 0 || j > qhi;
         }
         if (STAGES == 2)
-            cp_async_wait_one();  // all but the prefetch just issued: this tile is in
+            cp_async_wait_newer<1>();  // all but the prefetch just issued: this tile is in
         else
             cp_async_wait_all();
         no_pad = __syncthreads_and(no_pad);  // also: this K tile is in, the last P·V is done

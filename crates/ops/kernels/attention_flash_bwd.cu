@@ -291,7 +291,7 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
             const int j = j0 + threadIdx.x;
             skm[threadIdx.x] = j < t ? mrow[j] : 0;
         }
-        cp_async_wait_one();  // Q, dO and K are in
+        cp_async_wait_newer<1>();  // Q, dO and K are in
         __syncthreads();
 
         float s[ST][4], dp[ST][4];

@@ -52,10 +52,9 @@ __device__ __forceinline__ void cp_async16(void* s, const void* g, bool valid) {
                  "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
 // Waits until at most N of this thread's newest commit groups are still in flight.
 template <int N> __device__ __forceinline__ void cp_async_wait_newer() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait_newer<0>(); }
 
 // `rows` rows of D elements into shared memory with row stride D + 8 (the pad puts the 8 rows an
 // ldmatrix reads in distinct banks); rows >= valid are zero-filled. Row r comes from `row_ptr(r)`
