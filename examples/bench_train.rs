@@ -111,6 +111,10 @@ struct Args {
     /// dim 256, at 512 for long sequences), fused or blocked.
     #[arg(long, default_value = "auto", value_parser = parse_attention_backward)]
     attention_backward: AttentionBackward,
+    /// Run the fused attention kernels that have a wgmma version on it (builds for compute
+    /// capability 90; default: the plan's).
+    #[arg(long)]
+    attention_wgmma: Option<bool>,
     /// Bound of one fp32 score buffer of the blocked attention, MiB (default: the plan's 32).
     #[arg(long)]
     attention_score_mib: Option<usize>,
@@ -235,6 +239,7 @@ fn main() -> Result<()> {
         score_bytes: args
             .attention_score_mib
             .map_or(default_plan.score_bytes, |mib| mib.saturating_mul(1 << 20)),
+        wgmma: args.attention_wgmma.unwrap_or(default_plan.wgmma),
     };
     model.set_attention_plan(attention);
     let mut lcfg = LoraConfig::new(

@@ -1,5 +1,6 @@
 //! Compiles `kernels/<op>.cu` to PTX when the `cuda` feature is on (`g4ft-ptx-build`); each PTX lands
-//! in `$OUT_DIR/<op>.ptx` and is embedded by `src/cuda.rs`.
+//! in `$OUT_DIR/<op>.ptx` and is embedded by `src/cuda.rs`. The Hopper-only kernels are built for
+//! compute capability 90 alone and set `cfg(g4ft_hopper)`.
 
 fn main() {
     g4ft_ptx_build::compile_kernels(
@@ -20,4 +21,5 @@ fn main() {
             "scale",
         ],
     );
+    g4ft_ptx_build::compile_hopper_kernels("g4ft-ops", &["attention_wgmma"]);
 }

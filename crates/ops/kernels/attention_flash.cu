@@ -20,20 +20,14 @@
 // warps own the same 16 rows, each computes the whole S = Q·Kᵀ and the softmax (the same values:
 // same inputs, same order) and accumulates its half of O's columns.
 #include "common.cuh"
+#include "flash_tile.cuh"
 #include "grouped_rows.cuh"
 #include "mma.cuh"
 
 namespace flash {
 
 using namespace mma16;
-
-constexpr int BC = 64;  // keys per tile
-constexpr float LN2 = 0.6931471805599453f;
-
-// The running max only moves when a row's new max exceeds it by more than this (log2 units): P
-// then stays below 2^8 before normalisation (exact in fp32 / the 16-bit P's relative precision is
-// unchanged) and most tiles skip the rescale of O (FlashAttention-3's trick).
-constexpr float RESCALE_SLACK = 8.f;
+using flash_tile::BC;
 
 // STAGES = 1: one K and one V buffer (the next K tile loads during P·V, the V tile during Q·Kᵀ;
 // two blocks per SM hide the waits). STAGES = 2: both double-buffered, the next tile's K and V load
@@ -43,7 +37,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
                                     const uint32_t* seq_start, T* o, float* lse, float scale, int nh,
                                     int g, int t, int window) {
     constexpr int ROWW = WARPS / DSPLIT, BR = ROWW * 16, LD = D + 8, THREADS = WARPS * 32;
-    constexpr int DT = D / 8, DTW = DT / DSPLIT, ST = BC / 8;  // DTW: O column tiles of one warp
+    constexpr int DT = D / 8, DTW = DT / DSPLIT, ST = flash_tile::ST;  // DTW: O column tiles of one warp
     static_assert(STAGES == 1 || STAGES == 2, "one or two K/V stages");
     static_assert(WARPS % DSPLIT == 0 && DTW % 2 == 0, "column split shape");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -55,15 +49,15 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int rw = warp % ROWW, part = warp / ROWW;  // row group, column part
     const GroupedRows<BR> gr(nh, g, t);
-    const int slab = gr.slab, bi = gr.bi, rows = gr.rows, r0 = gr.r0, qlo = gr.qlo, qhi = gr.qhi;
+    const int rows = gr.rows, r0 = gr.r0, qlo = gr.qlo, qhi = gr.qhi;
     // The first token of query qi's packed sequence (0 without segments; qi clamped for the rows
     // past the end of the slab), read where it is needed: the two rows' bounds kept in registers
     // across the key loop took up to 4 more registers at head dims 128-512 and 19 at 64 (ptxas).
-    auto seq_of = [&](int qi) { return seq_start ? (int)seq_start[(size_t)bi * t + min(qi, t - 1)] : 0; };
-    const int klo = max(window > 0 ? max(0, qlo + 1 - window) : 0, seq_of(qlo));
-    const T* kslab = k + (size_t)slab * t * D;
-    const T* vslab = v + (size_t)slab * t * D;
-    const uint8_t* mrow = mask + (size_t)bi * t;
+    const uint32_t* srow = gr.batch_row(seq_start, t);
+    auto seq_of = [&](int qi) { return srow ? (int)srow[min(qi, t - 1)] : 0; };
+    const int klo = gr.first_key(window, srow);
+    const T *kslab = gr.slab_row0(k, t, D), *vslab = gr.slab_row0(v, t, D);
+    const uint8_t* mrow = gr.batch_row(mask, t);
 
     load_rows<T, D, THREADS>(sq, BR, rows - r0, [&](int r) { return q + gr.head_row(r0 + r, nh, g, t) * D; });
     load_tile<T, D, BC, THREADS>(sk0, kslab + (size_t)klo * D, t - klo);
@@ -91,13 +85,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
             }
             cp_async_commit();
         }
-        bool no_pad = true;
-        if (threadIdx.x < BC) {
-            const int j = j0 + threadIdx.x;
-            const uint8_t mv = j < t ? mrow[j] : 0;
-            skm[threadIdx.x] = mv;
-            no_pad = mv != 0 || j > qhi;
-        }
+        bool no_pad = flash_tile::load_key_mask(skm, mrow, j0, t, qhi);
         if (STAGES == 2)
             cp_async_wait_newer<1>();  // all but the prefetch just issued: this tile is in
         else
@@ -125,77 +113,11 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
         }
 
         // Mask unless every key of the tile is visible to every row (scores stay unscaled here).
-        const bool interior = no_pad && j0 + BC - 1 <= qlo && (window == 0 || qhi - j0 < window) &&
-                              seq_of(qhi) <= j0;
-        if (!interior) {
-            const int sa = seq_of(qa), sb = seq_of(qb);
-#pragma unroll
-            for (int nt = 0; nt < ST; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int jj = nt * 8 + 2 * (lane % 4) + (e & 1), j = j0 + jj, qi = e < 2 ? qa : qb;
-                    const bool ok = j <= qi && (window == 0 || qi - j < window) && j >= (e < 2 ? sa : sb) &&
-                                    skm[jj] != 0;
-                    s[nt][e] = ok ? s[nt][e] : -INFINITY;
-                }
-        }
-
-        // Online softmax per row in log2 units (a row's 64 scores are spread over the 4 lanes of a
-        // quad): the max moves only by more than RESCALE_SLACK, and O is rescaled only in the tiles
-        // where some row of the warp moved.
-        float mx[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};  // 4 chains, not 1
-#pragma unroll
-            for (int nt = 0; nt < ST; ++nt) part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
-            float v = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
-            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-            mx[h] = v * sl2;
-        }
-        const bool move0 = mx[0] > m[0] + RESCALE_SLACK, move1 = mx[1] > m[1] + RESCALE_SLACK;
-        if (__any_sync(0xffffffffu, move0 || move1)) {
-            float alpha[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float mn = (h ? move1 : move0) ? mx[h] : m[h];
-                alpha[h] = mn == -INFINITY ? 1.f : ex2_ftz(m[h] - mn);
-                m[h] = mn;
-                l[h] *= alpha[h];
-            }
-#pragma unroll
-            for (int i = 0; i < DTW; ++i) {
-                acc[i][0] *= alpha[0];
-                acc[i][1] *= alpha[0];
-                acc[i][2] *= alpha[1];
-                acc[i][3] *= alpha[1];
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float mu = m[h] == -INFINITY ? 0.f : m[h];
-            float rs[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int nt = 0; nt < ST; ++nt) {
-                const float p0 = ex2_ftz(fmaf(s[nt][2 * h], sl2, -mu));
-                const float p1 = ex2_ftz(fmaf(s[nt][2 * h + 1], sl2, -mu));
-                s[nt][2 * h] = p0;
-                s[nt][2 * h + 1] = p1;
-                rs[nt % 4] += p0 + p1;
-            }
-            l[h] += (rs[0] + rs[1]) + (rs[2] + rs[3]);
-        }
-
-        // P (rounded to T) as the A fragments of P·V: key step ks covers S tiles 2ks and 2ks+1.
+        if (!flash_tile::interior(no_pad, j0, qlo, qhi, window, seq_of))
+            flash_tile::mask(s, j0, qa, qb, seq_of(qa), seq_of(qb), window, skm, lane);
+        flash_tile::online_softmax<DTW * 4>(s, m, l, &acc[0][0], sl2);
         uint32_t pa[BC / 16][4];
-#pragma unroll
-        for (int ks = 0; ks < BC / 16; ++ks) {
-            pa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
-            pa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
-            pa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-            pa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-        }
+        mma16::a_fragments<T, BC>(s, pa);
 
         if (STAGES == 1) {
             cp_async_wait_all();
@@ -221,12 +143,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
     // them when split, once the other part's warp is done reading Q), store 16-byte packs.
     if (DSPLIT > 1) __syncthreads();
     float inv[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-        inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
-    }
+    flash_tile::finish_sums(l, inv);
     store_rows<T, D, DTW>(acc, inv[0], inv[1], sq + rw * 16 * LD, part, lane, [&](int r) -> T* {
         const int R = r0 + rw * 16 + r;
         return R < rows ? o + gr.head_row(R, nh, g, t) * D : nullptr;
@@ -236,7 +153,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
         for (int h = 0; h < 2; ++h) {
             const int R = h ? rb : ra;
             if (R < rows)
-                lse[gr.head_row(R, nh, g, t)] = l[h] > 0.f ? m[h] * LN2 + logf(l[h]) : INFINITY;
+                lse[gr.head_row(R, nh, g, t)] = flash_tile::lse_of(m[h], l[h]);
         }
 }
 

@@ -20,12 +20,14 @@
 // key_mask[b, j] != 0 (`seq_start` null = 0, else non-decreasing along t). A row that saw no key
 // in the forward has lse = +inf and contributes nothing.
 #include "common.cuh"
+#include "flash_bwd_tile.cuh"
 #include "grouped_rows.cuh"
 #include "mma.cuh"
 
 namespace flash_bwd {
 
 using namespace mma16;
+using flash_bwd_tile::visible;
 
 // Dᵢ = Σ_c dO[i, c]·O[i, c] in fp32 for the b·nh·t rows of d elements; one warp per row.
 template <typename T>
@@ -45,11 +47,6 @@ __device__ void dot_rows(const T* o, const T* dout, float* dd, int d, int nrows)
     }
     acc = warp_sum(acc);
     if (lane == 0) dd[r] = acc;
-}
-
-// Whether key j is visible to query qi (st = seq_start of qi's sequence, km = the key's mask).
-__device__ __forceinline__ bool visible(int j, int qi, int st, int window, uint8_t km) {
-    return j <= qi && (window == 0 || qi - j < window) && km != 0 && j >= st;
 }
 
 // c[0 .. 2·NP) (m16n8k16 accumulators) += A·Bᵀ for the 16 rows of A at `a` and the NP·16 rows
@@ -256,27 +253,18 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int rw = warp % ROWW, part = warp / ROWW;  // row group, column part
     const GroupedRows<BR> gr(nh, g, t);
-    const int slab = gr.slab, bi = gr.bi, rows = gr.rows, r0 = gr.r0, qlo = gr.qlo, qhi = gr.qhi;
-    const uint32_t* srow = seq_start ? seq_start + (size_t)bi * t : nullptr;
-    int klo = window > 0 ? max(0, qlo + 1 - window) : 0;
-    if (srow) klo = max(klo, (int)srow[qlo]);
-    const T* kslab = k + (size_t)slab * t * D;
-    const T* vslab = v + (size_t)slab * t * D;
-    const uint8_t* mrow = mask + (size_t)bi * t;
+    const int rows = gr.rows, r0 = gr.r0, qlo = gr.qlo, qhi = gr.qhi;
+    const uint32_t* srow = gr.batch_row(seq_start, t);
+    const int klo = gr.first_key(window, srow);
+    const T *kslab = gr.slab_row0(k, t, D), *vslab = gr.slab_row0(v, t, D);
+    const uint8_t* mrow = gr.batch_row(mask, t);
 
     load_rows<T, D, THREADS>(sq, BR, rows - r0, [&](int r) { return q + gr.head_row(r0 + r, nh, g, t) * D; });
     load_rows<T, D, THREADS>(sdo, BR, rows - r0, [&](int r) { return dout + gr.head_row(r0 + r, nh, g, t) * D; });
     cp_async_commit();
 
     // This thread's two rows (the C-fragment rows lane/4 and lane/4 + 8 of its warp).
-    const int ra = r0 + rw * 16 + lane / 4, rb = ra + 8;
-    const bool oka = ra < rows, okb = rb < rows;
-    const int qa = ra / g, qb = rb / g;
-    const size_t ha = gr.head_row(oka ? ra : r0, nh, g, t), hb = gr.head_row(okb ? rb : r0, nh, g, t);
-    const float la = oka ? lse[ha] * G4FT_LOG2E : INFINITY, lb = okb ? lse[hb] * G4FT_LOG2E : INFINITY;
-    const float da = oka ? dd[ha] : 0.f, db = okb ? dd[hb] : 0.f;
-    const int sa = oka && srow ? (int)srow[qa] : 0, sb = okb && srow ? (int)srow[qb] : 0;
-    const float sl2 = scale * G4FT_LOG2E;
+    const flash_bwd_tile::RowPair rp = flash_bwd_tile::row_pair(gr, r0 + rw * 16 + lane / 4, lse, dd, srow, nh, g, t);
     float acc[DTW][4];
 #pragma unroll
     for (int i = 0; i < DTW; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
@@ -303,26 +291,8 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
         cp_async_wait_all();
         __syncthreads();  // V is in
         rows_times_rows<T, D, BC / 16>(dp, sdo + rw * 16 * LD, sv, lane);
-        // dS = scale·P∘(dP − D), rounded to T as the A fragments of dS·K (key step ks covers the
-        // score tiles 2ks and 2ks + 1).
-#pragma unroll
-        for (int nt = 0; nt < ST; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int jj = nt * 8 + 2 * (lane % 4) + (e & 1), j = j0 + jj;
-                const bool top = e < 2;
-                const bool ok = visible(j, top ? qa : qb, top ? sa : sb, window, skm[jj]);
-                const float p = ok ? ex2_ftz(fmaf(s[nt][e], sl2, -(top ? la : lb))) : 0.f;
-                s[nt][e] = scale * p * (dp[nt][e] - (top ? da : db));
-            }
         uint32_t fa[BC / 16][4];
-#pragma unroll
-        for (int ks = 0; ks < BC / 16; ++ks) {
-            fa[ks][0] = pack2<T>(s[2 * ks][0], s[2 * ks][1]);
-            fa[ks][1] = pack2<T>(s[2 * ks][2], s[2 * ks][3]);
-            fa[ks][2] = pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-            fa[ks][3] = pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-        }
+        flash_bwd_tile::ds_fragments<T, BC>(s, dp, fa, rp, j0, window, skm, scale, lane);
 #pragma unroll
         for (int ks = 0; ks < BC / 16; ++ks)
 #pragma unroll

@@ -23,6 +23,22 @@ struct GroupedRows {
         qhi = (min(r0 + BR, rows) - 1) / g;
     }
 
+    // Row 0 of the block's (batch, kv head) slab in a (b, nkv, t, d) tensor.
+    template <typename T> __device__ __forceinline__ const T* slab_row0(const T* x, int t, int d) const {
+        return x + (size_t)slab * t * d;
+    }
+    // The block's batch row of a (b, t) tensor (null stays null).
+    template <typename T> __device__ __forceinline__ const T* batch_row(const T* x, int t) const {
+        return x ? x + (size_t)bi * t : nullptr;
+    }
+
+    // The lowest key any of the block's rows sees: its first query's window start, raised to that
+    // query's sequence start (`srow`: the batch row's sequence starts, null = one sequence).
+    __device__ __forceinline__ int first_key(int window, const uint32_t* srow) const {
+        const int lo = window > 0 ? max(0, qlo + 1 - window) : 0;
+        return srow ? max(lo, (int)srow[qlo]) : lo;
+    }
+
     // The (b, nh, t) row of grouped row R: ((b·nh + head)·t + query).
     __device__ __forceinline__ size_t head_row(int R, int nh, int g, int t) const {
         return ((size_t)bi * nh + kvh * g + R % g) * t + R / g;

@@ -18,6 +18,20 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The fp32 accumulators of K / 8 m16n8 n-tiles rounded to T as the A fragments of K / 16
+// m16n8k16 steps (step ks covers n-tiles 2ks and 2ks + 1): S or dS of one tile as the A operand
+// of the next product.
+template <typename T, int K>
+__device__ __forceinline__ void a_fragments(const float (*c)[4], uint32_t (*a)[4]) {
+#pragma unroll
+    for (int ks = 0; ks < K / 16; ++ks) {
+        a[ks][0] = pack2<T>(c[2 * ks][0], c[2 * ks][1]);
+        a[ks][1] = pack2<T>(c[2 * ks][2], c[2 * ks][3]);
+        a[ks][2] = pack2<T>(c[2 * ks + 1][0], c[2 * ks + 1][1]);
+        a[ks][3] = pack2<T>(c[2 * ks + 1][2], c[2 * ks + 1][3]);
+    }
+}
+
 // c += a·b for one m16n8k16 tile (A row-major 16×16, B 16×8 "col", fp32 C); E is the PTX type.
 #define MMA16_OP(E)                                                                                 \
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." E "." E ".f32 {%0,%1,%2,%3}, "            \

@@ -35,6 +35,13 @@ pub struct AttentionPlan {
     /// 256-row blocks for the 12B shape (16 heads, t = 2048), 5,693 tokens/s in the 12B step
     /// against 5,438 with 16 MiB and 5,055 with 8 MiB.
     pub score_bytes: usize,
+    /// In builds for compute capability 90 (H100 / H200), run the fused kernels that have a
+    /// version on Hopper's warpgroup MMA (`kernels/attention_wgmma.cu`: the forward and the
+    /// backward's dQ kernel at head dims 256 and 512, its dK / dV kernel at 256) on it; other
+    /// builds ignore it. Default on: the 12B step on one H200 runs 5,790 against 5,609 tokens/s
+    /// at 2k tokens with every layer recomputed, 7,906 against 7,709 with none, and 3,555
+    /// against 3,057 at 32k (`docs/benchmarks.md`).
+    pub wgmma: bool,
 }
 
 impl Default for AttentionPlan {
@@ -43,6 +50,7 @@ impl Default for AttentionPlan {
             forward: AttentionForward::FusedW8,
             backward: AttentionBackward::Auto,
             score_bytes: 32 << 20,
+            wgmma: true,
         }
     }
 }

@@ -22,7 +22,10 @@
 //! softmax on `mma.sync`, S and P in registers, Q / O read and written in `(b, nh, t, d)` without
 //! a regroup); the same numerics except that P is rounded before its normalisation.
 //! [`AttentionPlan::forward`] picks it, the d-256 block shape (4 warps, or 8 with double-buffered
-//! K/V), or the blocked path.
+//! K/V), or the blocked path. In builds for compute capability 90 the fused forward and the fused
+//! backward's dQ kernel at head dims 256 and 512, and its dK / dV kernel at 256, can run on
+//! Hopper's warpgroup MMA instead (`kernels/attention_wgmma.cu`, [`AttentionPlan::wgmma`]): the
+//! same schemes and numerics, their products read Q, K, V and dO straight from shared memory.
 //!
 //! The backward of bf16 / f16 inputs with head dim 256 or 512 can be fused too
 //! (`kernels/attention_flash_bwd.cu`, [`AttentionPlan::backward`] picks it): after a kernel for
@@ -56,6 +59,13 @@ use std::sync::Arc;
 const MODULE: Module = cuda_module!("attention");
 const FLASH: Module = cuda_module!("attention_flash");
 const FLASH_BWD: Module = cuda_module!("attention_flash_bwd");
+/// The wgmma forward (`kernels/attention_wgmma.cu`), built only for compute capability 90.
+#[cfg(g4ft_hopper)]
+static WGMMA: Option<Module> = Some(cuda_module!("attention_wgmma"));
+#[cfg(not(g4ft_hopper))]
+static WGMMA: Option<Module> = None;
+/// Head dims the wgmma kernels are instantiated for.
+const WGMMA_DIMS: [usize; 2] = [256, 512];
 
 /// Head dims the fused forward kernel is instantiated for (`kernels/attention_flash.cu`).
 const FUSED_FORWARD_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
@@ -360,22 +370,40 @@ impl<'a> Ctx<'a> {
         [q, k, v, mask, seq_start, o, lse]: [u64; 7],
     ) -> Result<()> {
         let n = &self.n;
-        // (warps, K/V stages, query rows per block), as the kernel's entry points: head dim 512
-        // splits O's columns over two warps per 16 rows.
-        let (warps, stages, rows) = match (n.d, plan.forward) {
-            (512, _) => (8, 1, 64),
-            (256, AttentionForward::FusedW8) => (8, 2, 128),
-            _ => (4, 1, 64),
+        // (kernel, threads, query rows per block, dynamic shared memory), as the kernels' entry
+        // points. wgmma: 2 warpgroups, K/V double-buffered at head dim 256, 1024 bytes to align
+        // the swizzled tiles. mma.sync: head dim 512 splits O's columns over two warps per 16
+        // rows; (warps, K/V stages, rows).
+        let (f, threads, rows, smem) = match self.wgmma(plan) {
+            Some(m) => {
+                let (rows, stages) = if n.d == 256 { (128, 2) } else { (64, 1) };
+                let smem = (rows + 2 * stages * FLASH_KEYS) * n.d * 2 + 1024;
+                let f = self.flash_func(m, &format!("attn_wgmma_fwd_d{}", n.d), smem)?;
+                (f, 256, rows, smem)
+            }
+            _ => {
+                let (warps, stages, rows) = match (n.d, plan.forward) {
+                    (512, _) => (8, 1, 64),
+                    (256, AttentionForward::FusedW8) => (8, 2, 128),
+                    _ => (4, 1, 64),
+                };
+                let smem = (rows + 2 * FLASH_KEYS * stages) * (n.d + 8) * 2;
+                let name = format!("attn_flash_fwd_d{}_w{warps}", n.d);
+                (
+                    self.flash_func(&FLASH, &name, smem)?,
+                    warps * 32,
+                    rows,
+                    smem,
+                )
+            }
         };
-        let smem = (rows + 2 * FLASH_KEYS * stages) * (n.d + 8) * 2;
-        let f = self.flash_func(&FLASH, &format!("attn_flash_fwd_d{}_w{warps}", n.d), smem)?;
         let cfg = LaunchConfig {
             grid_dim: (
                 (n.t * self.groups()).div_ceil(rows) as u32,
                 (n.b * n.nkv) as u32,
                 1,
             ),
-            block_dim: (warps as u32 * 32, 1, 1),
+            block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         let ints = [n.nh, self.groups(), n.t, n.window].map(|x| x as i32);
@@ -383,6 +411,13 @@ impl<'a> Ctx<'a> {
         // SAFETY: q/o hold b·nh·t·d elements, k/v b·nkv·t·d, mask b·t bytes, seq_start b·t u32 (or
         // is 0), lse b·nh·t floats; the grid covers the t·g grouped rows of each of the b·nkv slabs.
         unsafe { self.launch(&f, &ptrs, Some(n.scale), &ints, cfg) }
+    }
+
+    /// The wgmma module when `plan` asks for it, this build has it and it covers the head dim.
+    fn wgmma(&self, plan: &AttentionPlan) -> Option<&'static Module> {
+        WGMMA
+            .as_ref()
+            .filter(|_| plan.wgmma && WGMMA_DIMS.contains(&self.n.d))
     }
 
     /// Whether `plan` runs the fused backward kernels for this call
@@ -397,6 +432,7 @@ impl<'a> Ctx<'a> {
     /// kernel splits a GQA group's heads over blocks, the rounding of their fp32 sums.
     fn flash_bwd(
         &self,
+        plan: &AttentionPlan,
         [q, k, v, o, dout, lse, mask, seq_start]: [u64; 8],
         packed: u64,
     ) -> Result<()> {
@@ -433,8 +469,20 @@ impl<'a> Ctx<'a> {
         let [dk32, dv32] = sums
             .as_ref()
             .map_or([0, 0], |[a, b]| [self.addr(a), self.addr(b)]);
-        let smem = (2 * bc + 2 * br) * (n.d + 8) * 2 + 2 * bc * (br + 8) * 2 + 16 * br;
-        let f = self.flash_func(&FLASH_BWD, &format!("attn_flash_bwd_kv_d{}", n.d), smem)?;
+        // The dK / dV kernel on wgmma (head dim 256; K, V, two Q / dO stages, the Pᵀ hand-over
+        // between its warpgroups, the row values of two stages, 1024 bytes of alignment) or on
+        // mma.sync.
+        let (f, smem) = match self.wgmma(plan).filter(|_| n.d == 256) {
+            Some(m) => {
+                let smem = 6 * 64 * n.d * 2 + 32 * 128 * 4 + 2 * 4 * 64 * 4 + 1024;
+                (self.flash_func(m, "attn_wgmma_bwd_kv_d256", smem)?, smem)
+            }
+            None => {
+                let smem = (2 * bc + 2 * br) * (n.d + 8) * 2 + 2 * bc * (br + 8) * 2 + 16 * br;
+                let name = format!("attn_flash_bwd_kv_d{}", n.d);
+                (self.flash_func(&FLASH_BWD, &name, smem)?, smem)
+            }
+        };
         let cfg = LaunchConfig {
             grid_dim: (n.t.div_ceil(bc) as u32, (n.b * n.nkv) as u32, hsplit as u32),
             block_dim: (256, 1, 1),
@@ -447,8 +495,20 @@ impl<'a> Ctx<'a> {
         // keys' rows.
         unsafe { self.launch(&f, &ptrs, Some(n.scale), &ints, cfg) }?;
 
-        let smem = (2 * qbr + 2 * qbc) * (n.d + 8) * 2;
-        let f = self.flash_func(&FLASH_BWD, &format!("attn_flash_bwd_q_d{}", n.d), smem)?;
+        // The dQ kernel on wgmma (the same block shape; unpadded swizzled tiles aligned to 1024
+        // bytes) or on mma.sync.
+        let (f, smem) = match self.wgmma(plan) {
+            Some(m) => {
+                let smem = (2 * qbr + 2 * qbc) * n.d * 2 + 1024;
+                let f = self.flash_func(m, &format!("attn_wgmma_bwd_q_d{}", n.d), smem)?;
+                (f, smem)
+            }
+            None => {
+                let smem = (2 * qbr + 2 * qbc) * (n.d + 8) * 2;
+                let name = format!("attn_flash_bwd_q_d{}", n.d);
+                (self.flash_func(&FLASH_BWD, &name, smem)?, smem)
+            }
+        };
         let cfg = LaunchConfig {
             grid_dim: (
                 (n.t * self.groups()).div_ceil(qbr) as u32,
@@ -540,7 +600,11 @@ fn bwd<T: CudaDType + DeviceRepr + WithDType>(
     let (nq, nkv) = (n.q_elems(), n.kv_elems());
     let packed = cx.alloc::<T>(nq + 2 * nkv)?;
     if cx.flash_backward(plan) && [q, k, v, o, dout].iter().all(|p| p % 16 == 0) {
-        cx.flash_bwd([q, k, v, o, dout, lse, mask, seq_start], cx.addr(&packed))?;
+        cx.flash_bwd(
+            plan,
+            [q, k, v, o, dout, lse, mask, seq_start],
+            cx.addr(&packed),
+        )?;
         return Ok(packed);
     }
     let bl = Blocking::new(n, plan);

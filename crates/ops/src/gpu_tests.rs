@@ -469,15 +469,22 @@ fn gpu_kernels_table() -> Result<()> {
         // default plan picks between the two per call. Then packed rows ("segmented": a sequence
         // start at a fused block boundary, a sequence of length 1, starts inside the sliding
         // window, the padded last 20 keys inside each row's last sequence) at head dims 256, 512
-        // and 32.
+        // and 32. At head dims 256 and 512 the fused kernels run on mma.sync and, in builds for
+        // compute capability 90, on wgmma (elsewhere those rows repeat the mma.sync ones).
         let fused = AttentionPlan {
             backward: AttentionBackward::Fused,
+            wgmma: false,
             ..AttentionPlan::default()
+        };
+        let wgmma = AttentionPlan {
+            wgmma: true,
+            ..fused
         };
         let blocked = AttentionPlan {
             forward: AttentionForward::Blocked,
             backward: AttentionBackward::Blocked,
             score_bytes: 983_040,
+            wgmma: false,
         };
         let lens: [&[usize]; 2] = [&[64, 1, 150, 105], &[37, 200, 83]];
         let starts: Vec<u32> = lens
@@ -509,8 +516,11 @@ fn gpu_kernels_table() -> Result<()> {
             (4, 2, 32, Some(40), true),
         ]
         .into_iter()
-        .flat_map(|c| [(c, fused), (c, blocked)])
-        {
+        .flat_map(|c| {
+            // The wgmma forward (Hopper builds) where it applies: head dims 256 and 512.
+            let wgmma = [256, 512].contains(&c.2).then_some((c, wgmma));
+            [(c, fused), (c, blocked)].into_iter().chain(wgmma)
+        }) {
             let (m, st) = (mask.clone(), packed.then(|| starts.clone()));
             let what = if packed { " segmented" } else { "" };
             ok &= check(
@@ -684,18 +694,27 @@ fn gpu_kernels_table() -> Result<()> {
     )?;
     // Sliding layer: the fused forward with 4- and 8-warp blocks, then the blocked forward, each
     // with the fused and the blocked backward; full layer (head dim 512): the fused forward (8
-    // warps with either plan) and the blocked one, with either backward.
+    // warps with either plan) and the blocked one, with either backward. The wgmma kernels first
+    // (forward and dQ; builds for other GPUs run FusedW8 there).
     let plan = |forward, backward| AttentionPlan {
         forward,
         backward,
+        wgmma: false,
         ..AttentionPlan::default()
     };
     let (fb, bb) = (AttentionBackward::Fused, AttentionBackward::Blocked);
+    let wgmma = |backward| AttentionPlan {
+        wgmma: true,
+        ..plan(AttentionForward::FusedW8, backward)
+    };
     for (nh, nkv, d, win, plan) in [
         (16, 8, 256, Some(1024), plan(AttentionForward::FusedW4, fb)),
         (16, 8, 256, Some(1024), plan(AttentionForward::FusedW8, fb)),
         (16, 8, 256, Some(1024), plan(AttentionForward::FusedW8, bb)),
         (16, 8, 256, Some(1024), plan(AttentionForward::Blocked, bb)),
+        (16, 8, 256, Some(1024), wgmma(fb)),
+        (16, 1, 512, None, wgmma(fb)),
+        (16, 1, 512, None, wgmma(bb)),
         (16, 1, 512, None, plan(AttentionForward::FusedW8, fb)),
         (16, 1, 512, None, plan(AttentionForward::FusedW8, bb)),
         (16, 1, 512, None, plan(AttentionForward::Blocked, bb)),
@@ -703,8 +722,8 @@ fn gpu_kernels_table() -> Result<()> {
         let sc = 1.0;
         time_row(
             &format!(
-                "attention win={win:?} fwd {:?} bwd {:?}",
-                plan.forward, plan.backward
+                "attention win={win:?} fwd {:?} bwd {:?} wgmma {}",
+                plan.forward, plan.backward, plan.wgmma
             ),
             &format!("(1,{nh},2048,{d}) kv{nkv}"),
             &move |x| attention(&x[0], &x[1], &x[2], KeyMask::default(), win, sc, &plan),

@@ -23,28 +23,53 @@ pub fn compile_kernels(crate_name: &str, kernels: &[&str]) {
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
+    let cap = compute_cap();
+    for name in kernels {
+        compile(crate_name, name, &format!("compute_{cap}"));
+    }
+}
+
+/// Kernels that use Hopper-only instructions (`wgmma`): compiled for `compute_90a` when the build
+/// targets compute capability 90 (H100 / H200), which also sets `cfg(g4ft_hopper)` for the crate's
+/// host code; not compiled for any other target, where the host code keeps its portable kernels.
+/// Call from `build.rs` after [`compile_kernels`].
+pub fn compile_hopper_kernels(crate_name: &str, kernels: &[&str]) {
+    println!("cargo::rustc-check-cfg=cfg(g4ft_hopper)");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() || compute_cap() != "90" {
+        return;
+    }
+    for name in kernels {
+        compile(crate_name, name, "compute_90a");
+    }
+    println!("cargo:rustc-cfg=g4ft_hopper");
+}
+
+/// `CUDA_COMPUTE_CAP`, else the first GPU's, else 90.
+fn compute_cap() -> String {
+    std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| compute_cap_of_this_gpu())
+}
+
+/// `kernels/<name>.cu` to `$OUT_DIR/<name>.ptx` for the PTX target `arch`.
+fn compile(crate_name: &str, name: &str, arch: &str) {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| compute_cap_of_this_gpu());
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| match std::env::var("CUDA_HOME") {
         Ok(home) => format!("{home}/bin/nvcc"),
         Err(_) => "nvcc".to_string(),
     });
-    for name in kernels {
-        let src = format!("kernels/{name}.cu");
-        let dst = out.join(format!("{name}.ptx"));
-        let status = Command::new(&nvcc)
-            .args(["--ptx", "-O3", "-std=c++17", "-Ikernels"])
-            .arg(format!("-arch=compute_{cap}"))
-            .arg(&src)
-            .arg("-o")
-            .arg(&dst)
-            .status()
-            .unwrap_or_else(|e| panic!("{crate_name} build.rs: cannot run `{nvcc}` for {src}: {e} (see docs/cuda.md; without a system CUDA: eval \"$(bash tools/cuda/setup_toolchain.sh)\")"));
-        assert!(
-            status.success(),
-            "{crate_name} build.rs: nvcc failed on {src} ({status})"
-        );
-    }
+    let src = format!("kernels/{name}.cu");
+    let dst = out.join(format!("{name}.ptx"));
+    let status = Command::new(&nvcc)
+        .args(["--ptx", "-O3", "-std=c++17", "-Ikernels"])
+        .arg(format!("-arch={arch}"))
+        .arg(&src)
+        .arg("-o")
+        .arg(&dst)
+        .status()
+        .unwrap_or_else(|e| panic!("{crate_name} build.rs: cannot run `{nvcc}` for {src}: {e} (see docs/cuda.md; without a system CUDA: eval \"$(bash tools/cuda/setup_toolchain.sh)\")"));
+    assert!(
+        status.success(),
+        "{crate_name} build.rs: nvcc failed on {src} ({status})"
+    );
 }
 
 /// The compute capability of the first GPU `nvidia-smi` lists (`"8.0"` → `"80"`), or `"90"` when
