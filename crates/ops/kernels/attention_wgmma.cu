@@ -11,8 +11,9 @@
 //
 // A block is 2 warpgroups (256 threads). Head dim 256 (DSPLIT = 1): each warpgroup owns 64 of the
 // block's 128 query rows and all of O's columns. Head dim 512 (DSPLIT = 2; a 64 × 512 fp32 O would
-// not fit one warpgroup's registers): both own the same 64 rows, each computes the whole S and the
-// softmax (the same values: same inputs, same order) and accumulates its half of O's columns.
+// not fit one warpgroup's registers): both own the same 64 rows, each multiplies its half of the
+// head dim for S and they add the halves through shared memory (the same fp32 sums in both), each
+// runs the softmax on the whole S and accumulates its half of O's columns.
 // Keys come in tiles of 64 rows through shared memory (cp.async): head dim 256 double-buffers K
 // and V (the next tile loads during this one), head dim 512 has one K and one V buffer (the next K
 // tile loads during P·V, the V tile during Q·Kᵀ).
@@ -21,8 +22,8 @@
 // see; the dS of a tile is flash_bwd_tile.cuh, shared with it) with S = Q·Kᵀ and dP = dO·Vᵀ read
 // from shared memory and dQ += dS·K taking dS from registers and K (read down its rows) from
 // shared memory. Keys per tile: 64 at head dim 256, 32 at 512 (Q, dO, K and V tiles fill 192 KiB
-// either way). At head dim 512 both warpgroups compute the same S and dP and each accumulates
-// half of dQ's columns.
+// either way). At head dim 512 the warpgroups split S and dP by halves of the head dim as the
+// forward splits S, and each accumulates half of dQ's columns.
 #include "common.cuh"
 #include "flash_bwd_tile.cuh"
 #include "flash_tile.cuh"
@@ -49,6 +50,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
     // The swizzled tiles need a 1024-byte aligned base (the host adds the slack).
     T* const sq = reinterpret_cast<T*>(smem_raw + ((1024 - mma16::smem_addr(smem_raw) % 1024) % 1024));
     T* const sk0 = sq + BR * D;  // stage s: K at sk0 + 2·s·TILE, V after it
+    float* const xs = reinterpret_cast<float*>(sk0 + 2 * STAGES * TILE);  // DSPLIT 2: the S halves
     __shared__ uint8_t skm[BC];
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wgi = warp / 4;
@@ -101,9 +103,16 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
 
         // S = Q·Kᵀ for the warpgroup's 64 rows and the tile's 64 keys.
         float s[ST][4];
-        wg::rows_times_rows<T, D, BR, BC>(&s[0][0], sq, rowg * 64, sk);
-        wg::wait<0>();
-        wg::pin<ST * 4>(&s[0][0]);
+        if constexpr (DSPLIT == 1) {
+            wg::rows_times_rows<T, D, BR, BC>(&s[0][0], sq, rowg * 64, sk);
+            wg::wait<0>();
+            wg::pin<ST * 4>(&s[0][0]);
+        } else {  // each warpgroup multiplies its half of the head dim, then they add the halves
+            wg::rows_times_rows<T, D / 2, BR, BC>(&s[0][0], sq, 0, sk, part * (D / 2));
+            wg::wait<0>();
+            wg::pin<ST * 4>(&s[0][0]);
+            wg::sum_halves<ST * 4>(&s[0][0], xs, part);
+        }
 
         if (!flash_tile::interior(no_pad, j0, qlo, qhi, window, seq_of))
             flash_tile::mask(s, j0, qa, qb, seq_of(qa), seq_of(qb), window, skm, lane);
@@ -158,6 +167,7 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
     T* const sdo = sq + BR * D;
     T* const sk = sdo + BR * D;
     T* const sv = sk + TILE;
+    float* const xs = reinterpret_cast<float*>(sv + TILE);  // DSPLIT 2: the S and dP halves
     __shared__ uint8_t skm[BC];
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wgi = warp / 4;
@@ -190,15 +200,23 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
         mma16::cp_async_wait_newer<1>();  // Q, dO and K are in
         wg::fence_shared_for_async();
         __syncthreads();
+        // S and dP: at head dim 512 each warpgroup multiplies its half of the head dim and they add
+        // the halves.
+        constexpr int DSPAN = D / DSPLIT;
+        const int col0 = part * DSPAN;
         float s[NT][4], dp[NT][4];
-        wg::rows_times_rows<T, D, BR, BC>(&s[0][0], sq, rowg * 64, sk);
+        wg::rows_times_rows<T, DSPAN, BR, BC>(&s[0][0], sq, rowg * 64, sk, col0);
         mma16::cp_async_wait_all();
         wg::fence_shared_for_async();
         __syncthreads();  // V is in
-        wg::rows_times_rows<T, D, BR, BC>(&dp[0][0], sdo, rowg * 64, sv);
+        wg::rows_times_rows<T, DSPAN, BR, BC>(&dp[0][0], sdo, rowg * 64, sv, col0);
         wg::wait<0>();
         wg::pin<NT * 4>(&s[0][0]);
         wg::pin<NT * 4>(&dp[0][0]);
+        if constexpr (DSPLIT == 2) {
+            wg::sum_halves<NT * 4>(&s[0][0], xs, part);
+            wg::sum_halves<NT * 4>(&dp[0][0], xs + 2 * NT * 4 * 128, part);
+        }
         uint32_t fa[BC / 16][4];
         flash_bwd_tile::ds_fragments<T, BC>(s, dp, fa, rp, j0, window, skm, scale, lane);
 
@@ -356,7 +374,8 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
 // Entry points attn_wgmma_fwd_d{D}_{bf16,f16}: 256 threads, grid (ceil(t·g / ROWS), b·nkv) with
 // ROWS = 128 query rows per block at head dim 256 and 64 at 512, dynamic shared memory
 // (ROWS·D + 2·STAGES·64·D)·2 + 1024 bytes (STAGES = 2 at 256, 1 at 512: 197,632 bytes either way;
-// the 1024 align the tiles). The host mirrors this in `flash_fwd`.
+// the 1024 align the tiles), and at 512 32,768 more for the S halves. The host mirrors this in
+// `flash_fwd`.
 #define WGMMA_FWD(T, S, D, DSPLIT, STAGES)                                                           \
     extern "C" __global__ void __launch_bounds__(256, 1)                                             \
         attn_wgmma_fwd_d##D##_##S(const T* q, const T* k, const T* v, const uint8_t* mask,           \
@@ -367,7 +386,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
     }
 // attn_wgmma_bwd_q_d{D}_{bf16,f16}: 256 threads, grid (ceil(t·g / ROWS), b·nkv) (ROWS as the
 // forward's), dynamic shared memory (2·ROWS·D + 2·BC·D)·2 + 1024 bytes with BC = 64 at head dim 256
-// and 32 at 512 (197,632 bytes either way).
+// and 32 at 512 (197,632 bytes either way), and at 512 32,768 more for the S and dP halves.
 #define WGMMA_BWD_Q(T, S, D, DSPLIT, BC)                                                             \
     extern "C" __global__ void __launch_bounds__(256, 1) attn_wgmma_bwd_q_d##D##_##S(                \
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dd,        \

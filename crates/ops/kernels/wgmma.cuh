@@ -136,20 +136,36 @@ template <typename T> __device__ __forceinline__ void mma_m64n128_rs(float* d, c
     if constexpr (std::is_same_v<T, __nv_bfloat16>) WG_RS_N128("bf16"); else WG_RS_N128("f16");
 }
 
-// c[0..N/2) = A·Bᵀ over D columns for the 64 rows of the sw128 tile `a` (AROWS rows) from row a0 and
-// the N rows of the sw128 tile `b`: issued and committed, not waited for (wait<0>, then pin c).
-template <typename T, int D, int AROWS, int N>
-__device__ __forceinline__ void rows_times_rows(float* c, const T* a, int a0, const T* b) {
+// c[0..N/2) = A·Bᵀ over the head-dim columns [col0, col0 + DSPAN) (col0 a multiple of 64) for the
+// 64 rows of the sw128 tile `a` (AROWS rows) from row a0 and the N rows of the sw128 tile `b`:
+// issued and committed, not waited for (wait<0>, then pin c).
+template <typename T, int DSPAN, int AROWS, int N>
+__device__ __forceinline__ void rows_times_rows(float* c, const T* a, int a0, const T* b, int col0 = 0) {
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) c[i] = 0.f;
     pin<N / 2>(c);
     fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        const int col = (kk % 4) * 16;  // the step's 32 bytes within its atom
-        mma_ss<T, N>(c, desc(a + (kk / 4) * AROWS * 64 + a0 * 64 + col, 16), desc(b + (kk / 4) * N * 64 + col, 16));
+    for (int kk = 0; kk < DSPAN / 16; ++kk) {
+        const int atom = col0 / 64 + kk / 4, col = (kk % 4) * 16;  // the step's 32 bytes within its atom
+        mma_ss<T, N>(c, desc(a + atom * AROWS * 64 + a0 * 64 + col, 16), desc(b + atom * N * 64 + col, 16));
     }
     commit();
+}
+
+// Completes the partial sums c[0..N) that the two warpgroups of the block computed over their
+// halves of the contraction: each thread hands its partials to its twin in the other warpgroup
+// through `xs` (2·N·128 floats) and adds the twin's, both in the order (warpgroup 0) + (warpgroup
+// 1), so the two hold the same values. Barrier 1 of 256 threads; the caller separates uses of
+// `xs` by a block barrier.
+template <int N>
+__device__ __forceinline__ void sum_halves(float* c, float* xs, int wgi) {
+    const int wt = threadIdx.x % 128;
+#pragma unroll
+    for (int i = 0; i < N; ++i) xs[(wgi * N + i) * 128 + wt] = c[i];
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < N; ++i) c[i] = xs[i * 128 + wt] + xs[(N + i) * 128 + wt];
 }
 
 // acc[0..NC/2) += A·B for the warp's A fragments `a` (64 rows × K, K / 16 steps) and the K rows of

@@ -377,7 +377,7 @@ impl<'a> Ctx<'a> {
         let (f, threads, rows, smem) = match self.wgmma(plan) {
             Some(m) => {
                 let (rows, stages) = if n.d == 256 { (128, 2) } else { (64, 1) };
-                let smem = (rows + 2 * stages * FLASH_KEYS) * n.d * 2 + 1024;
+                let smem = (rows + 2 * stages * FLASH_KEYS) * n.d * 2 + 1024 + wgmma_halves(n.d);
                 let f = self.flash_func(m, &format!("attn_wgmma_fwd_d{}", n.d), smem)?;
                 (f, 256, rows, smem)
             }
@@ -499,7 +499,7 @@ impl<'a> Ctx<'a> {
         // bytes) or on mma.sync.
         let (f, smem) = match self.wgmma(plan) {
             Some(m) => {
-                let smem = (2 * qbr + 2 * qbc) * n.d * 2 + 1024;
+                let smem = (2 * qbr + 2 * qbc) * n.d * 2 + 1024 + wgmma_halves(n.d);
                 let f = self.flash_func(m, &format!("attn_wgmma_bwd_q_d{}", n.d), smem)?;
                 (f, smem)
             }
@@ -685,6 +685,16 @@ const KV_BLOCKS_TARGET: usize = 512;
 
 /// Over how many blocks the dK / dV kernel splits the `g` query heads of a GQA group: the smallest
 /// divisor of `g` that brings `key_blocks` (key tiles × slabs) to [`KV_BLOCKS_TARGET`], or `g`.
+/// Shared memory the wgmma forward and dQ kernels add at head dim 512 (bytes), where their two
+/// warpgroups hand each other the halves of S (and dP) over the head dim: 32,768.
+fn wgmma_halves(d: usize) -> usize {
+    if d == 512 {
+        32 * 1024
+    } else {
+        0
+    }
+}
+
 fn head_split(key_blocks: usize, g: usize) -> usize {
     (1..=g)
         .find(|&h| g.is_multiple_of(h) && key_blocks * h >= KV_BLOCKS_TARGET)
