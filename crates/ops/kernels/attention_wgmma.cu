@@ -145,12 +145,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
                                        const int R = r0 + rw * 16 + r;
                                        return R < rows ? o + gr.head_row(R, nh, g, t) * D : nullptr;
                                    });
-    if (part == 0 && lane % 4 == 0)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int R = h ? rb : ra;
-            if (R < rows) lse[gr.head_row(R, nh, g, t)] = flash_tile::lse_of(m[h], l[h]);
-        }
+    if (part == 0) flash_tile::store_lse(lse, gr, ra, m, l, nh, g, t, lane);
 }
 
 template <typename T, int D, int DSPLIT, int BC>

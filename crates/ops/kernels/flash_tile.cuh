@@ -5,6 +5,7 @@
 // key mask, the masking and the online softmax below are the one definition of both.
 #pragma once
 #include "common.cuh"
+#include "grouped_rows.cuh"
 #include "mma.cuh"
 
 namespace flash_tile {
@@ -115,5 +116,17 @@ __device__ __forceinline__ void finish_sums(float* l, float* inv) {
 // lse = max + log(sum) in natural-log units (+inf for a row that saw no key), as the blocked
 // softmax writes it.
 __device__ __forceinline__ float lse_of(float m, float l) { return l > 0.f ? m * LN2 + logf(l) : INFINITY; }
+
+// Writes the lse of the thread's two rows ra and ra + 8 of the block `gr` from the quad's first lane.
+template <int BR>
+__device__ __forceinline__ void store_lse(float* lse, const GroupedRows<BR>& gr, int ra, const float* m, const float* l,
+                                          int nh, int g, int t, int lane) {
+    if (lane % 4 != 0) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int R = ra + 8 * h;
+        if (R < gr.rows) lse[gr.head_row(R, nh, g, t)] = lse_of(m[h], l[h]);
+    }
+}
 
 }  // namespace flash_tile
