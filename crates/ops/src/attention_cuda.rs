@@ -59,7 +59,7 @@ use std::sync::Arc;
 const MODULE: Module = cuda_module!("attention");
 const FLASH: Module = cuda_module!("attention_flash");
 const FLASH_BWD: Module = cuda_module!("attention_flash_bwd");
-/// The wgmma forward (`kernels/attention_wgmma.cu`), built only for compute capability 90.
+/// The wgmma kernels (`kernels/attention_wgmma.cu`), built only for compute capability 90.
 #[cfg(g4ft_hopper)]
 static WGMMA: Option<Module> = Some(cuda_module!("attention_wgmma"));
 #[cfg(not(g4ft_hopper))]
@@ -683,8 +683,6 @@ fn bwd<T: CudaDType + DeviceRepr + WithDType>(
 /// (one runs at a time), so that the causal imbalance between key tiles evens out.
 const KV_BLOCKS_TARGET: usize = 512;
 
-/// Over how many blocks the dK / dV kernel splits the `g` query heads of a GQA group: the smallest
-/// divisor of `g` that brings `key_blocks` (key tiles × slabs) to [`KV_BLOCKS_TARGET`], or `g`.
 /// Shared memory the wgmma forward and dQ kernels add at head dim 512 (bytes), where their two
 /// warpgroups hand each other the halves of S (and dP) over the head dim: 32,768.
 fn wgmma_halves(d: usize) -> usize {
@@ -695,6 +693,8 @@ fn wgmma_halves(d: usize) -> usize {
     }
 }
 
+/// Over how many blocks the dK / dV kernel splits the `g` query heads of a GQA group: the smallest
+/// divisor of `g` that brings `key_blocks` (key tiles × slabs) to [`KV_BLOCKS_TARGET`], or `g`.
 fn head_split(key_blocks: usize, g: usize) -> usize {
     (1..=g)
         .find(|&h| g.is_multiple_of(h) && key_blocks * h >= KV_BLOCKS_TARGET)

@@ -517,7 +517,7 @@ fn gpu_kernels_table() -> Result<()> {
         ]
         .into_iter()
         .flat_map(|c| {
-            // The wgmma forward (Hopper builds) where it applies: head dims 256 and 512.
+            // The wgmma kernels (Hopper builds) where they apply: head dims 256 and 512.
             let wgmma = [256, 512].contains(&c.2).then_some((c, wgmma));
             [(c, fused), (c, blocked)].into_iter().chain(wgmma)
         }) {
@@ -694,8 +694,9 @@ fn gpu_kernels_table() -> Result<()> {
     )?;
     // Sliding layer: the fused forward with 4- and 8-warp blocks, then the blocked forward, each
     // with the fused and the blocked backward; full layer (head dim 512): the fused forward (8
-    // warps with either plan) and the blocked one, with either backward. The wgmma kernels first
-    // (forward and dQ; builds for other GPUs run FusedW8 there).
+    // warps with either plan) and the blocked one, with either backward. Between them, the wgmma
+    // kernels (forward, dQ, and dK / dV at head dim 256; builds for other GPUs run the mma.sync
+    // FusedW8 rows there).
     let plan = |forward, backward| AttentionPlan {
         forward,
         backward,
