@@ -16,6 +16,7 @@ fn main() {
             "attention_flash_bwd",
             "adamw",
             "dropout",
+            "lora",
             "transpose",
             "moe",
             "scale",

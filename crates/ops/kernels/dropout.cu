@@ -7,15 +7,7 @@
 // No state: the same key replays the same mask (recompute, backward), and the CPU computes
 // identical bits. Kept elements are scaled by 1/(1-p) (fp32, one rounding).
 #include "common.cuh"
-
-#define GAMMA 0x9E3779B97F4A7C15ull
-
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-    z += GAMMA;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+#include "dropout_keep.cuh"
 
 // Grid-stride walk over the element pairs of an n-element tensor: body(i, keep_i, keep_i1) for the
 // pair (i, i + 1), i = 2j; keep_i1 is meaningless when i + 1 == n (the caller checks i + 1 < n).

@@ -42,15 +42,18 @@ fn mix(z: u64) -> u64 {
 
 /// Mask parameters shared by the mask fill, the apply op and the raw-pointer launchers.
 #[derive(Clone, Copy)]
-struct Keep {
+pub(crate) struct Keep {
     /// The folded key `mix(k0 ^ mix(k1 ^ mix(k2)))`: the SplitMix64 state of element pair 0.
-    kk: u64,
-    thresh: u32,
-    scale: f32,
+    pub(crate) kk: u64,
+    /// Elements whose 24-bit draw is below it are dropped: `round(p·2²⁴)`.
+    pub(crate) thresh: u32,
+    /// `1/(1−p)`, the kept elements' factor.
+    pub(crate) scale: f32,
 }
 
 impl Keep {
-    fn new(p: f64, key: [u64; 3]) -> Result<Self> {
+    /// The mask of drop probability `p` in `[0, 1)` and `key`.
+    pub(crate) fn new(p: f64, key: [u64; 3]) -> Result<Self> {
         if !(0.0..1.0).contains(&p) {
             bail!("lora_dropout: p must be in [0, 1), got {p}");
         }

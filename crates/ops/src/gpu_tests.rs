@@ -236,21 +236,28 @@ fn gpu_kernels_table() -> Result<()> {
             }
         }
         // Adapters in x's dtype and in fp32 (master weights: cast copies), several ranks and
-        // widths (odd ones included).
-        let shapes = [
-            ((64, 512, 16), dtype),
-            ((37, 1030, 8), DType::F32),
-            ((5, 96, 24), DType::F32),
-            ((21, 77, 4), DType::F32),
+        // widths (odd ones included). With dropout, bf16 / f16 inputs whose width and rank are
+        // multiples of 8 (r <= 64) take the fused adapter kernels: 512, 96 (r 24) and 264 (r 64,
+        // ragged row, column and rank tiles); 1030 and 77 the dropout kernel + cuBLAS path. One
+        // f16 row (in the bf16 pass) covers the kernels' f16 products.
+        let mut shapes = vec![
+            ((64, 512, 16), dtype, dtype),
+            ((70, 264, 64), dtype, DType::F32),
+            ((37, 1030, 8), dtype, DType::F32),
+            ((5, 96, 24), dtype, DType::F32),
+            ((21, 77, 4), dtype, DType::F32),
         ];
-        for (((m, inf, rank), adapter), dropout) in shapes
+        if dtype == bf {
+            shapes.push(((64, 512, 16), DType::F16, DType::F32));
+        }
+        for (((m, inf, rank), xt, adapter), dropout) in shapes
             .into_iter()
             .flat_map(|s| [(s, None), (s, Some((0.1, [1, 2, 3])))])
         {
-            let w = r(&[384, inf], dtype, 4)?;
+            let w = r(&[384, inf], xt, 4)?;
             ok &= check(
                 &format!(
-                    "lora_linear {dn} adapter {adapter:?} dropout={:?}",
+                    "lora_linear {xt:?} adapter {adapter:?} dropout={:?}",
                     dropout.map(|d| d.0)
                 ),
                 &format!("x ({m},{inf}) w (384,{inf}) r{rank}"),
@@ -264,7 +271,7 @@ fn gpu_kernels_table() -> Result<()> {
                     )
                 },
                 &[
-                    r(&[m, inf], dtype, 1)?,
+                    r(&[m, inf], xt, 1)?,
                     r(&[rank, inf], adapter, 2)?,
                     r(&[384, rank], adapter, 3)?,
                 ],

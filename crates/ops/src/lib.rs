@@ -27,6 +27,8 @@
 //! Left out on purpose: gradients for frozen operands (norm weights, projection weights, the tied
 //! embedding in the loss) are never computed.
 
+#[cfg(feature = "cuda")]
+mod adapter_cuda;
 mod attention;
 mod cross_entropy;
 #[cfg(feature = "cuda")]

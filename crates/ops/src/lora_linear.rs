@@ -11,7 +11,9 @@
 //! `alpha = scale, beta = 1`, no add or scale kernel) plus the dropout kernel; the backward five
 //! GEMMs: `dlow = scale·g·B`, `dx = g·W (+ dlow·A, through the dropout mask)`, `dA = dlowᵀ·drop(x)`,
 //! `dB = scale·gᵀ·low`, with `low = drop(x)·Aᵀ` kept from the forward (`tokens × r`) and the
-//! dropout mask regenerated from its key. On the CPU both directions are the composite of Candle
+//! dropout mask regenerated from its key. With dropout on bf16 / f16 inputs of the usual shapes,
+//! the three products that read `drop(x)` or go through its mask are kernels that apply the mask as
+//! they read (`crate::adapter_cuda`): no dropout kernel, no `drop(x)` temporary. On the CPU both directions are the composite of Candle
 //! ops ([`lora_linear_slow`]'s math), so the CPU tests check the backward formulas against autograd.
 //! Numerics: fp32 accumulation in every GEMM; the adapter term is added to the rounded base output
 //! inside the GEMM's epilogue (one rounding instead of the composite's three).
@@ -462,8 +464,10 @@ pub fn lora_linear_slow(
 #[cfg(feature = "cuda")]
 mod cuda_impl {
     use super::LoraParts;
+    use crate::adapter_cuda::{self, Dims};
     use crate::cublas::{Gemm, Mat};
     use crate::cuda::{self, cuda_of, with_cuda_float_type};
+    use crate::dropout::Keep;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::DevicePtr;
     use candle_core::cuda_backend::CudaDevice;
@@ -548,8 +552,12 @@ mod cuda_impl {
             let low = unsafe { dev.alloc::<T>(m * r)? };
             let (yp, lowp) = (y.device_ptr(&stream).0, low.device_ptr(&stream).0);
             gemm(&dev, (m, out, inf), (false, true), (1.0, 0.0), (mat(x, inf, dt), mat(w, inf, dt), mat(yp, out, dt)))?;
+            let dims = Dims { m, inf, r };
             match op.dropout {
                 None => gemm(&dev, (m, r, inf), (false, true), (1.0, 0.0), (mat(x, inf, dt), mat(a, inf, dt), mat(lowp, r, dt)))?,
+                Some((pr, key)) if adapter_cuda::applies(dt, dims, &[x, a, lowp]) => {
+                    adapter_cuda::down(&dev, (x, a, lowp), dims, dt, Keep::new(pr, key)?)?;
+                }
                 Some((pr, key)) => {
                     // low = drop(x)·Aᵀ, a chunk of rows at a time through one temporary.
                     let rows = chunk_rows(m, inf);
@@ -636,6 +644,12 @@ mod cuda_impl {
                     gemm(&dev, (r, inf, m), (true, false), (1.0, 0.0), (mat(dlow, r, dt), mat(x, inf, dt), mat(da, inf, gdt)))?;
                     gemm(&dev, (m, inf, out), (false, false), (1.0, dx_beta), (mat(g, out, dt), mat(w, inf, dt), mat(dx, inf, dt)))?;
                     gemm(&dev, (m, inf, r), (false, false), (1.0, 1.0), (mat(dlow, r, dt), mat(a, inf, dt), mat(dx, inf, dt)))?;
+                }
+                Some((pr, key)) if adapter_cuda::applies(dt, Dims { m, inf, r }, &[x, a, dlow, dx]) => {
+                    let (dims, keep) = (Dims { m, inf, r }, Keep::new(pr, key)?);
+                    adapter_cuda::grad_a(&dev, (x, dlow, da), dims, (dt, gdt), keep)?;
+                    gemm(&dev, (m, inf, out), (false, false), (1.0, dx_beta), (mat(g, out, dt), mat(w, inf, dt), mat(dx, inf, dt)))?;
+                    adapter_cuda::grad_x_acc(&dev, (dlow, a, dx), dims, dt, keep)?;
                 }
                 Some((pr, key)) => {
                     // Chunks of rows through one temporary t (fp32 accumulation of dA across them).

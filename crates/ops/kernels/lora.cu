@@ -1,0 +1,278 @@
+// The LoRA adapter's products with its input dropout fused in (host side: src/adapter_cuda.rs).
+// drop(x) is never written to memory: each kernel regenerates the keep bits of the elements it
+// reads from the dropout key (dropout_keep.cuh, the bits of kernels/dropout.cu) and rounds the kept
+// ones, scaled, to T exactly as the dropout kernel does.
+//   lora_down:      low = drop(x)·Aᵀ          (m × r; the forward's adapter input product)
+//   lora_da_part:   dA = dlowᵀ·drop(x) summed over one split of the rows (fp32, r × in per split);
+//   lora_da_finish: the splits added in order and stored in the gradient's dtype
+//   lora_dx_acc:    dx += drop'(dlow·A)        (the adapter path of the input gradient)
+// x, A (r × in), dlow (m × r) and dx row-major in T (bf16 / f16); in % 8 == 0, r % 8 == 0, r <= 64,
+// every operand 16-byte aligned (the host checks). fp32 accumulation, one rounding per output.
+#include "common.cuh"
+#include "dropout_keep.cuh"
+#include "mma.cuh"
+
+// 8 elements of x at flat index i (i % 8 == 0, so they are element pairs i/2 .. i/2 + 3) with the
+// dropout applied: kept ones r(v·scale), dropped ones 0.
+template <typename T>
+__device__ __forceinline__ uint4 dropped8(uint4 raw, size_t i, uint64_t kk, uint32_t thresh, float scale) {
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        bool k0, k1;
+        keep_pair(kk, i / 2 + p, thresh, k0, k1);
+        e[2 * p] = from_f32<T>(k0 ? to_f32(e[2 * p]) * scale : 0.f);
+        e[2 * p + 1] = from_f32<T>(k1 ? to_f32(e[2 * p + 1]) * scale : 0.f);
+    }
+    return raw;
+}
+
+__device__ __forceinline__ uint4 zero4() { return make_uint4(0, 0, 0, 0); }
+
+// low = drop(x)·Aᵀ. Block: 16 rows, WARPS warps splitting `in` into 32-column blocks (warp w
+// takes blocks w, w + WARPS, ...): as many warps as the registers allow, since hashing the mask
+// makes the kernel issue-bound at low occupancy. NT n-tiles of 8 ranks (r <= 8·NT). Each lane
+// loads 8 consecutive columns of two rows (16 bytes each) and of its rank row of A. The k slots of
+// the m16n8k16 fragments are a permutation of the columns (lane t's columns c..c+3 are the slots
+// 2t, 2t+1, 2t+8, 2t+9 of the first step, c+4..c+7 those of the second), the same in both
+// operands, so the products are the plain sums. The warps' partial tiles are added in warp order
+// through shared memory (WARPS·16·8·NT floats).
+template <typename T, int NT, int WARPS>
+__device__ void lora_down(const T* x, const T* a, T* low, int m, int in, int r, uint64_t kk, uint32_t thresh,
+                          float scale) {
+    extern __shared__ float red[];
+    constexpr int W = NT * 8;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int row0 = blockIdx.x * 16;
+    const int rows[2] = {row0 + g, row0 + g + 8};
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    const int kblocks = (in + 31) / 32;
+#pragma unroll 2
+    for (int kb = warp; kb < kblocks; kb += WARPS) {
+        const int c = kb * 32 + 8 * t;
+        uint4 xv[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            xv[h] = zero4();
+            if (c < in && rows[h] < m) {
+                const size_t i = (size_t)rows[h] * in + c;
+                xv[h] = dropped8<T>(*reinterpret_cast<const uint4*>(x + i), i, kk, thresh, scale);
+            }
+        }
+        const uint32_t s0[4] = {xv[0].x, xv[1].x, xv[0].y, xv[1].y};
+        const uint32_t s1[4] = {xv[0].z, xv[1].z, xv[0].w, xv[1].w};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const int n = nt * 8 + g;
+            const uint4 b = (c < in && n < r) ? *reinterpret_cast<const uint4*>(a + (size_t)n * in + c) : zero4();
+            mma16::mma<T>(acc[nt], s0, b.x, b.y);
+            mma16::mma<T>(acc[nt], s1, b.z, b.w);
+        }
+    }
+    float* mine = red + warp * 16 * W;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int col = nt * 8 + 2 * t;
+        mine[g * W + col] = acc[nt][0];
+        mine[g * W + col + 1] = acc[nt][1];
+        mine[(g + 8) * W + col] = acc[nt][2];
+        mine[(g + 8) * W + col + 1] = acc[nt][3];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < 16 * W; e += blockDim.x) {
+        float s = 0.f;
+#pragma unroll 8
+        for (int w = 0; w < WARPS; ++w) s += red[w * 16 * W + e];
+        const int row = row0 + e / W, n = e % W;
+        if (row < m && n < r) low[(size_t)row * r + n] = from_f32<T>(s);
+    }
+}
+
+// dA's partial sums: part[s][n][c] = Σ over the rows of split s of dlow[row][n]·drop(x)[row][c].
+// Block (4 warps): 64 columns of one split, in stages of 128 rows: the stage's dropped x tile and
+// dlow rows go to shared memory (row strides of 72 and MT·16 + 8 elements: the 8 rows an ldmatrix
+// reads in distinct banks), the next stage's x loads are issued (8 × 16 bytes per thread), then
+// warp w multiplies dlowᵀ (MT m-tiles of 16 ranks, from ldmatrix.trans) by its 16 columns
+// (ldmatrix.trans of the row-major x tile) over the stage's rows.
+constexpr int DA_ROWS = 128, DA_COLS = 64, DA_LD = 72, DA_THREADS = 128;
+template <typename T, int MT>
+__device__ void lora_da_part(const T* x, const T* dlow, float* part, int m, int in, int r, int split_rows,
+                             uint64_t kk, uint32_t thresh, float scale) {
+    __shared__ __align__(16) T xs[DA_ROWS][DA_LD];
+    __shared__ __align__(16) T ds[DA_ROWS][MT * 16 + 8];
+    constexpr int CHUNKS = DA_ROWS * DA_COLS / 8 / DA_THREADS;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int c0 = blockIdx.x * DA_COLS;
+    const int rb = blockIdx.y * split_rows, re = min(m, rb + split_rows);
+    float acc[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+    // Chunk q of a stage: row (tid + q·256) / 8 of the stage, columns 8·(tid % 8)..+8 of the tile.
+    const int cc = 8 * (tid % 8), c = c0 + cc;
+    uint4 raw[CHUNKS];
+    auto fetch = [&](int r0) {
+#pragma unroll
+        for (int q = 0; q < CHUNKS; ++q) {
+            const int row = r0 + (tid + q * DA_THREADS) / 8;
+            raw[q] = row < re && c < in ? *reinterpret_cast<const uint4*>(x + (size_t)row * in + c) : zero4();
+        }
+    };
+    fetch(rb);
+    for (int r0 = rb; r0 < re; r0 += DA_ROWS) {
+#pragma unroll
+        for (int q = 0; q < CHUNKS; ++q) {
+            const int rr = (tid + q * DA_THREADS) / 8, row = r0 + rr;
+            uint4 v = raw[q];
+            if (row < re && c < in) v = dropped8<T>(v, (size_t)row * in + c, kk, thresh, scale);
+            *reinterpret_cast<uint4*>(&xs[rr][cc]) = v;
+        }
+        for (int e = tid; e < DA_ROWS * MT * 2; e += DA_THREADS) {
+            const int rr = e / (MT * 2), nc = 8 * (e % (MT * 2)), row = r0 + rr;
+            const uint4 v =
+                (row < re && nc < r) ? *reinterpret_cast<const uint4*>(dlow + (size_t)row * r + nc) : zero4();
+            *reinterpret_cast<uint4*>(&ds[rr][nc]) = v;
+        }
+        __syncthreads();
+        if (r0 + DA_ROWS < re) fetch(r0 + DA_ROWS);
+#pragma unroll
+        for (int k0 = 0; k0 < DA_ROWS; k0 += 32) {
+            uint32_t b[2][4]; // per n-tile: b0, b1 of the steps at rows k0 and k0 + 16
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+                mma16::ldsm4_trans(b[nt], &xs[k0 + lane % 8 + 8 * (lane / 8)][warp * 16 + nt * 8]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int s = 0; s < 2; ++s) {
+                    uint32_t af[4];
+                    mma16::ldsm4_trans(af, &ds[k0 + 16 * s + lane % 8 + 8 * (lane / 16)][mt * 16 + 8 * ((lane / 8) % 2)]);
+                    mma16::mma<T>(acc[mt][0], af, b[0][2 * s], b[0][2 * s + 1]);
+                    mma16::mma<T>(acc[mt][1], af, b[1][2 * s], b[1][2 * s + 1]);
+                }
+        }
+        __syncthreads();
+    }
+    const int g = lane / 4, t = lane % 4;
+    float* out = part + (size_t)blockIdx.y * r * in;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int n = mt * 16 + g + 8 * h, col = c0 + warp * 16 + nt * 8 + 2 * t;
+                if (col < in && n < r)
+                    *reinterpret_cast<float2*>(out + (size_t)n * in + col) =
+                        make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+            }
+}
+
+// out[i] = Σ_s part[s·n + i] in split order, rounded to O.
+template <typename O> __device__ void lora_da_finish(const float* part, O* out, int splits, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int k = 0; k < splits; ++k) s += part[k * n + i];
+        out[i] = from_f32<O>(s);
+    }
+}
+
+// dx += drop'(dlow·A): dx = r(dx + (dlow·A)·scale) where the mask keeps the element (one fp32 fma,
+// one rounding), dx unchanged where it drops it. Block (4 warps): 64 rows × 64 columns, warp w rows
+// 16w..16w+16 and the 8 n-tiles; KS k-steps of 16 ranks (r <= 16·KS). A's 64 columns are staged in
+// shared memory (rank rows, stride 72) for ldmatrix.trans; the A fragments are dlow's rows, read
+// straight from global memory. Each warp then stages its 16 × 64 product in shared memory, so
+// that every thread updates whole 16-byte chunks of dx rows (4 rows × 128 bytes per access).
+constexpr int DX_ROWS = 64, DX_COLS = 64, DX_LD = 72, DX_STAGE_LD = DX_COLS + 4;
+template <typename T, int KS>
+__device__ void lora_dx_acc(const T* dlow, const T* a, T* dx, int m, int in, int r, uint64_t kk, uint32_t thresh,
+                            float scale) {
+    __shared__ __align__(16) T as[KS * 16][DX_LD];
+    __shared__ __align__(16) float stage[DX_ROWS][DX_STAGE_LD];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int c0 = blockIdx.x * DX_COLS, row0 = blockIdx.y * DX_ROWS + warp * 16;
+    for (int e = tid; e < KS * 16 * 8; e += blockDim.x) {
+        const int n = e / 8, cc = 8 * (e % 8);
+        *reinterpret_cast<uint4*>(&as[n][cc]) =
+            n < r && c0 + cc < in ? *reinterpret_cast<const uint4*>(a + (size_t)n * in + c0 + cc) : zero4();
+    }
+    uint32_t af[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) { // a0..a3: (row g | g+8, ranks 2t | 2t+8 of the step)
+            const int row = row0 + g + 8 * (q % 2), n = ks * 16 + 2 * t + 8 * (q / 2);
+            af[ks][q] = row < m && n < r ? *reinterpret_cast<const uint32_t*>(dlow + (size_t)row * r + n) : 0u;
+        }
+    __syncthreads();
+    float acc[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+            uint32_t b[4];
+            mma16::ldsm4_trans(b, &as[ks * 16 + lane % 8 + 8 * ((lane / 8) % 2)][np * 16 + 8 * (lane / 16)]);
+            mma16::mma<T>(acc[2 * np], af[ks], b[0], b[1]);
+            mma16::mma<T>(acc[2 * np + 1], af[ks], b[2], b[3]);
+        }
+    float(*st)[DX_STAGE_LD] = stage + warp * 16;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float2*>(&st[g + 8 * h][nt * 8 + 2 * t]) = make_float2(acc[nt][2 * h], acc[nt][2 * h + 1]);
+    __syncwarp();
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const int rr = lane / 8 + 4 * q, cc = 8 * (lane % 8), row = row0 + rr, c = c0 + cc;
+        if (row >= m || c >= in) continue;
+        const size_t i = (size_t)row * in + c;
+        float v[8];
+        load_n<T, 8>(dx + i, v);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            bool k0, k1;
+            keep_pair(kk, i / 2 + p, thresh, k0, k1);
+            if (k0) v[2 * p] = fmaf(st[rr][cc + 2 * p], scale, v[2 * p]);
+            if (k1) v[2 * p + 1] = fmaf(st[rr][cc + 2 * p + 1], scale, v[2 * p + 1]);
+        }
+        store_n<T, 8>(dx + i, v);
+    }
+}
+
+#define DOWN_INST(T, S, NT, WARPS)                                                                        \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                              \
+        lora_down_nt##NT##_##S(const T* x, const T* a, T* low, int m, int in, int r, uint64_t kk,         \
+                               uint32_t thresh, float scale) {                                            \
+        lora_down<T, NT, WARPS>(x, a, low, m, in, r, kk, thresh, scale);                                  \
+    }
+#define DA_INST(T, S, MT)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(DA_THREADS)                                              \
+        lora_da_part_mt##MT##_##S(const T* x, const T* dlow, float* part, int m, int in, int r,           \
+                                  int split_rows, uint64_t kk, uint32_t thresh, float scale) {            \
+        lora_da_part<T, MT>(x, dlow, part, m, in, r, split_rows, kk, thresh, scale);                      \
+    }
+#define DX_INST(T, S, KS)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128)                                                     \
+        lora_dx_acc_ks##KS##_##S(const T* dlow, const T* a, T* dx, int m, int in, int r, uint64_t kk,     \
+                                 uint32_t thresh, float scale) {                                          \
+        lora_dx_acc<T, KS>(dlow, a, dx, m, in, r, kk, thresh, scale);                                     \
+    }
+// Warps per lora_down block: 32 / 32 / 16 / 8 for NT = 1 / 2 / 4 / 8 (64 / 64 / 80 / 138 registers).
+#define LORA_INST(T, S)                                                                                   \
+    DOWN_INST(T, S, 1, 32) DOWN_INST(T, S, 2, 32) DOWN_INST(T, S, 4, 16) DOWN_INST(T, S, 8, 8)            \
+    DA_INST(T, S, 1) DA_INST(T, S, 2) DA_INST(T, S, 4)                                                    \
+    DX_INST(T, S, 1) DX_INST(T, S, 2) DX_INST(T, S, 3) DX_INST(T, S, 4)
+LORA_INST(__nv_bfloat16, bf16)
+LORA_INST(__half, f16)
+
+#define FINISH_INST(O, S)                                                                                      \
+    extern "C" __global__ void lora_da_finish_##S(const float* part, O* out, int splits, size_t n) {           \
+        lora_da_finish<O>(part, out, splits, n);                                                                \
+    }
+G4FT_FLOAT_TYPES(FINISH_INST)

@@ -1,0 +1,183 @@
+//! The LoRA adapter's products with its input dropout fused in, on CUDA (`kernels/lora.cu`): the
+//! forward's `low = drop(x)·Aᵀ`, and in the backward `dA = dlowᵀ·drop(x)` and
+//! `dx += drop'(dlow·A)`. Each is one pass over `x` (or `dx`) that regenerates the dropout mask of
+//! the elements it reads ([`crate::dropout`]'s bits), where the unfused path writes `drop(x)` to a
+//! temporary with the dropout kernel and reads it back in a cuBLAS GEMM (forward and `dA`), or
+//! writes `dlow·A` and adds it through the mask with a second kernel (`dx`): at the 12B's shapes
+//! that path moves about three times the bytes of `x` per product.
+//!
+//! [`crate::lora_linear`] takes this path for bf16 / f16 activations when [`applies`] holds;
+//! other shapes and f32 keep the dropout kernel + cuBLAS path (f32 because the kernels multiply
+//! on the bf16 / f16 tensor cores). Numerics: fp32 accumulation and one rounding per output, as
+//! the GEMMs; `dx`'s adapter term is no longer rounded to the element dtype before it is added.
+
+use crate::cuda::{self, cuda_module, Module};
+use crate::dropout::Keep;
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDevice, WrapErr};
+use candle_core::{DType, Result};
+
+const MODULE: Module = cuda_module!("lora");
+
+/// Columns, rows per stage and threads of a `lora_da_part` block (as the kernel).
+const DA_COLS: usize = 64;
+const DA_ROWS: usize = 128;
+const DA_THREADS: u32 = 128;
+/// `lora_da_part` blocks to aim for when splitting the rows: four per SM of an H100 / H200.
+const DA_BLOCKS_TARGET: usize = 528;
+/// Rows and columns of a `lora_dx_acc` block (as the kernel; 4 warps).
+const DX_ROWS: usize = 64;
+const DX_COLS: usize = 64;
+
+/// The shape of one adapted projection: `m` rows of `inf` input features, rank `r`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dims {
+    pub(crate) m: usize,
+    pub(crate) inf: usize,
+    pub(crate) r: usize,
+}
+
+/// Whether the fused kernels take this projection: bf16 / f16, `inf % 8 == 0`, `r % 8 == 0` and
+/// `r <= 64` (16-byte rows and the kernels' rank tiles), every operand address 16-byte aligned.
+pub(crate) fn applies(dtype: DType, d: Dims, ptrs: &[u64]) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16)
+        && d.inf.is_multiple_of(8)
+        && d.r.is_multiple_of(8)
+        && (8..=64).contains(&d.r)
+        && ptrs.iter().all(|p| p.is_multiple_of(16))
+}
+
+/// Launches `root` (instance for `dtype`) on candle's stream with the arguments every kernel of
+/// `lora.cu` but the split sum takes: three operand addresses, `m`, `inf`, `r`, the row split
+/// (`lora_da_part` only) and the mask.
+///
+/// # Safety
+/// The operands must hold what the kernel reads and writes for `d` (see each caller) and stay
+/// alive until the stream has run it.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch(
+    dev: &CudaDevice,
+    (root, dtype): (&str, DType),
+    cfg: LaunchConfig,
+    ptrs: [u64; 3],
+    d: Dims,
+    split_rows: Option<i32>,
+    keep: Keep,
+) -> Result<()> {
+    let f = cuda::func(dev, &MODULE, &cuda::kname_of(root, dtype)?)?;
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&f);
+    let (m, inf, r) = (d.m as i32, d.inf as i32, d.r as i32);
+    b.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]);
+    b.arg(&m).arg(&inf).arg(&r);
+    if let Some(rows) = &split_rows {
+        b.arg(rows);
+    }
+    b.arg(&keep.kk).arg(&keep.thresh).arg(&keep.scale);
+    // SAFETY: the caller's contract.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// `low (m, r) = drop(x)·Aᵀ` for `x (m, inf)` and `a (r, inf)`, all in `dtype`.
+pub(crate) fn down(
+    dev: &CudaDevice,
+    (x, a, low): (u64, u64, u64),
+    d: Dims,
+    dtype: DType,
+    keep: Keep,
+) -> Result<()> {
+    // n-tiles of 8 ranks and warps per block of the kernel's instances (as many warps as their
+    // registers allow: 32, 32, 16, 8).
+    let nt = d.r.div_ceil(8).next_power_of_two();
+    let warps = 64 / nt.max(2);
+    let cfg = LaunchConfig {
+        grid_dim: (d.m.div_ceil(16).max(1) as u32, 1, 1),
+        block_dim: ((warps * 32) as u32, 1, 1),
+        shared_mem_bytes: (warps * 16 * 8 * nt * 4) as u32,
+    };
+    let root = format!("lora_down_nt{nt}");
+    // SAFETY: x holds m·inf elements, a r·inf, low m·r, all of `dtype` (the caller's shapes); the
+    // grid covers every 16-row tile and each block writes only its rows of low.
+    unsafe { launch(dev, (&root, dtype), cfg, [x, a, low], d, None, keep) }
+}
+
+/// `da (r, inf) = dlowᵀ·drop(x)` in `da_dtype` (f32 or `dtype`) for `x (m, inf)` and
+/// `dlow (m, r)` in `dtype`: partial sums over row splits in fp32, then their sum in split order
+/// (deterministic, no atomics).
+pub(crate) fn grad_a(
+    dev: &CudaDevice,
+    (x, dlow, da): (u64, u64, u64),
+    d: Dims,
+    (dtype, da_dtype): (DType, DType),
+    keep: Keep,
+) -> Result<()> {
+    let tiles = d.inf.div_ceil(DA_COLS);
+    let stages = d.m.div_ceil(DA_ROWS).max(1);
+    let want = DA_BLOCKS_TARGET.div_ceil(tiles).clamp(1, stages);
+    let split_rows = stages.div_ceil(want) * DA_ROWS;
+    let splits = d.m.div_ceil(split_rows).max(1);
+    // SAFETY: every split's r × inf slice is written whole by its blocks before the sum reads it.
+    let part = unsafe { dev.alloc::<f32>(splits * d.r * d.inf)? };
+    let stream = dev.cuda_stream();
+    let part_ptr = part.device_ptr(&stream).0;
+    let mt = match d.r.div_ceil(16) {
+        1 => 1,
+        2 => 2,
+        _ => 4,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (tiles as u32, splits as u32, 1),
+        block_dim: (DA_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let root = format!("lora_da_part_mt{mt}");
+    // SAFETY: x holds m·inf elements and dlow m·r of `dtype`, part splits·r·inf floats; block
+    // (tile, split) writes the columns of its tile in its split's slice.
+    unsafe {
+        launch(
+            dev,
+            (&root, dtype),
+            cfg,
+            [x, dlow, part_ptr],
+            d,
+            Some(split_rows as i32),
+            keep,
+        )
+    }?;
+    let n = d.r * d.inf;
+    let f = cuda::func(dev, &MODULE, &cuda::kname_of("lora_da_finish", da_dtype)?)?;
+    let mut b = stream.launch_builder(&f);
+    let splits = splits as i32;
+    b.arg(&part_ptr).arg(&da).arg(&splits).arg(&n);
+    // SAFETY: part holds splits·n floats, da n elements of `da_dtype`.
+    unsafe { b.launch(cuda::elementwise(n)) }.w()?;
+    Ok(())
+}
+
+/// `dx (m, inf) += drop'(dlow·A)` for `dlow (m, r)` and `a (r, inf)`, all in `dtype`: where the
+/// mask keeps an element, `dx = r(dx + (dlow·A)·1/(1−p))`; elsewhere `dx` is unchanged.
+pub(crate) fn grad_x_acc(
+    dev: &CudaDevice,
+    (dlow, a, dx): (u64, u64, u64),
+    d: Dims,
+    dtype: DType,
+    keep: Keep,
+) -> Result<()> {
+    if d.m == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (
+            d.inf.div_ceil(DX_COLS) as u32,
+            d.m.div_ceil(DX_ROWS) as u32,
+            1,
+        ),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let root = format!("lora_dx_acc_ks{}", d.r.div_ceil(16));
+    // SAFETY: dlow holds m·r elements, a r·inf, dx m·inf of `dtype`; each thread updates its own
+    // element pairs of dx.
+    unsafe { launch(dev, (&root, dtype), cfg, [dlow, a, dx], d, None, keep) }
+}
