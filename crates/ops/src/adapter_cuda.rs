@@ -9,7 +9,8 @@
 //! [`crate::lora_linear`] takes this path for bf16 / f16 activations when [`applies`] holds;
 //! other shapes and f32 keep the dropout kernel + cuBLAS path (f32 because the kernels multiply
 //! on the bf16 / f16 tensor cores). Numerics: fp32 accumulation and one rounding per output, as
-//! the GEMMs; `dx`'s adapter term is no longer rounded to the element dtype before it is added.
+//! the GEMMs; `dx`'s adapter term is added in fp32 (the unfused path rounds it to the element
+//! dtype first).
 
 use crate::cuda::{self, cuda_module, Module};
 use crate::dropout::Keep;
@@ -54,7 +55,6 @@ pub(crate) fn applies(dtype: DType, d: Dims, ptrs: &[u64]) -> bool {
 /// # Safety
 /// The operands must hold what the kernel reads and writes for `d` (see each caller) and stay
 /// alive until the stream has run it.
-#[allow(clippy::too_many_arguments)]
 unsafe fn launch(
     dev: &CudaDevice,
     (root, dtype): (&str, DType),
