@@ -239,8 +239,7 @@ fn gpu_kernels_table() -> Result<()> {
         // widths (odd ones included). With dropout, bf16 / f16 inputs whose width and rank are
         // multiples of 8 (r <= 64) take the fused adapter kernels: 512, 96 (r 24: a ragged rank
         // tile) and 264 (r 64; ragged row and column tiles); 1030 and 77 the dropout kernel +
-        // cuBLAS path. One
-        // f16 row (in the bf16 pass) covers the kernels' f16 products.
+        // cuBLAS path. One f16 row (in the bf16 pass) covers the kernels' f16 products.
         let mut shapes = vec![
             ((64, 512, 16), dtype, dtype),
             ((70, 264, 64), dtype, DType::F32),
