@@ -12,9 +12,10 @@
 //! GEMMs: `dlow = scale·g·B`, `dx = g·W (+ dlow·A, through the dropout mask)`, `dA = dlowᵀ·drop(x)`,
 //! `dB = scale·gᵀ·low`, with `low = drop(x)·Aᵀ` kept from the forward (`tokens × r`) and the
 //! dropout mask regenerated from its key. With dropout on bf16 / f16 inputs of the usual shapes,
-//! the three products that read `drop(x)` or go through its mask are kernels that apply the mask as
-//! they read (`crate::adapter_cuda`): no dropout kernel, no `drop(x)` temporary. On the CPU both directions are the composite of Candle
-//! ops ([`lora_linear_slow`]'s math), so the CPU tests check the backward formulas against autograd.
+//! the three products that read `drop(x)` or go through its mask are kernels that apply the mask
+//! as they read (`crate::adapter_cuda`): no dropout kernel, no `drop(x)` temporary. On the CPU
+//! both directions are the composite of Candle ops ([`lora_linear_slow`]'s math), so the CPU tests
+//! check the backward formulas against autograd.
 //! Numerics: fp32 accumulation in every GEMM; the adapter term is added to the rounded base output
 //! inside the GEMM's epilogue (one rounding instead of the composite's three).
 
