@@ -237,12 +237,15 @@ fn gpu_kernels_table() -> Result<()> {
         }
         // Adapters in x's dtype and in fp32 (master weights: cast copies), several ranks and
         // widths (odd ones included). With dropout, bf16 / f16 inputs whose width and rank are
-        // multiples of 8 (r <= 64) take the fused adapter kernels: 512, 96 (r 24: a ragged rank
-        // tile) and 264 (r 64; ragged row and column tiles); 1030 and 77 the dropout kernel +
-        // cuBLAS path. One f16 row (in the bf16 pass) covers the kernels' f16 products.
+        // multiples of 8 (r <= 64) take the fused adapter kernels: 512, 1032 (r 8), 96 (r 24: a
+        // ragged rank tile), 136 (r 40) and 264 (r 64; ragged row and column tiles), so every
+        // rank instance of each kernel runs in bf16; 1030 and 77 the dropout kernel + cuBLAS
+        // path. One f16 row (in the bf16 pass) covers the kernels' f16 products.
         let mut shapes = vec![
             ((64, 512, 16), dtype, dtype),
             ((70, 264, 64), dtype, DType::F32),
+            ((37, 1032, 8), dtype, DType::F32),
+            ((19, 136, 40), dtype, DType::F32),
             ((37, 1030, 8), dtype, DType::F32),
             ((5, 96, 24), dtype, DType::F32),
             ((21, 77, 4), dtype, DType::F32),
