@@ -27,6 +27,7 @@
 namespace flash_bwd {
 
 using namespace mma16;
+using flash_bwd_tile::KeyBlock;
 using flash_bwd_tile::visible;
 
 // Dᵢ = Σ_c dO[i, c]·O[i, c] in fp32 for the b·nh·t rows of d elements; one warp per row.
@@ -88,7 +89,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
     T* const sdo = sq + BR * LD;
     T* const sp = sdo + BR * LD;   // Pᵀ (BC × BR), row stride LP
     T* const sds = sp + BC * LP;   // dSᵀ
-    float* const slse = reinterpret_cast<float*>(sds + BC * LP);  // lse·log2(e) per tile row
+    float* const slse = reinterpret_cast<float*>(sds + BC * LP);  // lse per tile row
     float* const sdd = slse + BR;                                  // D per tile row
     int* const sqi = reinterpret_cast<int*>(sdd + BR);             // query index, −1 = no row
     int* const sst = sqi + BR;                                     // seq_start of the row's query
@@ -96,45 +97,27 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int kr = warp % KRW, part = warp / KRW;
-    const int slab = blockIdx.y, nkv = nh / g, bi = slab / nkv, kvh = slab % nkv;
-    const int mc = g / gridDim.z, m0 = blockIdx.z * mc;  // this block's query heads of the group
-    const int j0 = blockIdx.x * BC;  // the longest query ranges (first keys) first
-    const int jlast = min(j0 + BC, t) - 1;
-    const int qend = window > 0 ? min(t, jlast + window) : t;  // queries [j0, qend) can see a key
-    const int rbeg = j0 * mc, rend = qend * mc;  // rows v: query v / mc of head m0 + v % mc
+    const KeyBlock kb(BC, nh, g, t, window, seq_start);
+    const int slab = kb.slab, j0 = kb.j0;
     const T* kslab = k + (size_t)slab * t * D;
     const T* vslab = v + (size_t)slab * t * D;
-    const uint32_t* srow = seq_start ? seq_start + (size_t)bi * t : nullptr;
-    auto head_row = [&](int r) -> size_t {
-        return ((size_t)bi * nh + kvh * g + m0 + r % mc) * t + r / mc;
-    };
 
     load_tile<T, D, BC, THREADS>(sk, kslab + (size_t)j0 * D, t - j0);
     load_tile<T, D, BC, THREADS>(sv, vslab + (size_t)j0 * D, t - j0);
     cp_async_commit();
+    bool keys_full = true;
     if (threadIdx.x < BC) {
         const int j = j0 + threadIdx.x;
-        skm[threadIdx.x] = j < t ? mask[(size_t)bi * t + j] : 0;
+        skm[threadIdx.x] = j < t ? mask[(size_t)kb.bi * t + j] : 0;
+        keys_full = skm[threadIdx.x] != 0;
     }
-    // The Q / dO rows and per-row values of the tile at r0.
+    keys_full = __syncthreads_and(keys_full);
+    // The Q / dO rows and row values of the tile at r0.
     auto load_q = [&](int r0) {
-        const int valid = min(BR, rend - r0);
-        load_rows<T, D, THREADS>(sq, BR, valid, [&](int r) { return q + head_row(r0 + r) * D; });
-        load_rows<T, D, THREADS>(sdo, BR, valid, [&](int r) { return dout + head_row(r0 + r) * D; });
+        kb.load_rows<T, D, BR, THREADS>(sq, sdo, q, dout, r0, [](int r, int ch) { return r * LD + ch * 8; });
+        kb.load_row_values<BR>(slse, lse, dd, r0);
         cp_async_commit();
-        if (threadIdx.x < BR) {
-            const int r = r0 + threadIdx.x;
-            const bool ok = threadIdx.x < valid;
-            const size_t hr = head_row(ok ? r : r0);
-            slse[threadIdx.x] = ok ? lse[hr] * G4FT_LOG2E : INFINITY;
-            sdd[threadIdx.x] = ok ? dd[hr] : 0.f;
-            sqi[threadIdx.x] = ok ? r / mc : -1;
-            sst[threadIdx.x] = ok && srow ? (int)srow[r / mc] : 0;
-        }
     };
-    // Packed sequences: no query from row r0 on sees this block's keys once its sequence starts
-    // after them (seq_start is non-decreasing).
-    auto past_seq = [&](int r0) { return srow && (int)srow[r0 / mc] > jlast; };
 
     float dka[NTW][4], dva[NTW][4];
 #pragma unroll
@@ -143,8 +126,8 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
         for (int e = 0; e < 4; ++e) dka[i][e] = dva[i][e] = 0.f;
 
     const float sl2 = scale * G4FT_LOG2E;
-    if (rbeg < rend && !past_seq(rbeg)) load_q(rbeg);
-    for (int r0 = rbeg; r0 < rend && !past_seq(r0); r0 += BR) {
+    if (kb.rbeg < kb.rend && !kb.past_seq(kb.rbeg)) load_q(kb.rbeg);
+    for (int r0 = kb.rbeg; r0 < kb.rend && !kb.past_seq(r0); r0 += BR) {
         cp_async_wait_all();
         __syncthreads();  // Q, dO, K, V and the row values are in
 
@@ -171,24 +154,32 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
                 mma<T>(dp[2 * np + 1], av, bo[2], bo[3]);
             }
         }
+        // Pᵀ and dSᵀ into shared memory; interior tiles (most of them) skip the per-element
+        // visibility test.
+        auto p_ds = [&](bool masked) {
 #pragma unroll
-        for (int nt = 0; nt < NQ; ++nt)
+            for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int jl = kr * 16 + lane / 4 + 8 * h, j = j0 + jl;
-                float pv[2], dsv[2];
+                for (int h = 0; h < 2; ++h) {
+                    const int jl = kr * 16 + lane / 4 + 8 * h, j = j0 + jl;
+                    float pv[2], dsv[2];
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int c = part * QW + nt * 8 + 2 * (lane % 4) + e, qi = sqi[c];
-                    const bool ok = qi >= 0 && visible(j, qi, sst[c], window, skm[jl]);
-                    const float p = ok ? ex2_ftz(fmaf(s[nt][2 * h + e], sl2, -slse[c])) : 0.f;
-                    pv[e] = p;
-                    dsv[e] = scale * p * (dp[nt][2 * h + e] - sdd[c]);
+                    for (int e = 0; e < 2; ++e) {
+                        const int c = part * QW + nt * 8 + 2 * (lane % 4) + e;
+                        const bool ok = !masked || (sqi[c] >= 0 && visible(j, sqi[c], sst[c], window, skm[jl]));
+                        const float p = ok ? ex2_ftz(fmaf(s[nt][2 * h + e], sl2, -(slse[c] * G4FT_LOG2E))) : 0.f;
+                        pv[e] = p;
+                        dsv[e] = scale * p * (dp[nt][2 * h + e] - sdd[c]);
+                    }
+                    const int off = jl * LP + part * QW + nt * 8 + 2 * (lane % 4);
+                    *reinterpret_cast<uint32_t*>(sp + off) = pack2<T>(pv[0], pv[1]);
+                    *reinterpret_cast<uint32_t*>(sds + off) = pack2<T>(dsv[0], dsv[1]);
                 }
-                const int off = jl * LP + part * QW + nt * 8 + 2 * (lane % 4);
-                *reinterpret_cast<uint32_t*>(sp + off) = pack2<T>(pv[0], pv[1]);
-                *reinterpret_cast<uint32_t*>(sds + off) = pack2<T>(dsv[0], dsv[1]);
-            }
+        };
+        if (kb.interior<BR>(slse, r0, keys_full, window))
+            p_ds(false);
+        else
+            p_ds(true);
         __syncthreads();  // Pᵀ and dSᵀ of the tile are complete
 
         // dV += Pᵀ·dO and dK += dSᵀ·Q over the tile's BR query rows.
@@ -212,7 +203,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
         }
         __syncthreads();  // every warp is done with Q, dO, Pᵀ, dSᵀ and the row values
         const int nxt = r0 + BR;
-        if (nxt < rend && !past_seq(nxt)) load_q(nxt);
+        if (nxt < kb.rend && !kb.past_seq(nxt)) load_q(nxt);
     }
 
     // dK and dV of the block's keys: rounded to T, or added into the fp32 sums of the group.

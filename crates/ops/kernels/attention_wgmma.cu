@@ -248,55 +248,40 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
     T* const sv = sk + TILE;
     T* const sq0 = sv + TILE;  // stage s: Q at sq0 + 2·s·TILE, dO after it
     float* const xch = reinterpret_cast<float*>(sq0 + 4 * TILE);  // Pᵀ, [NT·4][128] fp32
-    float* const rowv = xch + NT * 4 * 128;  // per stage: lse·log2(e), D, query index, seq start
+    float* const rowv = xch + NT * 4 * 128;  // per stage: lse, D, query index, seq start
     __shared__ uint8_t skm[BC];
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wgi = warp / 4, wt = threadIdx.x % 128;
-    const int slab = blockIdx.y, nkv = nh / g, bi = slab / nkv, kvh = slab % nkv;
-    const int mc = g / gridDim.z, m0 = blockIdx.z * mc;
-    const int j0 = blockIdx.x * BC;
-    const int jlast = min(j0 + BC, t) - 1;
-    const int qend = window > 0 ? min(t, jlast + window) : t;
-    const int rbeg = j0 * mc, rend = qend * mc;
-    const uint32_t* srow = seq_start ? seq_start + (size_t)bi * t : nullptr;
-    auto head_row = [&](int r) -> size_t { return ((size_t)bi * nh + kvh * g + m0 + r % mc) * t + r / mc; };
+    const flash_bwd_tile::KeyBlock kb(BC, nh, g, t, window, seq_start);
+    const int slab = kb.slab, j0 = kb.j0;
 
     wg::load_tile<T, D, BC, THREADS>(sk, k + ((size_t)slab * t + j0) * D, t - j0);
     wg::load_tile<T, D, BC, THREADS>(sv, v + ((size_t)slab * t + j0) * D, t - j0);
+    bool keys_full = true;
     if (threadIdx.x < BC) {
         const int j = j0 + threadIdx.x;
-        skm[threadIdx.x] = j < t ? mask[(size_t)bi * t + j] : 0;
+        skm[threadIdx.x] = j < t ? mask[(size_t)kb.bi * t + j] : 0;
+        keys_full = skm[threadIdx.x] != 0;
     }
-    // The Q / dO rows and per-row values of the tile at r0 into stage st (one commit group).
+    // The Q / dO rows and row values of the tile at r0 into stage st (the caller commits).
     auto load_q = [&](int r0, int st) {
-        const int valid = min(BR, rend - r0);
         T* const sq = sq0 + 2 * st * TILE;
-        wg::load_rows<T, D, BR, THREADS>(sq, valid, [&](int r) { return q + head_row(r0 + r) * D; });
-        wg::load_rows<T, D, BR, THREADS>(sq + TILE, valid, [&](int r) { return dout + head_row(r0 + r) * D; });
-        if (threadIdx.x < BR) {
-            float* const rv = rowv + st * 4 * BR;
-            const int r = r0 + threadIdx.x;
-            const bool ok = threadIdx.x < valid;
-            const size_t hr = head_row(ok ? r : r0);
-            rv[threadIdx.x] = ok ? lse[hr] * G4FT_LOG2E : INFINITY;
-            rv[BR + threadIdx.x] = ok ? dd[hr] : 0.f;
-            reinterpret_cast<int*>(rv)[2 * BR + threadIdx.x] = ok ? r / mc : -1;
-            reinterpret_cast<int*>(rv)[3 * BR + threadIdx.x] = ok && srow ? (int)srow[r / mc] : 0;
-        }
+        kb.load_rows<T, D, BR, THREADS>(sq, sq + TILE, q, dout, r0, [](int r, int ch) { return wg::sw128_chunk<BR>(r, ch); });
+        kb.load_row_values<BR>(rowv + st * 4 * BR, lse, dd, r0);
     };
-    auto past_seq = [&](int r0) { return srow && (int)srow[r0 / mc] > jlast; };
-    if (rbeg < rend && !past_seq(rbeg)) load_q(rbeg, 0);
+    if (kb.rbeg < kb.rend && !kb.past_seq(kb.rbeg)) load_q(kb.rbeg, 0);
     mma16::cp_async_commit();  // K, V and the first tile
+    keys_full = __syncthreads_and(keys_full);
 
     float acc[NACC];  // warpgroup 0: dV, 1: dK (keys 16·(warp % 4) + lane / 4 (+8), columns by n-tile)
 #pragma unroll
     for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
     const float sl2 = scale * G4FT_LOG2E;
     const int kr = (warp % 4) * 16 + lane / 4;  // the thread's first key row in the block
-    for (int r0 = rbeg, it = 0; r0 < rend && !past_seq(r0); r0 += BR, ++it) {
+    for (int r0 = kb.rbeg, it = 0; r0 < kb.rend && !kb.past_seq(r0); r0 += BR, ++it) {
         const int st = it & 1;
         const int nxt = r0 + BR;
-        if (nxt < rend && !past_seq(nxt)) load_q(nxt, st ^ 1);  // its stage was released at the end of the last tile
+        if (nxt < kb.rend && !kb.past_seq(nxt)) load_q(nxt, st ^ 1);  // its stage was released at the end of the last tile
         mma16::cp_async_commit();
         mma16::cp_async_wait_newer<1>();  // this tile (and K, V) is in
         wg::fence_shared_for_async();
@@ -306,6 +291,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
         const float* const rv = rowv + st * 4 * BR;
         const int* const rqi = reinterpret_cast<const int*>(rv) + 2 * BR;
         const int* const rst = rqi + BR;
+        const bool inside = kb.interior<BR>(rv, r0, keys_full, window);
 
         // Sᵀ (warpgroup 0) or dPᵀ (warpgroup 1): the block's 64 keys times the tile's 64 rows.
         float s[NT][4];
@@ -316,15 +302,23 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
         // Warpgroup 0: Pᵀ = exp2(Sᵀ·scale·log2(e) − lse) where visible, handed over in fp32; warpgroup
         // 1: dSᵀ = scale·Pᵀ∘(dPᵀ − D). Each rounds its operand into the A fragments of its product.
         if (wgi == 0) {
+            // Interior tiles (most of them) skip the per-element visibility test.
+            auto p_of = [&](bool masked) {
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+                for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int jl = kr + 8 * (e / 2), c = nt * 8 + 2 * (lane % 4) + (e & 1), qi = rqi[c];
-                    const bool ok = qi >= 0 && flash_bwd_tile::visible(j0 + jl, qi, rst[c], window, skm[jl]);
-                    s[nt][e] = ok ? ex2_ftz(fmaf(s[nt][e], sl2, -rv[c])) : 0.f;
-                    xch[(nt * 4 + e) * 128 + wt] = s[nt][e];
-                }
+                    for (int e = 0; e < 4; ++e) {
+                        const int jl = kr + 8 * (e / 2), c = nt * 8 + 2 * (lane % 4) + (e & 1);
+                        const bool ok = !masked || (rqi[c] >= 0 && flash_bwd_tile::visible(j0 + jl, rqi[c], rst[c],
+                                                                                       window, skm[jl]));
+                        s[nt][e] = ok ? ex2_ftz(fmaf(s[nt][e], sl2, -(rv[c] * G4FT_LOG2E))) : 0.f;
+                        xch[(nt * 4 + e) * 128 + wt] = s[nt][e];
+                    }
+            };
+            if (inside)
+                p_of(false);
+            else
+                p_of(true);
         }
         asm volatile("bar.sync 1, 256;\n" ::: "memory");  // Pᵀ handed over
         if (wgi == 1) {

@@ -63,4 +63,96 @@ __device__ __forceinline__ void ds_fragments(const float (*s)[4], const float (*
     mma16::a_fragments<T, BC>(ds, fa);
 }
 
+// The query rows a block of the dK / dV kernels walks (grid (ceil(t / BC), b·nkv, hsplit),
+// src/attention_cuda.rs): block (x, y, z) owns keys [j0, j0 + BC) of slab y and the mc = g / hsplit
+// query heads m0 = z·mc .. m0 + mc − 1 of its group; its row v is query v / mc of head m0 + v % mc,
+// and rows [rbeg, rend) hold the queries j0 .. qend − 1 that can see one of its keys. Tiles of rows
+// come in by cp.async with one row address per row (a shift when mc is a power of two), so the
+// loads stay off the issue slots of the tile loop.
+struct KeyBlock {
+    int slab, bi, j0, jlast, rbeg, rend;
+    int mc, mshift;  // heads per block; log2(mc) when a power of two, else −1
+    int t;
+    size_t head0;          // (b·nh + kv·g + m0)·t: the (b, nh, t) row of row 0
+    const uint32_t* srow;  // the batch row's sequence starts (null: one sequence)
+
+    __device__ __forceinline__ KeyBlock(int bc, int nh, int g, int t_, int window, const uint32_t* seq_start) {
+        t = t_;
+        slab = blockIdx.y;
+        const int nkv = nh / g, kvh = slab % nkv;
+        bi = slab / nkv;
+        mc = g / gridDim.z;
+        mshift = (mc & (mc - 1)) == 0 ? __ffs(mc) - 1 : -1;
+        j0 = blockIdx.x * bc;  // the longest query ranges (first keys) first
+        jlast = min(j0 + bc, t) - 1;
+        const int qend = window > 0 ? min(t, jlast + window) : t;
+        rbeg = j0 * mc;
+        rend = qend * mc;
+        head0 = ((size_t)bi * nh + kvh * g + blockIdx.z * mc) * t;
+        srow = seq_start ? seq_start + (size_t)bi * t : nullptr;
+    }
+
+    // The query of row v.
+    __device__ __forceinline__ int query(int v) const { return mshift >= 0 ? v >> mshift : v / mc; }
+    // The (b, nh, t) row of row v, whose query is qi.
+    __device__ __forceinline__ size_t head_row(int v, int qi) const { return head0 + (size_t)(v - qi * mc) * t + qi; }
+    __device__ __forceinline__ size_t head_row(int v) const { return head_row(v, query(v)); }
+    // Packed sequences: no query from row r0 on sees this block's keys once its sequence starts
+    // after them (seq_start is non-decreasing).
+    __device__ __forceinline__ bool past_seq(int r0) const { return srow && (int)srow[query(r0)] > jlast; }
+
+    // Rows [r0, r0 + ROWS) of q and dout (rows of D elements) into the tiles sq and sdo, zero-filled
+    // from rend on; `at(r, ch)` is the element offset of row r's 16-byte chunk ch in a tile. Each
+    // thread copies one chunk column of every (THREADS / (D / 8))-th row, both tensors per address.
+    template <typename T, int D, int ROWS, int THREADS, typename At>
+    __device__ __forceinline__ void load_rows(T* sq, T* sdo, const T* q, const T* dout, int r0, At at) const {
+        constexpr int CH = D / 8, STEP = THREADS / CH;
+        static_assert(THREADS % CH == 0 && ROWS % STEP == 0, "row loader shape");
+        const int ch = threadIdx.x % CH;
+        auto rows = [&](auto query_of) {
+#pragma unroll
+            for (int i = 0; i < ROWS / STEP; ++i) {
+                const int r = threadIdx.x / CH + i * STEP, v = r0 + r < rend ? r0 + r : r0;
+                const size_t src = head_row(v, query_of(v)) * D + ch * 8;
+                const int dst = at(r, ch);
+                mma16::cp_async16(sq + dst, q + src, r0 + r < rend);
+                mma16::cp_async16(sdo + dst, dout + src, r0 + r < rend);
+            }
+        };
+        // One branch per tile, not per row.
+        if (mshift >= 0)
+            rows([&](int v) { return v >> mshift; });
+        else
+            rows([&](int v) { return v / mc; });
+    }
+
+    // The values of rows [r0, r0 + ROWS) into rv, four arrays of ROWS words: lse, D = dO·O, the
+    // query (−1 past rend) and its sequence start; lse, D and the start by cp.async (0 past rend).
+    // Threads < ROWS.
+    template <int ROWS>
+    __device__ __forceinline__ void load_row_values(float* rv, const float* lse, const float* dd, int r0) const {
+        if (threadIdx.x >= ROWS) return;
+        const int v = r0 + threadIdx.x;
+        const bool ok = v < rend;
+        const size_t hr = head_row(ok ? v : r0);
+        mma16::cp_async4(rv + threadIdx.x, lse + hr, ok);
+        mma16::cp_async4(rv + ROWS + threadIdx.x, dd + hr, ok);
+        int* const ri = reinterpret_cast<int*>(rv + 2 * ROWS);
+        ri[threadIdx.x] = ok ? query(v) : -1;
+        if (srow)
+            mma16::cp_async4(ri + ROWS + threadIdx.x, srow + query(ok ? v : r0), ok);
+        else
+            ri[ROWS + threadIdx.x] = 0;
+    }
+
+    // Whether every key of the block is visible to every row of the tile whose row values are rv
+    // (keys_full: the block's keys are all < t and unmasked): no per-element masking needed.
+    template <int ROWS>
+    __device__ __forceinline__ bool interior(const float* rv, int r0, bool keys_full, int window) const {
+        const int* const ri = reinterpret_cast<const int*>(rv + 2 * ROWS);
+        return keys_full && r0 + ROWS <= rend && jlast <= ri[0] && (window == 0 || ri[ROWS - 1] - j0 < window) &&
+               ri[2 * ROWS - 1] <= j0;
+    }
+};
+
 }  // namespace flash_bwd_tile

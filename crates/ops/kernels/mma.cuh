@@ -65,6 +65,11 @@ __device__ __forceinline__ void cp_async16(void* s, const void* g, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g),
                  "r"(valid ? 16 : 0));
 }
+// 4 bytes global → shared (a per-row value beside a tile); zero-filled when !valid.
+__device__ __forceinline__ void cp_async4(void* s, const void* g, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(s)), "l"(g),
+                 "r"(valid ? 4 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's newest commit groups are still in flight.
 template <int N> __device__ __forceinline__ void cp_async_wait_newer() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

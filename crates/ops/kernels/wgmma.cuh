@@ -59,6 +59,13 @@ __device__ __forceinline__ uint64_t desc(const void* p, uint32_t lbo) {
     return addr | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 
+// The descriptor `d` with its operand address moved on by `elems` 16-bit elements. The address
+// field (the low 14 bits) is the shared-memory byte address / 16 and every operand lies in the
+// block's shared memory (below 2^18 bytes), so a 32-bit add never carries out of the field. One
+// descriptor per product, stepped by constants, keeps descriptor math out of the wgmma issue loop.
+__device__ __forceinline__ uint64_t step(uint64_t d, int elems) {
+    return (d & ~0xFFFFFFFFull) | (uint32_t)((uint32_t)d + elems * 2 / 16);
+}
 // Orders this thread's register writes (accumulators, A fragments) before the next wgmma.
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 // Closes the group of wgmmas issued since the last commit.
@@ -138,10 +145,11 @@ __device__ __forceinline__ void rows_times_rows(float* c, const T* a, int a0, co
     for (int i = 0; i < N / 2; ++i) c[i] = 0.f;
     pin<N / 2>(c);
     fence();
+    const uint64_t da = desc(a + (col0 / 64) * AROWS * 64 + a0 * 64, 16), db = desc(b + (col0 / 64) * N * 64, 16);
 #pragma unroll
     for (int kk = 0; kk < DSPAN / 16; ++kk) {
-        const int atom = col0 / 64 + kk / 4, col = (kk % 4) * 16;  // the step's 32 bytes within its atom
-        mma_ss<T, N>(c, desc(a + atom * AROWS * 64 + a0 * 64 + col, 16), desc(b + atom * N * 64 + col, 16));
+        const int atom = kk / 4, col = (kk % 4) * 16;  // the step's 32 bytes within its atom
+        mma_ss<T, N>(c, step(da, atom * AROWS * 64 + col), step(db, atom * N * 64 + col));
     }
     commit();
 }
@@ -168,11 +176,12 @@ __device__ __forceinline__ void accumulate(float* acc, const uint32_t (*a)[4], c
     static_assert(NC % 128 == 0, "128 columns a product");
     pin<NC / 2>(acc);
     fence();
+    const uint64_t db = desc(b + atom0 * BROWS * 64, BROWS * 128);
 #pragma unroll
     for (int ks = 0; ks < K / 16; ++ks)
 #pragma unroll
         for (int h = 0; h < NC / 128; ++h)
-            mma_m64n128_rs<T>(acc + 64 * h, a[ks], desc(b + (atom0 + 2 * h) * BROWS * 64 + ks * 16 * 64, BROWS * 128));
+            mma_m64n128_rs<T>(acc + 64 * h, a[ks], step(db, 2 * h * BROWS * 64 + ks * 16 * 64));
     commit();
     wait<0>();
     pin<NC / 2>(acc);
