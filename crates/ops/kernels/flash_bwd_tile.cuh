@@ -1,7 +1,8 @@
 // Pieces of the fused attention backward shared by the mma.sync kernels (attention_flash_bwd.cu)
-// and the wgmma dQ kernel (attention_wgmma.cu): key visibility, and one key tile's dS for a
-// warp's 16 query rows in mma.sync's m16n8 C-fragment layout (n-tile nt, element e: row
-// lane / 4 + 8·(e / 2), key nt·8 + 2·(lane % 4) + e % 2), rounded into the A fragments of dS·K.
+// and the wgmma ones (attention_wgmma.cu): key visibility; one key tile's dS for a warp's 16
+// query rows in mma.sync's m16n8 C-fragment layout (n-tile nt, element e: row lane / 4 +
+// 8·(e / 2), key nt·8 + 2·(lane % 4) + e % 2), rounded into the A fragments of dS·K (the dQ
+// kernels); and the query rows a dK / dV block walks, with their loaders (`KeyBlock`).
 #pragma once
 #include "common.cuh"
 #include "grouped_rows.cuh"
