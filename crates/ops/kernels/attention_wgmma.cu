@@ -281,11 +281,15 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
     for (int r0 = kb.rbeg, it = 0; r0 < kb.rend && !kb.past_seq(r0); r0 += BR, ++it) {
         const int st = it & 1;
         const int nxt = r0 + BR;
-        if (nxt < kb.rend && !kb.past_seq(nxt)) load_q(nxt, st ^ 1);  // its stage was released at the end of the last tile
-        mma16::cp_async_commit();
-        mma16::cp_async_wait_newer<1>();  // this tile (and K, V) is in
+        mma16::cp_async_wait_all();  // this tile (and K, V) is in
         wg::fence_shared_for_async();
+        // Every thread's copies of this tile are in, and every warp is done with the last tile:
+        // its stage takes the next tile (it loads during this one) and Pᵀ's buffer is free.
         __syncthreads();
+        if (nxt < kb.rend && !kb.past_seq(nxt)) {
+            load_q(nxt, st ^ 1);
+            mma16::cp_async_commit();
+        }
         T* const sq = sq0 + 2 * st * TILE;
         T* const sdo = sq + TILE;
         const float* const rv = rowv + st * 4 * BR;
@@ -320,7 +324,11 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
             else
                 p_of(true);
         }
-        asm volatile("bar.sync 1, 256;\n" ::: "memory");  // Pᵀ handed over
+        // Pᵀ handed over: warpgroup 0 arrives and goes on, warpgroup 1 waits for it.
+        if (wgi == 0)
+            asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+        else
+            asm volatile("bar.sync 1, 256;\n" ::: "memory");
         if (wgi == 1) {
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
@@ -335,7 +343,6 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
 
         // dV += Pᵀ·dO (warpgroup 0) or dK += dSᵀ·Q (warpgroup 1), dO / Q read down their rows.
         wg::accumulate<T, BR, BR, D>(acc, fa, wgi == 0 ? sdo : sq, 0);
-        __syncthreads();  // every warp is done with this stage and the hand-over
     }
 
     // dV (warpgroup 0) or dK (warpgroup 1) of the block's keys: rounded to T, or added into the

@@ -19,8 +19,9 @@ __device__ __forceinline__ void for_pairs(size_t n, uint64_t kk, uint32_t thresh
     uint64_t s = kk + (uint64_t)j * GAMMA;
     const uint64_t ds = (uint64_t)stride * GAMMA;
     for (; j < pairs; j += stride, s += ds) {
-        const uint64_t h = mix64(s);
-        body(2 * j, ((uint32_t)(h >> 32) >> 8) >= thresh, ((uint32_t)h >> 8) >= thresh);
+        bool k0, k1;
+        keep_bits(mix64(s), thresh, k0, k1);
+        body(2 * j, k0, k1);
     }
 }
 
@@ -52,18 +53,15 @@ __device__ __forceinline__ void for_packs(size_t n, uint64_t kk, uint32_t thresh
         bool keep[P];
         uint64_t s = kk + (uint64_t)(q * (P / 2)) * GAMMA;
 #pragma unroll
-        for (int p = 0; p < P / 2; ++p, s += GAMMA) {
-            const uint64_t h = mix64(s);
-            keep[2 * p] = ((uint32_t)(h >> 32) >> 8) >= thresh;
-            keep[2 * p + 1] = ((uint32_t)h >> 8) >= thresh;
-        }
+        for (int p = 0; p < P / 2; ++p, s += GAMMA) keep_bits(mix64(s), thresh, keep[2 * p], keep[2 * p + 1]);
         pack(q * P, keep);
     }
     const size_t first = packs * (P / 2), pairs = (n + 1) / 2;
     if (tid < pairs - first) {
         const size_t j = first + tid;
-        const uint64_t h = mix64(kk + (uint64_t)j * GAMMA);
-        pair(2 * j, ((uint32_t)(h >> 32) >> 8) >= thresh, ((uint32_t)h >> 8) >= thresh);
+        bool k0, k1;
+        keep_pair(kk, j, thresh, k0, k1);
+        pair(2 * j, k0, k1);
     }
 }
 

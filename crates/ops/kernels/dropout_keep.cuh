@@ -14,9 +14,14 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-// Whether elements 2j and 2j + 1 are kept (hi32(h) >> 8 and lo32(h) >> 8 against thresh).
-__device__ __forceinline__ void keep_pair(uint64_t kk, uint64_t j, uint32_t thresh, bool& k0, bool& k1) {
-    const uint64_t h = mix64(kk + j * GAMMA);
+// Whether the two elements of the pair that drew h are kept: hi32(h) >> 8 and lo32(h) >> 8
+// against thresh.
+__device__ __forceinline__ void keep_bits(uint64_t h, uint32_t thresh, bool& k0, bool& k1) {
     k0 = ((uint32_t)(h >> 32) >> 8) >= thresh;
     k1 = ((uint32_t)h >> 8) >= thresh;
+}
+
+// Whether elements 2j and 2j + 1 are kept.
+__device__ __forceinline__ void keep_pair(uint64_t kk, uint64_t j, uint32_t thresh, bool& k0, bool& k1) {
+    keep_bits(mix64(kk + j * GAMMA), thresh, k0, k1);
 }
