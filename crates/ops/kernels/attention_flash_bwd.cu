@@ -105,12 +105,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
     load_tile<T, D, BC, THREADS>(sk, kslab + (size_t)j0 * D, t - j0);
     load_tile<T, D, BC, THREADS>(sv, vslab + (size_t)j0 * D, t - j0);
     cp_async_commit();
-    bool keys_full = true;
-    if (threadIdx.x < BC) {
-        const int j = j0 + threadIdx.x;
-        skm[threadIdx.x] = j < t ? mask[(size_t)kb.bi * t + j] : 0;
-        keys_full = skm[threadIdx.x] != 0;
-    }
+    bool keys_full = kb.load_key_mask<BC>(skm, mask);
     keys_full = __syncthreads_and(keys_full);
     // The Q / dO rows and row values of the tile at r0.
     auto load_q = [&](int r0) {

@@ -257,12 +257,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
 
     wg::load_tile<T, D, BC, THREADS>(sk, k + ((size_t)slab * t + j0) * D, t - j0);
     wg::load_tile<T, D, BC, THREADS>(sv, v + ((size_t)slab * t + j0) * D, t - j0);
-    bool keys_full = true;
-    if (threadIdx.x < BC) {
-        const int j = j0 + threadIdx.x;
-        skm[threadIdx.x] = j < t ? mask[(size_t)kb.bi * t + j] : 0;
-        keys_full = skm[threadIdx.x] != 0;
-    }
+    bool keys_full = kb.load_key_mask<BC>(skm, mask);
     // The Q / dO rows and row values of the tile at r0 into stage st (the caller commits).
     auto load_q = [&](int r0, int st) {
         T* const sq = sq0 + 2 * st * TILE;

@@ -146,6 +146,17 @@ struct KeyBlock {
             ri[ROWS + threadIdx.x] = 0;
     }
 
+    // The block's BC keys' mask into skm (threads below BC; keys past t count as masked) and
+    // whether this thread's key is unmasked: ANDed over the block by the caller's barrier, the
+    // `keys_full` of interior().
+    template <int BC>
+    __device__ __forceinline__ bool load_key_mask(uint8_t* skm, const uint8_t* mask) const {
+        if (threadIdx.x >= BC) return true;
+        const int j = j0 + threadIdx.x;
+        skm[threadIdx.x] = j < t ? mask[(size_t)bi * t + j] : 0;
+        return skm[threadIdx.x] != 0;
+    }
+
     // Whether every key of the block is visible to every row of the tile whose row values are rv
     // (keys_full: the block's keys are all < t and unmasked): no per-element masking needed.
     template <int ROWS>
