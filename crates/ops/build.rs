@@ -7,6 +7,7 @@ fn main() {
         "g4ft-ops",
         &[
             "rms_norm",
+            "heads_norm",
             "rope",
             "softmax",
             "geglu",

@@ -1,11 +1,9 @@
 // Rotary embedding, half-split layout (rotate_half), forward and backward (CPU reference: src/rope.rs).
 // x (b, h, t, d); cos/sin (bc, t, d) with bc = b or 1. One thread per unit of N rotated pairs
 // (k..k+N, k+d/2..k+d/2+N): N = 16 bytes of T when the half rows are 16-byte aligned, else 1.
-// Forward, rounding like the reference (products and sum in the activation dtype):
-//   y1 = r(r(x1*c1) + r(-x2*s1)),  y2 = r(r(x2*c2) + r(x1*s2))
-// Backward (the transpose of the rotation): dx1 = r(r(g1*c1) + r(g2*s2)), dx2 = r(r(g2*c2) + r(-g1*s1)).
+// The rotation and its rounding: rope_rotate.cuh.
 // Index math in I = 32-bit unsigned when every index fits (the host checks), else 64-bit.
-#include "common.cuh"
+#include "rope_rotate.cuh"
 
 template <typename T, int N, typename I>
 __device__ void rope_units(const T* x, const T* cos, const T* sin, T* y, I b, I h, I t, I d,
@@ -24,16 +22,7 @@ __device__ void rope_units(const T* x, const T* cos, const T* sin, T* y, I b, I 
         load_n<T, N>(sin + cs + k + half, s2);
         load_n<T, N>(x + row * d + k, x1);
         load_n<T, N>(x + row * d + k + half, x2);
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-            if (!backward) {
-                y1[j] = round_to<T>(x1[j] * c1[j]) + round_to<T>(-x2[j] * s1[j]);
-                y2[j] = round_to<T>(x2[j] * c2[j]) + round_to<T>(x1[j] * s2[j]);
-            } else {
-                y1[j] = round_to<T>(x1[j] * c1[j]) + round_to<T>(x2[j] * s2[j]);
-                y2[j] = round_to<T>(x2[j] * c2[j]) + round_to<T>(-x1[j] * s1[j]);
-            }
-        }
+        rope_rotate<T, N>(x1, x2, c1, c2, s1, s2, backward, y1, y2);
         store_n<T, N>(y + row * d + k, y1);
         store_n<T, N>(y + row * d + k + half, y2);
     }

@@ -215,6 +215,65 @@ fn gpu_kernels_table() -> Result<()> {
                 &gpu,
             )?;
         }
+        // The fused head transform against the CPU, and against its composite on the GPU (the
+        // same bits; f32 runs the composite): q / k with weight and RoPE (tables per batch or
+        // shared), v with neither, the backward with an extra gradient; 16-byte packs (d 256, 512,
+        // 1024, 96) and single elements (d 6).
+        for (d, cos_b) in [(256, 1), (512, 2), (1024, 1), (96, 1), (6, 2)] {
+            let (b, t, n) = (2, 33, 4);
+            let (c, s) = rope_tables(cos_b, t, d, dtype)?;
+            let w = (r(&[d], dtype, 5)? + 1.0)?;
+            let ins = [
+                r(&[b, t, n, d], dtype, 1)?,
+                w,
+                c,
+                s,
+                r(&[b, n, t, d], dtype, 3)?,
+                r(&[b, t, n, d], dtype, 4)?,
+            ];
+            let shape = format!("({b},{t},{n},{d}) cos_b={cos_b}");
+            let fused = |x: &[Tensor]| -> Result<Vec<Tensor>> {
+                let tables = Some((&x[2], &x[3]));
+                Ok(vec![
+                    heads_norm_rope(&x[0], Some(&x[1]), tables, 1e-6)?,
+                    heads_norm_rope(&x[0], None, None, 1e-6)?,
+                    heads_norm_rope_backward(&x[0], Some(&x[1]), tables, &x[4], 1e-6, Some(&x[5]))?,
+                    heads_norm_rope_backward(&x[0], None, None, &x[4], 1e-6, None)?,
+                ])
+            };
+            let composite = |x: &[Tensor]| -> Result<Vec<Tensor>> {
+                let normed = |w: Option<&Tensor>| swap_dims12(&rms_norm(&x[0], w, 1e-6)?);
+                let dn = swap_dims12(&rope_backward(&x[4], &x[2], &x[3])?)?;
+                Ok(vec![
+                    rope(&normed(Some(&x[1]))?, &x[2], &x[3])?,
+                    normed(None)?,
+                    rms_norm_backward(&x[0], Some(&x[1]), &dn, 1e-6, Some(&x[5]))?,
+                    rms_norm_backward(&x[0], None, &swap_dims12(&x[4])?, 1e-6, None)?,
+                ])
+            };
+            ok &= check_outputs(
+                &format!("heads_norm_rope {dn}"),
+                &shape,
+                &fused,
+                &ins,
+                tol,
+                &gpu,
+            )?;
+            let on_gpu = ins
+                .iter()
+                .map(|t| t.to_device(&gpu))
+                .collect::<Result<Vec<_>>>()?;
+            let to_cpu = |ts: Vec<Tensor>| -> Result<Vec<Tensor>> {
+                ts.iter().map(|t| t.to_device(&Device::Cpu)).collect()
+            };
+            ok &= report(
+                &format!("heads_norm_rope {dn} = composite on CUDA"),
+                &shape,
+                &to_cpu(fused(&on_gpu)?)?,
+                &to_cpu(composite(&on_gpu)?)?,
+                0.0,
+            )?;
+        }
         // The products with PyTorch's roundings: 16-byte packs (rows of 2816), single elements (33).
         for d in [2816, 33] {
             let c = 2816f64.powf(-0.5);

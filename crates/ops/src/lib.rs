@@ -11,7 +11,8 @@
 //! with one rounding back to the input dtype, RoPE products in the activation dtype.
 //!
 //! Ops: [`backward_with_seed`] (SeedGrad), [`linear_frozen`] (FrozenMatmul: d(x) only),
-//! [`lora_linear`] (frozen linear + LoRA branch as one node), [`rms_norm`], [`rope`], [`softmax_last_dim`], [`gelu_tanh_mul`], [`linear_cross_entropy`]
+//! [`lora_linear`] (frozen linear + LoRA branch as one node), [`rms_norm`], [`rope`],
+//! [`heads_norm_rope`] (attention's per-head norm, layout move and RoPE in one kernel; graph-free), [`softmax_last_dim`], [`gelu_tanh_mul`], [`linear_cross_entropy`]
 //! (chunked, loss and d(hidden) in one pass), [`attention`] (causal, sliding window, key padding and
 //! packed sequences ([`KeyMask`]), GQA, no (t, t) tensor; CUDA kernels picked by an [`AttentionPlan`]) and the composite
 //! [`attention_dense`] (dense additive mask; [`attention_slow`] is it with the causal mask), [`adamw_step`] + [`l2_norm`] (AdamW and the clip norm over flat fp32 buffers), [`lora_dropout`] /
@@ -39,6 +40,7 @@ mod dropout;
 mod geglu;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
+mod heads_norm;
 mod linear_frozen;
 mod lora_linear;
 mod moe;
@@ -65,6 +67,7 @@ pub use geglu::{
     gelu_tanh, gelu_tanh_mul, gelu_tanh_mul_backward, gelu_tanh_mul_backward_in_place,
     gelu_tanh_mul_halves, gelu_tanh_mul_halves_backward, gelu_tanh_mul_slow,
 };
+pub use heads_norm::{heads_norm_rope, heads_norm_rope_backward, RopeTables};
 pub use linear_frozen::{linear_frozen, linear_frozen_backward, linear_frozen_slow};
 pub use lora_linear::{
     lora_linear, lora_linear_saved, lora_linear_slow, AdapterOperands, LoraDropout, LoraLinearSaved,

@@ -11,8 +11,8 @@
 use candle_core::Tensor;
 use g4ft_lora::{AdapterGrads, LoraContext, ProjectionSaved};
 use g4ft_ops::{
-    attention_dense, attention_dense_backward, attention_saved, rms_norm, rms_norm_backward, rope,
-    rope_backward, swap_dims12, AttentionSaved,
+    attention_dense, attention_dense_backward, attention_saved, heads_norm_rope,
+    heads_norm_rope_backward, swap_dims12, AttentionSaved,
 };
 
 use super::{Attention, KvPair};
@@ -71,10 +71,10 @@ pub(crate) struct AttentionGrads {
 }
 
 impl Attention {
-    /// `rope(swap(q_norm(raw)))`: a raw `(b, t, heads, d)` projection to attention's layout.
+    /// `rope(swap(norm(raw)))`: a raw `(b, t, heads, d)` projection to attention's layout.
     fn roped(&self, raw: &Tensor, norm: &Tensor, rope_t: &RopeTable) -> Result<Tensor> {
-        let n = swap_dims12(&rms_norm(raw, Some(norm), self.eps)?)?;
-        Ok(rope(&n, &rope_t.cos, &rope_t.sin)?)
+        let tables = (&rope_t.cos, &rope_t.sin);
+        Ok(heads_norm_rope(raw, Some(norm), Some(tables), self.eps)?)
     }
 
     /// The attention output `(b, t, h)` of the normed input `x` and its tape. `shared`: the
@@ -105,7 +105,7 @@ impl Attention {
                         None => (k_raw.clone(), None),
                     };
                     let k = self.roped(&k_raw, k_norm, rope_t)?;
-                    let v = swap_dims12(&rms_norm(&v_raw, None, self.eps)?)?;
+                    let v = heads_norm_rope(&v_raw, None, None, self.eps)?;
                     let own = OwnKv {
                         k_proj,
                         v_proj,
@@ -181,8 +181,9 @@ impl Attention {
         // d(raw) of a roped, normed projection: rope⁻ᵀ, back to (b, t, heads, d), norm backward
         // (plus `extra`, another gradient of the same raw output, added in the same kernel).
         let unroped = |dy: &Tensor, raw: &Tensor, norm: &Tensor, extra: Option<&Tensor>| {
-            let dn = swap_dims12(&rope_backward(dy, &rope_t.cos, &rope_t.sin)?)?;
-            Ok::<_, Error>(rms_norm_backward(raw, Some(norm), &dn, self.eps, extra)?)
+            let tables = (&rope_t.cos, &rope_t.sin);
+            let dx = heads_norm_rope_backward(raw, Some(norm), Some(tables), dy, self.eps, extra)?;
+            Ok::<_, Error>(dx)
         };
         let flat = |t4: Tensor| -> Result<Tensor> {
             let (b, t, n, d) = t4.dims4()?;
@@ -207,7 +208,7 @@ impl Attention {
             .k_norm
             .as_ref()
             .expect("a block with its own K/V has k_norm");
-        let dv_raw = rms_norm_backward(&own.v_raw, None, &swap_dims12(&dv)?, self.eps, None)?;
+        let dv_raw = heads_norm_rope_backward(&own.v_raw, None, None, &dv, self.eps, None)?;
         drop((dv, own.v_raw));
         // attention_k_eq_v: V is the raw k_proj output too, so its gradient joins dK's.
         let (dk_raw, dv_raw) = match &own.v_proj {

@@ -1,0 +1,23 @@
+// The RoPE rotation of N pairs (x1 at k, x2 at k + d/2), half-split (rotate_half) layout, rounding
+// like the reference (products and sum in the activation dtype T), shared by kernels/rope.cu and
+// kernels/heads_norm.cu:
+//   forward:  y1 = r(r(x1*c1) + r(-x2*s1)),  y2 = r(r(x2*c2) + r(x1*s2))
+//   backward (the transpose): y1 = r(r(x1*c1) + r(x2*s2)),  y2 = r(r(x2*c2) + r(-x1*s1))
+// y1 / y2 are left in fp32 for the caller's one store (the last rounding).
+#pragma once
+#include "common.cuh"
+
+template <typename T, int N>
+__device__ __forceinline__ void rope_rotate(const float* x1, const float* x2, const float* c1, const float* c2,
+                                            const float* s1, const float* s2, bool backward, float* y1, float* y2) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        if (!backward) {
+            y1[j] = round_to<T>(x1[j] * c1[j]) + round_to<T>(-x2[j] * s1[j]);
+            y2[j] = round_to<T>(x2[j] * c2[j]) + round_to<T>(x1[j] * s2[j]);
+        } else {
+            y1[j] = round_to<T>(x1[j] * c1[j]) + round_to<T>(x2[j] * s2[j]);
+            y2[j] = round_to<T>(x2[j] * c2[j]) + round_to<T>(-x1[j] * s1[j]);
+        }
+    }
+}
