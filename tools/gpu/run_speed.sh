@@ -8,6 +8,10 @@
 # --profile, default all), STEPS (4), SCRIPT_CKPT ("1 0": GRAD_CKPT values of the script),
 # UNSLOTH_GC ("false": values of Unsloth's UNSLOTH_GC; empty skips it), ANCHOR_STEPS (6), EXTRA (more
 # bench_train arguments, e.g. "--attention-backward blocked") and TAG (appended to our log names).
+# Unsloth's runner reads TIME_BUDGET / U_TIMEOUT (s, defaults 330 / 380) from the environment: its
+# offloaded checkpointing (UNSLOTH_GC=unsloth) compiles for ~250 s on an H200, which leaves the
+# default budget two steady steps (345 s for 4 steps in docs/gpu-logs/h200-heads-norm/); 450 / 500
+# leaves room for its ten.
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 (cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
