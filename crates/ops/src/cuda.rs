@@ -111,6 +111,18 @@ pub(crate) fn view<'a, T: CudaDType>(
     }
 }
 
+/// The device address of the contiguous tensor `t` of element type `T` on its device's stream, or
+/// an error naming `op` and `what`.
+pub(crate) fn addr<T: CudaDType>(t: &candle_core::Tensor, op: &str, what: &str) -> Result<u64> {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+    let (s, l) = t.storage_and_layout();
+    let cs = cuda_of(&s, op, what)?;
+    let stream = cs.device().cuda_stream();
+    let ptr = view::<T>(cs, l, op, what)?.device_ptr(&stream).0;
+    Ok(ptr)
+}
+
 /// Wrap a freshly written slice as a storage of the device.
 pub(crate) fn wrap<T: CudaDType>(slice: CudaSlice<T>, dev: &CudaDevice) -> CudaStorage {
     CudaStorage::wrap_cuda_slice(slice, dev.clone())

@@ -53,7 +53,7 @@ pub fn heads_norm_rope(
     rope_tables: Option<RopeTables>,
     eps: f64,
 ) -> Result<Tensor> {
-    check(raw, None, rope_tables)?;
+    check(raw, None, None, rope_tables)?;
     #[cfg(feature = "cuda")]
     if let Some(y) = cuda_impl::forward(Heads::new(raw, weight, rope_tables, eps))? {
         return Ok(y);
@@ -76,7 +76,7 @@ pub fn heads_norm_rope_backward(
     eps: f64,
     extra: Option<&Tensor>,
 ) -> Result<Tensor> {
-    check(raw, Some(dy), rope_tables)?;
+    check(raw, Some(dy), extra, rope_tables)?;
     #[cfg(feature = "cuda")]
     if let Some(dx) = cuda_impl::backward(Heads::new(raw, weight, rope_tables, eps), dy, extra)? {
         return Ok(dx);
@@ -88,10 +88,26 @@ pub fn heads_norm_rope_backward(
     rms_norm_backward(raw, weight, &swap_dims12(&dn)?, eps, extra)
 }
 
-/// `raw` is 4-D; `dy`, if given, is its `(b, n, t, d)` swap in its dtype; the RoPE tables are
-/// `(b or 1, t, d)` in its dtype.
-fn check(raw: &Tensor, dy: Option<&Tensor>, rope_tables: Option<RopeTables>) -> Result<()> {
+/// `raw` is 4-D; `dy`, if given, is its `(b, n, t, d)` swap in its dtype, `extra` its shape and
+/// dtype; the RoPE tables are `(b or 1, t, d)` in its dtype.
+fn check(
+    raw: &Tensor,
+    dy: Option<&Tensor>,
+    extra: Option<&Tensor>,
+    rope_tables: Option<RopeTables>,
+) -> Result<()> {
     let (b, t, n, d) = raw.dims4()?;
+    if let Some(e) = extra {
+        if e.dims() != raw.dims() || e.dtype() != raw.dtype() {
+            bail!(
+                "heads_norm_rope_backward: extra {:?} {:?} must match raw {:?} {:?}",
+                e.dims(),
+                e.dtype(),
+                raw.dims(),
+                raw.dtype()
+            );
+        }
+    }
     if let Some(dy) = dy {
         if dy.dims() != [b, n, t, d] || dy.dtype() != raw.dtype() {
             bail!(
@@ -124,38 +140,21 @@ mod cuda_impl {
     use super::{Heads, RopeTables};
     use crate::cuda::{self, cuda_module, Module};
     use crate::util::tensor_from_storage;
-    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
-    use candle_core::{CudaStorage, DType, Result, Storage, Tensor};
+    use candle_core::{DType, Result, Storage, Tensor};
 
     const MODULE: Module = cuda_module!("heads_norm");
     /// Head rows (warps) per block, as the kernel assumes.
     const ROWS_PER_BLOCK: usize = 8;
 
-    /// The device address of `t` (made contiguous by the caller) on `dev`'s stream.
-    fn addr(t: &Tensor, dev: &CudaDevice, what: &str) -> Result<u64> {
-        let (s, l) = t.storage_and_layout();
-        let cs: &CudaStorage = cuda::cuda_of(&s, "heads_norm_rope", what)?;
-        let stream = dev.cuda_stream();
-        let ptr = match t.dtype() {
-            DType::F32 => {
-                cuda::view::<f32>(cs, l, "heads_norm_rope", what)?
-                    .device_ptr(&stream)
-                    .0
-            }
-            DType::BF16 => {
-                cuda::view::<half::bf16>(cs, l, "heads_norm_rope", what)?
-                    .device_ptr(&stream)
-                    .0
-            }
-            DType::F16 => {
-                cuda::view::<half::f16>(cs, l, "heads_norm_rope", what)?
-                    .device_ptr(&stream)
-                    .0
-            }
+    /// The device address of `t` (bf16 / f16, made contiguous by the caller).
+    fn addr(t: &Tensor, what: &str) -> Result<u64> {
+        match t.dtype() {
+            DType::BF16 => cuda::addr::<half::bf16>(t, "heads_norm_rope", what),
+            DType::F16 => cuda::addr::<half::f16>(t, "heads_norm_rope", what),
             other => candle_core::bail!("heads_norm_rope: unsupported dtype {other:?}"),
-        };
-        Ok(ptr)
+        }
     }
 
     /// The CUDA device of `raw` when the kernel takes it: bf16 / f16 (in f32 the fma contraction
@@ -208,7 +207,6 @@ mod cuda_impl {
 
     /// Contiguous copies of the weight and the tables, their addresses and the tables' batch.
     fn operands(
-        dev: &CudaDevice,
         weight: Option<&Tensor>,
         rope_tables: Option<RopeTables>,
     ) -> Result<(Vec<Tensor>, [u64; 3], usize)> {
@@ -217,14 +215,14 @@ mod cuda_impl {
         let mut cos_b = 1;
         if let Some(w) = weight {
             let w = w.detach().contiguous()?;
-            ptrs[0] = addr(&w, dev, "weight")?;
+            ptrs[0] = addr(&w, "weight")?;
             held.push(w);
         }
         if let Some((cos, sin)) = rope_tables {
             cos_b = cos.dims()[0];
             for (i, (tab, what)) in [(cos, "cos"), (sin, "sin")].into_iter().enumerate() {
                 let tab = tab.detach().contiguous()?;
-                ptrs[1 + i] = addr(&tab, dev, what)?;
+                ptrs[1 + i] = addr(&tab, what)?;
                 held.push(tab);
             }
         }
@@ -250,9 +248,9 @@ mod cuda_impl {
         };
         let (b, t, n, d) = h.raw.dims4()?;
         let raw = h.raw.detach().contiguous()?;
-        let (_held, [w, cos, sin], cos_b) = operands(&dev, h.weight, h.rope_tables)?;
+        let (_held, [w, cos, sin], cos_b) = operands(h.weight, h.rope_tables)?;
         let y = output(&dev, &raw, &[b, n, t, d])?;
-        let ptrs = [addr(&raw, &dev, "raw")?, w, cos, sin, addr(&y, &dev, "y")?];
+        let ptrs = [addr(&raw, "raw")?, w, cos, sin, addr(&y, "y")?];
         launch(&dev, "heads_norm_rope_fwd", &raw, &ptrs, cos_b, h.eps)?;
         Ok(Some(y))
     }
@@ -266,34 +264,23 @@ mod cuda_impl {
         let Some(dev) = device_for(h.raw) else {
             return Ok(None);
         };
-        if let Some(e) = extra {
-            if e.dims() != h.raw.dims() || e.dtype() != h.raw.dtype() {
-                candle_core::bail!(
-                    "heads_norm_rope_backward: extra {:?} {:?} must match raw {:?} {:?}",
-                    e.dims(),
-                    e.dtype(),
-                    h.raw.dims(),
-                    h.raw.dtype()
-                );
-            }
-        }
         let raw = h.raw.detach().contiguous()?;
         let dy = dy.detach().contiguous()?;
         let extra = extra.map(|e| e.detach().contiguous()).transpose()?;
-        let (_held, [w, cos, sin], cos_b) = operands(&dev, h.weight, h.rope_tables)?;
+        let (_held, [w, cos, sin], cos_b) = operands(h.weight, h.rope_tables)?;
         let dx = output(&dev, &raw, raw.dims())?;
         let res = match &extra {
-            Some(e) => addr(e, &dev, "extra")?,
+            Some(e) => addr(e, "extra")?,
             None => 0,
         };
         let ptrs = [
-            addr(&raw, &dev, "raw")?,
+            addr(&raw, "raw")?,
             w,
             cos,
             sin,
-            addr(&dy, &dev, "dy")?,
+            addr(&dy, "dy")?,
             res,
-            addr(&dx, &dev, "dx")?,
+            addr(&dx, "dx")?,
         ];
         launch(&dev, "heads_norm_rope_bwd", &raw, &ptrs, cos_b, h.eps)?;
         Ok(Some(dx))

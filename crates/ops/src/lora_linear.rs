@@ -505,19 +505,6 @@ mod cuda_impl {
         unsafe { g.run(&dev.cublas_handle(), a, b, c) }
     }
 
-    /// Device address of a contiguous tensor of element type `T`.
-    fn addr<T: candle_core::cuda_backend::CudaDType>(
-        t: &Tensor,
-        op: &str,
-        what: &str,
-    ) -> Result<u64> {
-        let (s, l) = t.storage_and_layout();
-        let cs = cuda_of(&s, op, what)?;
-        let stream = cs.device().cuda_stream();
-        let ptr = cuda::view::<T>(cs, l, op, what)?.device_ptr(&stream).0;
-        Ok(ptr)
-    }
-
     /// Rows per chunk of the dropout temporaries: at most `CHUNK_ELEMS` elements of `x`'s shape,
     /// an even element count (dropout pairs), so `drop(x)` never takes a full `(m, in)` buffer
     /// (16 MiB in bf16: one chunk for the 12B q/k/v/gate/up inputs, two for a full layer's o_proj,
@@ -547,7 +534,7 @@ mod cuda_impl {
             let dt = <T as candle_core::WithDType>::DTYPE;
             let es = dt.size_in_bytes() as u64;
             let x = cuda::view::<T>(s1, l1, name, "x")?.device_ptr(&stream).0;
-            let (w, a, b) = (addr::<T>(&op.w, name, "w")?, addr::<T>(&op.a_x, name, "a")?, addr::<T>(&op.b_x, name, "b")?);
+            let (w, a, b) = (cuda::addr::<T>(&op.w, name, "w")?, cuda::addr::<T>(&op.a_x, name, "a")?, cuda::addr::<T>(&op.b_x, name, "b")?);
             // SAFETY: y and low are fully written by the GEMMs below (beta = 0 first).
             let y = unsafe { dev.alloc::<T>(m * out)? };
             let low = unsafe { dev.alloc::<T>(m * r)? };
@@ -607,7 +594,7 @@ mod cuda_impl {
             let es = dt.size_in_bytes() as u64;
             let x = cuda::view::<T>(s, xl, name, "x")?.device_ptr(&stream).0;
             let [w, a, b, g, low] = [(&p.w, "w"), (&p.a_x, "a"), (&p.b_x, "b"), (g_t, "grad"), (low_t, "low")]
-                .map(|(t, what)| addr::<T>(t, name, what));
+                .map(|(t, what)| cuda::addr::<T>(t, name, what));
             let (w, a, b, g, low) = (w?, a?, b?, g?, low?);
             // SAFETY: dx (unless accumulated), dA, dB and dlow are fully written by the GEMMs
             // below (beta = 0 first).
@@ -617,7 +604,7 @@ mod cuda_impl {
             };
             let (dx, dx_beta) = match (&dx_buf, into) {
                 (Some(buf), _) => (buf.device_ptr(&stream).0, 0.0),
-                (None, Some((t, acc))) => (addr::<T>(t, name, "dx target")?, if acc { 1.0 } else { 0.0 }),
+                (None, Some((t, acc))) => (cuda::addr::<T>(t, name, "dx target")?, if acc { 1.0 } else { 0.0 }),
                 (None, None) => unreachable!("a buffer is allocated when there is no target"),
             };
             let dlow_buf = unsafe { dev.alloc::<T>(m * r)? };
