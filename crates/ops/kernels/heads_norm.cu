@@ -27,18 +27,8 @@ __device__ __forceinline__ HeadRow head_row(long long row, int t, int n, int d, 
 template <typename T, int N>
 __device__ void rotate_row(const T* src, const T* cos, const T* sin, T* dst, int d, bool backward) {
     const int half = d / 2;
-    for (int k = (threadIdx.x & 31) * N; k < half; k += 32 * N) {
-        float c1[N], c2[N], s1[N], s2[N], x1[N], x2[N], y1[N], y2[N];
-        load_n<T, N>(cos + k, c1);
-        load_n<T, N>(cos + k + half, c2);
-        load_n<T, N>(sin + k, s1);
-        load_n<T, N>(sin + k + half, s2);
-        load_n<T, N>(src + k, x1);
-        load_n<T, N>(src + k + half, x2);
-        rope_rotate<T, N>(x1, x2, c1, c2, s1, s2, backward, y1, y2);
-        store_n<T, N>(dst + k, y1);
-        store_n<T, N>(dst + k + half, y2);
-    }
+    for (int k = (threadIdx.x & 31) * N; k < half; k += 32 * N)
+        rope_unit<T, N>(src + k, cos + k, sin + k, dst + k, half, backward);
 }
 
 // rotate_row in 16-byte packs when the half rows and all four rows allow it (rope's rule).

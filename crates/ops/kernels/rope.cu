@@ -15,16 +15,7 @@ __device__ void rope_units(const T* x, const T* cos, const T* sin, T* y, I b, I 
         const I row = idx / units;  // (bi, hi, ti)
         const I ti = row % t;
         const I cs = ((per_batch ? row / (t * h) : 0) * t + ti) * d;
-        float c1[N], c2[N], s1[N], s2[N], x1[N], x2[N], y1[N], y2[N];
-        load_n<T, N>(cos + cs + k, c1);
-        load_n<T, N>(cos + cs + k + half, c2);
-        load_n<T, N>(sin + cs + k, s1);
-        load_n<T, N>(sin + cs + k + half, s2);
-        load_n<T, N>(x + row * d + k, x1);
-        load_n<T, N>(x + row * d + k + half, x2);
-        rope_rotate<T, N>(x1, x2, c1, c2, s1, s2, backward, y1, y2);
-        store_n<T, N>(y + row * d + k, y1);
-        store_n<T, N>(y + row * d + k + half, y2);
+        rope_unit<T, N>(x + row * d + k, cos + cs + k, sin + cs + k, y + row * d + k, half, backward);
     }
 }
 

@@ -21,3 +21,19 @@ __device__ __forceinline__ void rope_rotate(const float* x1, const float* x2, co
         }
     }
 }
+
+// One unit: the N pairs at src / src + half rotated into dst / dst + half, with the cos / sin at
+// the same offsets of their row (each pointer already at element k of its row).
+template <typename T, int N, typename I>
+__device__ __forceinline__ void rope_unit(const T* src, const T* cos, const T* sin, T* dst, I half, bool backward) {
+    float c1[N], c2[N], s1[N], s2[N], x1[N], x2[N], y1[N], y2[N];
+    load_n<T, N>(cos, c1);
+    load_n<T, N>(cos + half, c2);
+    load_n<T, N>(sin, s1);
+    load_n<T, N>(sin + half, s2);
+    load_n<T, N>(src, x1);
+    load_n<T, N>(src + half, x2);
+    rope_rotate<T, N>(x1, x2, c1, c2, s1, s2, backward, y1, y2);
+    store_n<T, N>(dst, y1);
+    store_n<T, N>(dst + half, y2);
+}
