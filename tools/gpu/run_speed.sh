@@ -4,8 +4,9 @@
 # policy, then the peers in the same call: the PyTorch + PEFT script (.gpu/bench/pytorch-reference,
 # not part of this repository; see docs/benchmarks.md) with and without checkpointing, and Unsloth
 # (.gpu/bench/unsloth-reference with its packages in .gpu/unsloth_site) when present.
-# Logs go to $OUT. Settings: SEQ (2048), MICRO (samples per micro-batch, 1: every system gets the
-# same one and accumulates 16384 / (SEQ * MICRO) micro-batches, so a step is always 16,384 tokens),
+# Logs go to $OUT. Settings: SEQ (2048), MICRO (sequences per micro-batch, 1: every system gets the
+# same and accumulates 16384 / (SEQ * MICRO) micro-batches, at least 1: 16,384 tokens per step
+# where SEQ * MICRO divides it),
 # POLICIES ("all none auto"; empty skips ours), PROFILE (the policy that gets --profile, default
 # all), STEPS (4), SCRIPT_CKPT ("1 0": GRAD_CKPT values of the script), UNSLOTH_GC ("false": values
 # of Unsloth's UNSLOTH_GC; empty skips it), ANCHOR_STEPS (6), EXTRA (more bench_train arguments,
