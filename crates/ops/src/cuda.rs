@@ -123,6 +123,18 @@ pub(crate) fn addr<T: CudaDType>(t: &candle_core::Tensor, op: &str, what: &str) 
     Ok(ptr)
 }
 
+/// [`addr`] for an element type known at run time (f32, bf16 or f16; raw-pointer launchers), or an
+/// error naming `op` and `what` for any other dtype.
+pub(crate) fn addr_of(t: &candle_core::Tensor, op: &str, what: &str) -> Result<u64> {
+    use candle_core::DType;
+    match t.dtype() {
+        DType::F32 => addr::<f32>(t, op, what),
+        DType::BF16 => addr::<half::bf16>(t, op, what),
+        DType::F16 => addr::<half::f16>(t, op, what),
+        other => bail!("{op}: {what} is {other:?} (expected f32, bf16 or f16)"),
+    }
+}
+
 /// Wrap a freshly written slice as a storage of the device.
 pub(crate) fn wrap<T: CudaDType>(slice: CudaSlice<T>, dev: &CudaDevice) -> CudaStorage {
     CudaStorage::wrap_cuda_slice(slice, dev.clone())

@@ -409,28 +409,11 @@ mod tests {
 mod gpu_launcher_tests {
     use super::*;
     use crate::testing::randn;
-    use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
 
-    /// Device address of element `off` of the contiguous f32 or bf16 GPU tensor `t`.
+    /// Device address of element `off` of the contiguous GPU tensor `t`.
     fn addr(t: &Tensor, off: usize) -> Result<u64> {
-        crate::cuda::with_cuda_storage(t, "test", "t", |s, l| {
-            let stream = s.device().cuda_stream();
-            let base = match t.dtype() {
-                DType::F32 => {
-                    crate::cuda::view::<f32>(s, l, "test", "t")?
-                        .device_ptr(&stream)
-                        .0
-                }
-                DType::BF16 => {
-                    crate::cuda::view::<half::bf16>(s, l, "test", "t")?
-                        .device_ptr(&stream)
-                        .0
-                }
-                other => bail!("test: unexpected dtype {other:?}"),
-            };
-            Ok(base + (off * t.dtype().size_in_bytes()) as u64)
-        })
+        let base = crate::cuda::addr_of(t, "test", "t")?;
+        Ok(base + (off * t.dtype().size_in_bytes()) as u64)
     }
 
     #[test]

@@ -148,13 +148,9 @@ mod cuda_impl {
     /// Head rows (warps) per block, as the kernel assumes.
     const ROWS_PER_BLOCK: usize = 8;
 
-    /// The device address of `t` (bf16 / f16, made contiguous by the caller).
+    /// The device address of `t` (made contiguous by the caller).
     fn addr(t: &Tensor, what: &str) -> Result<u64> {
-        match t.dtype() {
-            DType::BF16 => cuda::addr::<half::bf16>(t, "heads_norm_rope", what),
-            DType::F16 => cuda::addr::<half::f16>(t, "heads_norm_rope", what),
-            other => candle_core::bail!("heads_norm_rope: unsupported dtype {other:?}"),
-        }
+        cuda::addr_of(t, "heads_norm_rope", what)
     }
 
     /// The CUDA device of `raw` when the kernel takes it: bf16 / f16 (in f32 the fma contraction
