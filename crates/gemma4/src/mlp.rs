@@ -2,8 +2,8 @@
 //! on KV-consumer layers when `use_double_wide_mlp` is set (E2B).
 
 use candle_core::Tensor;
-use g4ft_lora::{LoraContext, LoraLinear};
-use g4ft_ops::gelu_tanh_mul;
+use g4ft_lora::{LoraContext, LoraLinear, ProjectionSaved};
+use g4ft_ops::{gelu_tanh_mul, gelu_tanh_mul_lora_up, LoraUp};
 
 use crate::config::{Config, LayerConfig};
 use crate::error::Result;
@@ -35,6 +35,34 @@ impl Mlp {
         Ok(self.down_proj.forward(&gelu_tanh_mul(&gate, &up)?, ctx)?)
     }
 
+    /// The gate and up projections of `x (b, t, h)` and their GeGLU without a graph, for the
+    /// explicit layer backward: `(gate, up, act)`, each `(b, t, intermediate)`, and the two
+    /// projections' saved state. Same values as [`Mlp::forward`]'s; with adapters on both, their
+    /// up products are added in the GeGLU's pass ([`g4ft_ops::gelu_tanh_mul_lora_up`]).
+    pub(crate) fn gate_up_saved(&self, x: &Tensor, ctx: &LoraContext) -> Result<GateUpSaved> {
+        let (gate, gate_proj, gate_term) = self.gate_proj.forward_saved_deferred(x, ctx)?;
+        let (up, up_proj, up_term) = self.up_proj.forward_saved_deferred(x, ctx)?;
+        let (gate, up, act) = match (gate_term, up_term) {
+            (Some(gt), Some(ut)) => gelu_tanh_mul_lora_up(gate, up, &gt, &ut)?,
+            (gt, ut) => {
+                let add = |y: Tensor, term: Option<LoraUp>| match term {
+                    Some(t) => t.add_to(y),
+                    None => Ok(y),
+                };
+                let (gate, up) = (add(gate, gt)?, add(up, ut)?);
+                let act = gelu_tanh_mul(&gate, &up)?;
+                (gate, up, act)
+            }
+        };
+        Ok(GateUpSaved {
+            gate,
+            up,
+            act,
+            gate_proj,
+            up_proj,
+        })
+    }
+
     /// gate, up, down.
     pub fn projections(&self) -> [&LoraLinear; 3] {
         [&self.gate_proj, &self.up_proj, &self.down_proj]
@@ -44,4 +72,14 @@ impl Mlp {
     pub fn projections_mut(&mut self) -> [&mut LoraLinear; 3] {
         [&mut self.gate_proj, &mut self.up_proj, &mut self.down_proj]
     }
+}
+
+/// [`Mlp::gate_up_saved`]'s outputs and the projections' saved state.
+pub(crate) struct GateUpSaved {
+    pub(crate) gate: Tensor,
+    pub(crate) up: Tensor,
+    /// `gelu_tanh(gate)·up`, the input of `down_proj`.
+    pub(crate) act: Tensor,
+    pub(crate) gate_proj: ProjectionSaved,
+    pub(crate) up_proj: ProjectionSaved,
 }

@@ -1,7 +1,7 @@
 //! The LoRA-wrapped linear layer and the per-forward context that drives dropout and tracking.
 
 use candle_core::{DType, Result, Tensor, Var};
-use g4ft_ops::AdapterOperands;
+use g4ft_ops::{AdapterOperands, LoraUp};
 use std::sync::Mutex;
 
 /// Per-forward settings shared by every [`LoraLinear`] of a model.
@@ -182,23 +182,50 @@ impl LoraLinear {
         x: &Tensor,
         ctx: &LoraContext,
     ) -> Result<(Tensor, ProjectionSaved)> {
+        let (y, saved, _) = self.saved_forward(x, ctx, false)?;
+        Ok((y, saved))
+    }
+
+    /// [`LoraLinear::forward_saved`] whose output leaves out the adapter's up product, returned
+    /// for the consumer to add ([`g4ft_ops::lora_linear_saved_deferred`]; `None` without an
+    /// adapter, when the output is complete).
+    pub fn forward_saved_deferred(
+        &self,
+        x: &Tensor,
+        ctx: &LoraContext,
+    ) -> Result<(Tensor, ProjectionSaved, Option<LoraUp>)> {
+        self.saved_forward(x, ctx, true)
+    }
+
+    fn saved_forward(
+        &self,
+        x: &Tensor,
+        ctx: &LoraContext,
+        defer_up: bool,
+    ) -> Result<(Tensor, ProjectionSaved, Option<LoraUp>)> {
         let Some(ad) = &self.adapter else {
             let y = g4ft_ops::linear_frozen(&x.detach(), &self.weight)?;
-            return Ok((y, ProjectionSaved::Frozen(self.weight.clone())));
+            return Ok((y, ProjectionSaved::Frozen(self.weight.clone()), None));
         };
         let dropout = (ctx.training && ad.dropout > 0.0)
             .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)));
         let copies = self.copies_in(x.dtype());
         let operands = with_held(ad.a.as_tensor(), ad.b.as_tensor(), &copies);
-        let (y, saved) = g4ft_ops::lora_linear_saved(x, &self.weight, operands, ad.scale, dropout)?;
-        Ok((
-            y,
-            ProjectionSaved::Lora {
-                saved,
-                a: ad.a.clone(),
-                b: ad.b.clone(),
-            },
-        ))
+        let (y, saved, up) = if defer_up {
+            let (y, saved, up) =
+                g4ft_ops::lora_linear_saved_deferred(x, &self.weight, operands, ad.scale, dropout)?;
+            (y, saved, Some(up))
+        } else {
+            let (y, saved) =
+                g4ft_ops::lora_linear_saved(x, &self.weight, operands, ad.scale, dropout)?;
+            (y, saved, None)
+        };
+        let saved = ProjectionSaved::Lora {
+            saved,
+            a: ad.a.clone(),
+            b: ad.b.clone(),
+        };
+        Ok((y, saved, up))
     }
 }
 

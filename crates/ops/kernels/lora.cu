@@ -6,10 +6,13 @@
 //   lora_da_part:   dA = dlowᵀ·drop(x) summed over one split of the rows (fp32, r × in per split);
 //   lora_da_finish: the splits added in order and stored in the gradient's dtype
 //   lora_dx_acc:    dx += drop'(dlow·A)        (the adapter path of the input gradient)
+//   lora_up_add:    y = r(y + scale·(low·Bᵀ))    (the forward's adapter term, in place)
+//   lora_up_geglu:  the same for the MLP's gate and up, and act = geglu(gate, up) in that pass
 // x, A (r × in), dlow (m × r) and dx row-major in T (bf16 / f16); in % 8 == 0, r % 8 == 0, r <= 64,
 // every operand 16-byte aligned (the host checks). fp32 accumulation, one rounding per output.
 #include "common.cuh"
 #include "dropout_keep.cuh"
+#include "geglu_elem.cuh"
 #include "mma.cuh"
 
 // 8 elements of x at flat index i (i % 8 == 0, so they are element pairs i/2 .. i/2 + 3) with the
@@ -180,6 +183,20 @@ template <typename O> __device__ void lora_da_finish(const float* part, O* out, 
     }
 }
 
+// The A fragments of KS m16n8k16 steps over the ranks of rows row0..row0+16 of an (m × r)
+// row-major operand (dlow or low), read straight from global memory; zeros past m and r.
+template <typename T, int KS>
+__device__ __forceinline__ void rank_rows_a(uint32_t (*af)[4], const T* p, int m, int r, int row0) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) { // a0..a3: (row g | g+8, ranks 2t | 2t+8 of the step)
+            const int row = row0 + g + 8 * (q % 2), k = ks * 16 + 2 * t + 8 * (q / 2);
+            af[ks][q] = row < m && k < r ? *reinterpret_cast<const uint32_t*>(p + (size_t)row * r + k) : 0u;
+        }
+}
+
 // dx += drop'(dlow·A): dx = r(dx + (dlow·A)·scale) where the mask keeps the element (one fp32 fma,
 // one rounding), dx unchanged where it drops it. Block (4 warps): 64 rows × 64 columns, warp w rows
 // 16w..16w+16 and the 8 n-tiles; KS k-steps of 16 ranks (r <= 16·KS). A's 64 columns are staged in
@@ -200,13 +217,7 @@ __device__ void lora_dx_acc(const T* dlow, const T* a, T* dx, int m, int in, int
             n < r && c0 + cc < in ? *reinterpret_cast<const uint4*>(a + (size_t)n * in + c0 + cc) : zero4();
     }
     uint32_t af[KS][4];
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) { // a0..a3: (row g | g+8, ranks 2t | 2t+8 of the step)
-            const int row = row0 + g + 8 * (q % 2), n = ks * 16 + 2 * t + 8 * (q / 2);
-            af[ks][q] = row < m && n < r ? *reinterpret_cast<const uint32_t*>(dlow + (size_t)row * r + n) : 0u;
-        }
+    rank_rows_a<T, KS>(af, dlow, m, r, row0);
     __syncthreads();
     float acc[8][4];
 #pragma unroll
@@ -245,6 +256,87 @@ __device__ void lora_dx_acc(const T* dlow, const T* a, T* dx, int m, int in, int
     }
 }
 
+// The adapter's up product scale·(low·Bᵀ) added to a projection output y (m × n) in place, with
+// one fp32 fma onto the rounded output and one rounding: r(y + scale·(low·Bᵀ)), low (m × r) and
+// B (n × r) row-major. lora_up_add does only that (the projection's own output); lora_up_geglu does
+// it for the MLP's gate and up and writes act = geglu(gate, up) in the same pass (without the two
+// extra passes over gate and up of adding first). Block (4 warps): 64 rows × 64 columns, warp w
+// rows 16w..16w+16 and the 8 n-tiles; KS k-steps of 16 ranks. The A fragments are low's rows and
+// the B fragments B's rows (each holds the k-pairs of one column), both read straight from global
+// memory; each warp stages its 16 × 64 products in shared memory, so that every thread then
+// updates whole 16-byte chunks of rows.
+
+// Warp `warp`'s 16 × 64 tile of low·Bᵀ at (row0, c0) into its rows of `st` (fp32).
+template <typename T, int KS>
+__device__ __forceinline__ void lora_up_tile(float (*st)[DX_STAGE_LD], const T* low, const T* b, int m, int n, int r,
+                                             int row0, int c0) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    uint32_t af[KS][4];
+    rank_rows_a<T, KS>(af, low, m, r, row0);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const int col = c0 + nt * 8 + g;
+        const T* brow = b + (size_t)col * r;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) { // b0, b1: (ranks 2t | 2t+8 of the step, column g)
+            const int k = ks * 16 + 2 * t;
+            const uint32_t b0 = col < n && k < r ? *reinterpret_cast<const uint32_t*>(brow + k) : 0u;
+            const uint32_t b1 = col < n && k + 8 < r ? *reinterpret_cast<const uint32_t*>(brow + k + 8) : 0u;
+            mma16::mma<T>(acc, af[ks], b0, b1);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float2*>(&st[g + 8 * h][nt * 8 + 2 * t]) = make_float2(acc[2 * h], acc[2 * h + 1]);
+    }
+}
+
+// Lane's q-th 8-element chunk of its warp's 16 × 64 tile: tile row rr, column cc.
+__device__ __forceinline__ void up_chunk(int q, int& rr, int& cc) {
+    const int lane = threadIdx.x % 32;
+    rr = lane / 8 + 4 * q;
+    cc = 8 * (lane % 8);
+}
+
+// P = 1: y0 += term0 (lora_up_add). P = 2: y0 += term0, y1 += term1 and act = geglu(y0, y1)
+// (lora_up_geglu, y0 the gate, y1 the up output).
+template <typename T, int KS, int P>
+__device__ void lora_up(T* y0, T* y1, T* act, const T* low0, const T* b0, const T* low1, const T* b1, int m, int n,
+                        int r, float s0, float s1) {
+    __shared__ __align__(16) float stage[P][DX_ROWS][DX_STAGE_LD];
+    const int warp = threadIdx.x / 32;
+    const int c0 = blockIdx.x * DX_COLS, row0 = blockIdx.y * DX_ROWS + warp * 16;
+    T* ys[2] = {y0, y1};
+    const T* lows[2] = {low0, low1};
+    const T* bs[2] = {b0, b1};
+    const float scales[2] = {s0, s1};
+#pragma unroll
+    for (int p = 0; p < P; ++p) lora_up_tile<T, KS>(stage[p] + warp * 16, lows[p], bs[p], m, n, r, row0, c0);
+    __syncwarp();
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        int rr, cc;
+        up_chunk(q, rr, cc);
+        const int row = row0 + rr, c = c0 + cc;
+        if (row >= m || c >= n) continue;
+        const size_t i = (size_t)row * n + c;
+        float v[P][8];
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const float* st = &stage[p][warp * 16 + rr][cc];
+            load_n<T, 8>(ys[p] + i, v[p]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[p][e] = round_to<T>(fmaf(st[e], scales[p], v[p][e]));
+            store_n<T, 8>(ys[p] + i, v[p]);
+        }
+        if constexpr (P == 2) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[0][e] = geglu_y<T>(v[0][e], v[1][e]);
+            store_n<T, 8>(act + i, v[0]);
+        }
+    }
+}
+
 #define DOWN_INST(T, S, NT, WARPS)                                                                        \
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                              \
         lora_down_nt##NT##_##S(const T* x, const T* a, T* low, int m, int in, int r, uint64_t kk,         \
@@ -263,11 +355,24 @@ __device__ void lora_dx_acc(const T* dlow, const T* a, T* dx, int m, int in, int
                                  uint32_t thresh, float scale) {                                          \
         lora_dx_acc<T, KS>(dlow, a, dx, m, in, r, kk, thresh, scale);                                     \
     }
+#define UP_ADD_INST(T, S, KS)                                                                             \
+    extern "C" __global__ void __launch_bounds__(128)                                                     \
+        lora_up_add_ks##KS##_##S(T* y, const T* low, const T* b, int m, int n, int r, float scale) {      \
+        lora_up<T, KS, 1>(y, nullptr, nullptr, low, b, nullptr, nullptr, m, n, r, scale, 0.f);            \
+    }
+#define UP_GEGLU_INST(T, S, KS)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128)                                                     \
+        lora_up_geglu_ks##KS##_##S(T* gate, T* up, T* act, const T* low_g, const T* b_g, const T* low_u,  \
+                                   const T* b_u, int m, int n, int r, float s_g, float s_u) {             \
+        lora_up<T, KS, 2>(gate, up, act, low_g, b_g, low_u, b_u, m, n, r, s_g, s_u);                      \
+    }
 // Warps per lora_down block: 32 / 32 / 16 / 8 for NT = 1 / 2 / 4 / 8 (64 / 64 / 80 / 138 registers).
 #define LORA_INST(T, S)                                                                                   \
     DOWN_INST(T, S, 1, 32) DOWN_INST(T, S, 2, 32) DOWN_INST(T, S, 4, 16) DOWN_INST(T, S, 8, 8)            \
     DA_INST(T, S, 1) DA_INST(T, S, 2) DA_INST(T, S, 4)                                                    \
-    DX_INST(T, S, 1) DX_INST(T, S, 2) DX_INST(T, S, 3) DX_INST(T, S, 4)
+    DX_INST(T, S, 1) DX_INST(T, S, 2) DX_INST(T, S, 3) DX_INST(T, S, 4)                                    \
+    UP_ADD_INST(T, S, 1) UP_ADD_INST(T, S, 2) UP_ADD_INST(T, S, 3) UP_ADD_INST(T, S, 4)                    \
+    UP_GEGLU_INST(T, S, 1) UP_GEGLU_INST(T, S, 2) UP_GEGLU_INST(T, S, 3) UP_GEGLU_INST(T, S, 4)
 LORA_INST(__nv_bfloat16, bf16)
 LORA_INST(__half, f16)
 

@@ -14,9 +14,11 @@
 
 use crate::cuda::{self, cuda_module, Module};
 use crate::dropout::Keep;
-use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::{CudaDevice, WrapErr};
-use candle_core::{DType, Result};
+use candle_core::cuda_backend::cudarc::driver::{
+    DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
+use candle_core::{CudaStorage, DType, Result};
 
 const MODULE: Module = cuda_module!("lora");
 
@@ -180,4 +182,131 @@ pub(crate) fn grad_x_acc(
     // SAFETY: dlow holds m·r elements, a r·inf, dx m·inf of `dtype`; each thread updates its own
     // element pairs of dx.
     unsafe { launch(dev, (&root, dtype), cfg, [dlow, a, dx], d, None, keep) }
+}
+
+/// One adapter's up product `scale·low·Bᵀ` for `lora_up_add` / `lora_up_geglu`: the device
+/// addresses of `low (m, r)` and `B (n, r)`, and the scale.
+#[derive(Clone, Copy)]
+pub(crate) struct UpTerm {
+    pub(crate) low: u64,
+    pub(crate) b: u64,
+    pub(crate) scale: f32,
+}
+
+/// `(m, n, r)` of an up product: `m` rows of `n` outputs, rank `r`.
+pub(crate) type UpDims = (usize, usize, usize);
+
+/// Whether `lora_up_add` / `lora_up_geglu` take these operands: bf16 / f16, `n % 8 == 0` and the
+/// outputs (`outs`) 16-byte aligned (16-byte row chunks), `r % 8 == 0` and `r <= 64` (the rank
+/// steps), `low` and `B` 16-byte aligned, `m` and `n` within `i32`.
+pub(crate) fn up_applies(dtype: DType, (m, n, r): UpDims, outs: &[u64], terms: &[UpTerm]) -> bool {
+    let ptrs = outs.iter().chain(terms.iter().flat_map(|t| [&t.low, &t.b]));
+    matches!(dtype, DType::BF16 | DType::F16)
+        && n.is_multiple_of(8)
+        && r.is_multiple_of(8)
+        && (8..=64).contains(&r)
+        && i32::try_from(m.max(n)).is_ok()
+        && ptrs.into_iter().all(|p| p.is_multiple_of(16))
+}
+
+/// The grid of the up-product kernels (64 × 64 tiles, 4 warps), its kernel name for `r` and the
+/// shape arguments.
+fn up_launch(
+    root: &str,
+    dtype: DType,
+    (m, n, r): UpDims,
+) -> Result<(String, LaunchConfig, [i32; 3])> {
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(DX_COLS) as u32, m.div_ceil(DX_ROWS) as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let name = cuda::kname_of(&format!("{root}_ks{}", r.div_ceil(16)), dtype)?;
+    Ok((name, cfg, [m as i32, n as i32, r as i32]))
+}
+
+/// `y (m, n) = r(y + scale·low·Bᵀ)` in place, in `dtype`.
+///
+/// # Safety
+/// The addresses must hold `(m, n)`, `(m, r)` and `(n, r)` elements of `dtype` ([`up_applies`]
+/// holds), stay alive until the stream has run the kernel, and nothing else may read `y` before.
+pub(crate) unsafe fn up_add(
+    dev: &CudaDevice,
+    dtype: DType,
+    y: u64,
+    t: UpTerm,
+    d: UpDims,
+) -> Result<()> {
+    if d.0 == 0 || d.1 == 0 {
+        return Ok(());
+    }
+    let (name, cfg, [m, n, r]) = up_launch("lora_up_add", dtype, d)?;
+    let f = cuda::func(dev, &MODULE, &name)?;
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&y)
+        .arg(&t.low)
+        .arg(&t.b)
+        .arg(&m)
+        .arg(&n)
+        .arg(&r)
+        .arg(&t.scale);
+    // SAFETY: the caller's contract.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// Adds `gate_t`'s term to `gate` and `up_t`'s to `up` (both `(m, n)`) in place and returns
+/// `gelu_tanh(gate)·up` `(m, n)` in `dtype` (a new buffer).
+///
+/// # Safety
+/// As [`up_add`] for each of gate and up with its term.
+pub(crate) unsafe fn up_geglu(
+    dev: &CudaDevice,
+    dtype: DType,
+    (gate, up): (u64, u64),
+    (gate_t, up_t): (UpTerm, UpTerm),
+    d: UpDims,
+) -> Result<CudaStorage> {
+    let n_out = d.0 * d.1;
+    // SAFETY: every element is written by the kernel (its grid covers the (m, n) tiles).
+    let (act, act_ptr) = match dtype {
+        DType::BF16 => unsafe { alloc_out::<half::bf16>(dev, n_out) }?,
+        DType::F16 => unsafe { alloc_out::<half::f16>(dev, n_out) }?,
+        other => candle_core::bail!("lora_up_geglu: {other:?} (expected bf16 or f16)"),
+    };
+    if n_out == 0 {
+        return Ok(act);
+    }
+    let (name, cfg, [m, n, r]) = up_launch("lora_up_geglu", dtype, d)?;
+    let f = cuda::func(dev, &MODULE, &name)?;
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&gate).arg(&up).arg(&act_ptr);
+    b.arg(&gate_t.low)
+        .arg(&gate_t.b)
+        .arg(&up_t.low)
+        .arg(&up_t.b);
+    b.arg(&m)
+        .arg(&n)
+        .arg(&r)
+        .arg(&gate_t.scale)
+        .arg(&up_t.scale);
+    // SAFETY: the caller's contract; act holds m·n elements.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(act)
+}
+
+/// A new `n`-element buffer of `T` and its address.
+///
+/// # Safety
+/// Uninitialised: every element must be written before it is read.
+unsafe fn alloc_out<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    n: usize,
+) -> Result<(CudaStorage, u64)> {
+    // SAFETY: the caller's contract.
+    let s = unsafe { dev.alloc::<T>(n)? };
+    let ptr = s.device_ptr(&dev.cuda_stream()).0;
+    Ok((cuda::wrap(s, dev), ptr))
 }

@@ -479,6 +479,34 @@ fn gpu_kernels_table() -> Result<()> {
             tol,
             &gpu,
         )?;
+        // The MLP's gate / up adapter terms in the GeGLU's pass: ranks of one and three k-steps,
+        // a partial tile of rows and of columns (bf16: the kernel; f32: the composite).
+        for (m, n, rank) in [(100, 200, 16), (64, 128, 8), (70, 264, 48)] {
+            ok &= check_outputs(
+                &format!("gelu_tanh_mul_lora_up {dn} r{rank}"),
+                &format!("({m}, {n})"),
+                &|x| {
+                    let term = |low: &Tensor, b: &Tensor, scale| LoraUp {
+                        low: low.clone(),
+                        b: b.clone(),
+                        scale,
+                    };
+                    let (gt, ut) = (term(&x[2], &x[3], 2.0), term(&x[4], &x[5], 0.5));
+                    let (g, u, act) = gelu_tanh_mul_lora_up(x[0].copy()?, x[1].copy()?, &gt, &ut)?;
+                    Ok(vec![g, u, act])
+                },
+                &[
+                    r(&[m, n], dtype, 1)?,
+                    r(&[m, n], dtype, 2)?,
+                    r(&[m, rank], dtype, 3)?,
+                    r(&[n, rank], dtype, 4)?,
+                    r(&[m, rank], dtype, 5)?,
+                    r(&[n, rank], dtype, 6)?,
+                ],
+                tol,
+                &gpu,
+            )?;
+        }
         // Row halves [gate | up]: 16-byte packs (136 columns), and single elements (33).
         for (rows, c) in [(64, 136), (9, 33)] {
             ok &= check_outputs(
@@ -841,6 +869,60 @@ fn gpu_kernels_table() -> Result<()> {
     println!("| l2_norm + adamw_step | n=65,568,768 (12B LoRA r16) | {us:.0} (adamw_step alone {us_step:.0}; {:.0} GB/s) | - | - | - | - |", 28.0 * n as f64 / us_step / 1e3);
     if !ok {
         bail!("some CUDA results differ from the CPU reference (see FAIL rows)");
+    }
+    Ok(())
+}
+
+/// The gate / up adapter terms added in the GeGLU's pass against the projections' own outputs, at
+/// the 12B's MLP shape, with a term much smaller than the output (B just after its zero init) and
+/// one of its size: the same bits for gate, up and their GeGLU; and the sums against the exactly
+/// rounded ones (f64 on the CPU, first 256 rows): the share of elements that differ (fp32
+/// accumulation can flip a near-tie), at most 0.1%.
+#[test]
+fn gpu_lora_up_geglu_against_the_projection() -> Result<()> {
+    let gpu = Device::new_cuda(0)?;
+    let (bf, f32_) = (DType::BF16, DType::F32);
+    let (m, inf, n, rank) = (2048, 3840, 15360, 16);
+    let x = r(&[m, inf], bf, 1)?.to_device(&gpu)?;
+    let w = (r(&[n, inf], f32_, 2)? * 0.02)?
+        .to_dtype(bf)?
+        .to_device(&gpu)?;
+    let a = (r(&[rank, inf], f32_, 3)? * 0.02)?.to_device(&gpu)?;
+    let drop = Some((0.05, crate::dropout_key(1, 2, "mlp.gate_proj")));
+    let host = |t: &Tensor| -> Result<Vec<f32>> { t.to_dtype(f32_)?.flatten_all()?.to_vec1() };
+    let mut ok = true;
+    for b_scale in [1e-5, 0.05] {
+        let b = (r(&[n, rank], f32_, 4)? * b_scale)?.to_device(&gpu)?;
+        let ops = AdapterOperands::new(&a, &b);
+        let (want, _) = lora_linear_saved(&x, &w, ops, 2.0, drop)?;
+        let (base, _, term) = lora_linear_saved_deferred(&x, &w, ops, 2.0, drop)?;
+        let exact_rows = base.narrow(0, 0, 256)?;
+        let base_h = host(&exact_rows)?;
+        let (low_h, b_h) = (host(&term.low)?, host(&term.b.to_dtype(f32_)?)?);
+        let (g, u, act) = gelu_tanh_mul_lora_up(base.copy()?, base, &term, &term)?;
+        let want_act = gelu_tanh_mul(&want, &want)?;
+        let same = |p: &Tensor, q: &Tensor| -> Result<bool> { Ok(host(p)? == host(q)?) };
+        let bits_ok = same(&g, &want)? && same(&u, &want)? && same(&act, &want_act)?;
+        let g_h = host(&g)?;
+        let mut off = 0usize;
+        for i in 0..256 * n {
+            let (row, col) = (i / n, i % n);
+            let dot: f64 = (0..rank)
+                .map(|k| low_h[row * rank + k] as f64 * b_h[col * rank + k] as f64)
+                .sum();
+            let exact = half::bf16::from_f64(base_h[i] as f64 + 2.0 * dot).to_f32();
+            off += (exact != g_h[i]) as usize;
+        }
+        let share = off as f64 / (256 * n) as f64;
+        println!(
+            "B scale {b_scale:e}: fused == projection + GeGLU bits: {bits_ok}; {off} of {} sums ({:.4}%) differ from the exactly rounded ones",
+            256 * n,
+            100.0 * share
+        );
+        ok &= bits_ok && share <= 1e-3;
+    }
+    if !ok {
+        bail!("the fused terms differ from the projection's or from the exact sums (see above)");
     }
     Ok(())
 }

@@ -11,7 +11,8 @@
 //! with one rounding back to the input dtype, RoPE products in the activation dtype.
 //!
 //! Ops: [`backward_with_seed`] (SeedGrad), [`linear_frozen`] (FrozenMatmul: d(x) only),
-//! [`lora_linear`] (frozen linear + LoRA branch as one node), [`rms_norm`], [`rope`],
+//! [`lora_linear`] (frozen linear + LoRA branch as one node; [`lora_linear_saved_deferred`] +
+//! [`gelu_tanh_mul_lora_up`] add the MLP's gate / up adapter terms in the GeGLU's pass), [`rms_norm`], [`rope`],
 //! [`heads_norm_rope`] (attention's per-head norm, layout move and RoPE in one kernel; graph-free), [`softmax_last_dim`], [`gelu_tanh_mul`], [`linear_cross_entropy`]
 //! (chunked, loss and d(hidden) in one pass), [`attention`] (causal, sliding window, key padding and
 //! packed sequences ([`KeyMask`]), GQA, no (t, t) tensor; CUDA kernels picked by an [`AttentionPlan`]) and the composite
@@ -42,6 +43,7 @@ mod geglu;
 mod gpu_tests;
 mod heads_norm;
 mod linear_frozen;
+mod lora_geglu;
 mod lora_linear;
 mod moe;
 mod optim;
@@ -69,8 +71,10 @@ pub use geglu::{
 };
 pub use heads_norm::{heads_norm_rope, heads_norm_rope_backward, RopeTables};
 pub use linear_frozen::{linear_frozen, linear_frozen_backward, linear_frozen_slow};
+pub use lora_geglu::{gelu_tanh_mul_lora_up, LoraUp};
 pub use lora_linear::{
-    lora_linear, lora_linear_saved, lora_linear_slow, AdapterOperands, LoraDropout, LoraLinearSaved,
+    lora_linear, lora_linear_saved, lora_linear_saved_deferred, lora_linear_slow, AdapterOperands,
+    LoraDropout, LoraLinearSaved,
 };
 pub use moe::{
     grouped_matmul, moe_combine, moe_combine_backward, moe_gather, moe_group, moe_topk, MoeGroups,

@@ -7,8 +7,10 @@
 //! projection (the largest item of an Nsight profile of the 12B step). As one node it costs one
 //! gradient buffer for `x` and two tiny ones for `A` and `B`.
 //!
-//! On CUDA the forward is three cuBLAS GEMMs (the adapter product accumulates into `y` with
-//! `alpha = scale, beta = 1`, no add or scale kernel) plus the dropout kernel; the backward five
+//! On CUDA the forward is the frozen cuBLAS GEMM, `low = drop(x)·Aᵀ`, and the adapter term added
+//! to `y` in place by `lora_up_add` (`crate::adapter_cuda`: `scale·low·Bᵀ` on the tensor cores,
+//! one fma onto `y`, one rounding; a cuBLAS GEMM with `alpha = scale, beta = 1` for shapes it does
+//! not take); the backward five
 //! GEMMs: `dlow = scale·g·B`, `dx = g·W (+ dlow·A, through the dropout mask)`, `dA = dlowᵀ·drop(x)`,
 //! `dB = scale·gᵀ·low`, with `low = drop(x)·Aᵀ` kept from the forward (`tokens × r`) and the
 //! dropout mask regenerated from its key. With dropout on bf16 / f16 inputs of the usual shapes,
@@ -17,8 +19,9 @@
 //! both directions are the composite of Candle ops ([`lora_linear_slow`]'s math), so the CPU tests
 //! check the backward formulas against autograd.
 //! Numerics: fp32 accumulation in every GEMM; the adapter term is added to the rounded base output
-//! inside the GEMM's epilogue (one rounding instead of the composite's three).
+//! with one rounding (the composite rounds three times).
 
+use crate::lora_geglu::LoraUp;
 use crate::util::{Stash, Storable};
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
@@ -69,6 +72,9 @@ struct LoraParts {
     b_x: Tensor,
     scale: f64,
     dropout: Option<LoraDropout>,
+    /// Leave the adapter's up product `scale·low·Bᵀ` out of the output, for a consumer that adds
+    /// it ([`lora_linear_saved_deferred`]).
+    defer_up: bool,
 }
 
 /// `drop(x)` (identity without dropout).
@@ -79,18 +85,22 @@ fn dropped(x: &Tensor, dropout: Option<LoraDropout>) -> Result<Tensor> {
     }
 }
 
-/// The composite forward on detached 2-D tensors: `(y, low)`.
-fn forward_composite(
-    x: &Tensor,
-    w: &Tensor,
-    a: &Tensor,
-    b: &Tensor,
-    scale: f64,
-    dropout: Option<LoraDropout>,
-) -> Result<(Tensor, Tensor)> {
-    let low = dropped(x, dropout)?.matmul(&a.t()?)?;
-    let y = (x.matmul(&w.t()?)? + (low.matmul(&b.t()?)? * scale)?)?;
+/// The composite forward on detached 2-D tensors: `(y, low)` (`y` without the adapter term when
+/// `p.defer_up`).
+fn forward_composite(x: &Tensor, p: &LoraParts) -> Result<(Tensor, Tensor)> {
+    let low = dropped(x, p.dropout)?.matmul(&p.a_x.t()?)?;
+    let base = x.matmul(&p.w.t()?)?;
+    let y = match p.defer_up {
+        true => base,
+        false => (base + up_term(&low, &p.b_x, p.scale)?)?,
+    };
     Ok((y, low))
+}
+
+/// The composite's adapter term `(low·Bᵀ)·scale` (Candle ops in the activation dtype, each
+/// rounded), shared with [`LoraUp::add_to`].
+pub(crate) fn up_term(low: &Tensor, b: &Tensor, scale: f64) -> Result<Tensor> {
+    low.matmul(&b.t()?)? * scale
 }
 
 /// A detached CPU tensor holding a copy of `(s, l)`.
@@ -133,8 +143,7 @@ impl CustomOp3 for LoraLinearOp {
     ) -> Result<(CpuStorage, Shape)> {
         let _ = (s2, l2, s3, l3); // the GEMMs read the cast copies a_x, b_x
         let x = cpu_tensor(s1, l1, "x")?;
-        let p = &self.parts;
-        let (y, low) = forward_composite(&x, &p.w, &p.a_x, &p.b_x, p.scale, p.dropout)?;
+        let (y, low) = forward_composite(&x, &self.parts)?;
         self.low.put(low);
         Ok((cpu_storage(&y)?, y.shape().clone()))
     }
@@ -267,7 +276,7 @@ pub fn lora_linear(
     scale: f64,
     dropout: Option<LoraDropout>,
 ) -> Result<Tensor> {
-    let (op, x2, out_dims) = prepare(x, w, adapter, scale, dropout)?;
+    let (op, x2, out_dims) = prepare(x, w, adapter, scale, dropout, false)?;
     x2.apply_op3(&adapter.a.contiguous()?, &adapter.b.contiguous()?, op)?
         .reshape(out_dims)
 }
@@ -353,8 +362,40 @@ pub fn lora_linear_saved(
     scale: f64,
     dropout: Option<LoraDropout>,
 ) -> Result<(Tensor, LoraLinearSaved)> {
+    saved_forward(x, w, adapter, scale, dropout, false)
+}
+
+/// [`lora_linear_saved`] whose output leaves out the adapter's up product: `(x·Wᵀ, saved, up)`
+/// with `up` the term `scale·low·Bᵀ` for the consumer of the output to add
+/// ([`crate::gelu_tanh_mul_lora_up`] adds two in the GeGLU's pass, [`LoraUp::add_to`] one alone).
+/// The saved state and the backward are [`lora_linear_saved`]'s.
+pub fn lora_linear_saved_deferred(
+    x: &Tensor,
+    w: &Tensor,
+    adapter: AdapterOperands<'_>,
+    scale: f64,
+    dropout: Option<LoraDropout>,
+) -> Result<(Tensor, LoraLinearSaved, LoraUp)> {
+    let (y, saved) = saved_forward(x, w, adapter, scale, dropout, true)?;
+    let up = LoraUp {
+        low: saved.low.clone(),
+        b: saved.parts.b_x.clone(),
+        scale,
+    };
+    Ok((y, saved, up))
+}
+
+/// [`lora_linear_saved`], with the adapter term left out of `y` when `defer_up`.
+fn saved_forward(
+    x: &Tensor,
+    w: &Tensor,
+    adapter: AdapterOperands<'_>,
+    scale: f64,
+    dropout: Option<LoraDropout>,
+    defer_up: bool,
+) -> Result<(Tensor, LoraLinearSaved)> {
     let (a, b) = (adapter.a, adapter.b);
-    let (op, x2, out_dims) = prepare(x, w, adapter, scale, dropout)?;
+    let (op, x2, out_dims) = prepare(x, w, adapter, scale, dropout, defer_up)?;
     let y = x2
         .apply_op3_no_bwd(&a.detach().contiguous()?, &b.detach().contiguous()?, &op)?
         .reshape(out_dims)?;
@@ -374,6 +415,7 @@ fn prepare(
     adapter: AdapterOperands<'_>,
     scale: f64,
     dropout: Option<LoraDropout>,
+    defer_up: bool,
 ) -> Result<(LoraLinearOp, Tensor, Vec<usize>)> {
     let (a, b) = (adapter.a, adapter.b);
     let (out, inf) = w.dims2()?;
@@ -438,6 +480,7 @@ fn prepare(
             b_x,
             scale,
             dropout,
+            defer_up,
         },
         low: Stash::default(),
     };
@@ -463,9 +506,9 @@ pub fn lora_linear_slow(
 }
 
 #[cfg(feature = "cuda")]
-mod cuda_impl {
+pub(crate) mod cuda_impl {
     use super::LoraParts;
-    use crate::adapter_cuda::{self, Dims};
+    use crate::adapter_cuda::{self, Dims, UpTerm};
     use crate::cublas::{Gemm, Mat};
     use crate::cuda::{self, cuda_of, with_cuda_float_type};
     use crate::dropout::Keep;
@@ -560,9 +603,44 @@ mod cuda_impl {
                     }
                 }
             }
-            gemm(&dev, (m, out, r), (false, true), (op.scale as f32, 1.0), (mat(lowp, r, dt), mat(b, r, dt), mat(yp, out, dt)))?;
+            if !op.defer_up {
+                // SAFETY: y holds m·out elements, low m·r and b out·r, all of `dt`, alive here.
+                unsafe { add_up_term(&dev, dt, (yp, lowp, b), (m, out, r), op.scale) }?;
+            }
             Ok((cuda::wrap(y, &dev), cuda::wrap(low, &dev)))
         })
+    }
+
+    /// `y (m, out) = r(y + scale·low·Bᵀ)` in place for `low (m, r)` and `b (out, r)` in `dt`: the
+    /// `lora_up_add` kernel where it applies, else a cuBLAS GEMM with `beta = 1` (the same sum:
+    /// fp32 products and epilogue, one rounding; the two may differ in the last bit).
+    ///
+    /// # Safety
+    /// The addresses must hold those elements, stay alive until the stream has run the work, and
+    /// nothing else may read `y` before.
+    pub(crate) unsafe fn add_up_term(
+        dev: &CudaDevice,
+        dt: DType,
+        (y, low, b): (u64, u64, u64),
+        (m, out, r): (usize, usize, usize),
+        scale: f64,
+    ) -> Result<()> {
+        let term = UpTerm {
+            low,
+            b,
+            scale: scale as f32,
+        };
+        if adapter_cuda::up_applies(dt, (m, out, r), &[y], &[term]) {
+            // SAFETY: the caller's contract.
+            return unsafe { adapter_cuda::up_add(dev, dt, y, term, (m, out, r)) };
+        }
+        gemm(
+            dev,
+            (m, out, r),
+            (false, true),
+            (scale as f32, 1.0),
+            (mat(low, r, dt), mat(b, r, dt), mat(y, out, dt)),
+        )
     }
 
     /// `(dx (m, in) in x's dtype, or None when it was written into `into`'s tensor; [dA, dB]

@@ -4,7 +4,9 @@
 //! reverse order. Compared with Candle's autograd walk over the same layer it skips the zero-fill
 //! and add of a gradient buffer per graph edge, frees every saved tensor right after its last use,
 //! and the recompute does not compute the layer output the backward never reads. Same kernels and roundings as
-//! [`DecoderLayer::forward`], which stays the reference (checked in `tests/layerwise.rs`).
+//! [`DecoderLayer::forward`], which stays the reference (checked in `tests/layerwise.rs`); on CUDA
+//! the MLP's gate / up adapter terms are added in the GeGLU's pass (`Mlp::gate_up_saved`), which
+//! stores the bits the projections themselves would.
 //!
 //! Covers every layer kind: own or shared K/V (a KV-sharing consumer returns the gradient of the
 //! producer's K/V; the producer's backward adds it to its own), sliding and full attention under a
@@ -25,6 +27,7 @@ use crate::attention::KvPair;
 use crate::config::LayerType;
 use crate::error::Result;
 use crate::mask::Scores;
+use crate::mlp::GateUpSaved;
 use crate::moe::MoeTape;
 use crate::rope::RopeTable;
 
@@ -175,10 +178,14 @@ impl DecoderLayer {
         let h1 = rms_norm_add(&a, Some(&self.post_attention_layernorm), eps, x)?;
         let hn = rms_norm(&h1, Some(&self.pre_feedforward_layernorm), eps)?;
         let mlp = &self.mlp;
-        let (gate, gate_proj) = mlp.gate_proj.forward_saved(&hn, ctx)?;
-        let (up, up_proj) = mlp.up_proj.forward_saved(&hn, ctx)?;
+        let GateUpSaved {
+            gate,
+            up,
+            act,
+            gate_proj,
+            up_proj,
+        } = mlp.gate_up_saved(&hn, ctx)?;
         drop(hn);
-        let act = gelu_tanh_mul(&gate, &up)?;
         let (m, down_proj) = mlp.down_proj.forward_saved(&act, ctx)?;
         let moe = match &self.moe {
             Some(branch) => Some(self.moe_forward(branch, &m, &h1)?),
