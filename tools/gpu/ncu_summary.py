@@ -21,6 +21,8 @@ FAMILIES = [
     ("MoE top-k, grouping, gathers, combine", r"moe_"),
     ("RMSNorm", r"rms_norm"),
     ("LoRA dropout", r"dropout"),
+    ("LoRA adapter kernels (dropout-fused products, adapter terms)", r"lora_"),
+    ("attention head transform (norm, layout, RoPE)", r"heads_norm"),
     ("casts", r"cast_"),
     ("swap12 regroups", r"swap12"),
     ("GeGLU", r"geglu"),

@@ -310,6 +310,17 @@ __device__ void lora_up(T* y0, T* y1, T* act, const T* low0, const T* b0, const 
     const T* lows[2] = {low0, low1};
     const T* bs[2] = {b0, b1};
     const float scales[2] = {s0, s1};
+    // The outputs' chunks are loaded first, so that their latency overlaps the products.
+    uint4 raw[P][4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        int rr, cc;
+        up_chunk(q, rr, cc);
+        const int row = row0 + rr, c = c0 + cc;
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+            raw[p][q] = row < m && c < n ? *reinterpret_cast<const uint4*>(ys[p] + (size_t)row * n + c) : zero4();
+    }
 #pragma unroll
     for (int p = 0; p < P; ++p) lora_up_tile<T, KS>(stage[p] + warp * 16, lows[p], bs[p], m, n, r, row0, c0);
     __syncwarp();
@@ -324,7 +335,7 @@ __device__ void lora_up(T* y0, T* y1, T* act, const T* low0, const T* b0, const 
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const float* st = &stage[p][warp * 16 + rr][cc];
-            load_n<T, 8>(ys[p] + i, v[p]);
+            load_n<T, 8>(reinterpret_cast<const T*>(&raw[p][q]), v[p]);
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[p][e] = round_to<T>(fmaf(st[e], scales[p], v[p][e]));
             store_n<T, 8>(ys[p] + i, v[p]);
