@@ -137,13 +137,7 @@ mod cuda_impl {
         // SAFETY: contiguous tensors of the checked shapes, alive to the end of this call (the
         // stream runs in order); y owns its storage alone (add_to's contract).
         unsafe {
-            crate::lora_linear::cuda_impl::add_up_term(
-                device(y, op)?,
-                y.dtype(),
-                (yp, term.low, term.b),
-                dims,
-                t.scale,
-            )
+            crate::lora_linear::cuda_impl::add_up_term(device(y, op)?, y.dtype(), yp, term, dims)
         }
     }
 

@@ -604,16 +604,18 @@ pub(crate) mod cuda_impl {
                 }
             }
             if !op.defer_up {
+                let term = UpTerm { low: lowp, b, scale: op.scale as f32 };
                 // SAFETY: y holds m·out elements, low m·r and b out·r, all of `dt`, alive here.
-                unsafe { add_up_term(&dev, dt, (yp, lowp, b), (m, out, r), op.scale) }?;
+                unsafe { add_up_term(&dev, dt, yp, term, (m, out, r)) }?;
             }
             Ok((cuda::wrap(y, &dev), cuda::wrap(low, &dev)))
         })
     }
 
-    /// `y (m, out) = r(y + scale·low·Bᵀ)` in place for `low (m, r)` and `b (out, r)` in `dt`: the
-    /// `lora_up_add` kernel where it applies, else a cuBLAS GEMM with `beta = 1` (the same sum:
-    /// fp32 products and epilogue, one rounding; the two may differ in the last bit).
+    /// `y (m, out) = r(y + scale·low·Bᵀ)` in place for the term's `low (m, r)` and `B (out, r)` in
+    /// `dt`: the `lora_up_add` kernel where it applies, else a cuBLAS GEMM with `beta = 1` (whose
+    /// epilogue rounds differently: up to one bf16 step in about a fifth of the elements at the
+    /// 12B's MLP shape, `docs/benchmarks.md` §1).
     ///
     /// # Safety
     /// The addresses must hold those elements, stay alive until the stream has run the work, and
@@ -621,24 +623,20 @@ pub(crate) mod cuda_impl {
     pub(crate) unsafe fn add_up_term(
         dev: &CudaDevice,
         dt: DType,
-        (y, low, b): (u64, u64, u64),
+        y: u64,
+        term: UpTerm,
         (m, out, r): (usize, usize, usize),
-        scale: f64,
     ) -> Result<()> {
-        let term = UpTerm {
-            low,
-            b,
-            scale: scale as f32,
-        };
         if adapter_cuda::up_applies(dt, (m, out, r), &[y], &[term]) {
             // SAFETY: the caller's contract.
             return unsafe { adapter_cuda::up_add(dev, dt, y, term, (m, out, r)) };
         }
+        let (low, b) = (term.low, term.b);
         gemm(
             dev,
             (m, out, r),
             (false, true),
-            (scale as f32, 1.0),
+            (term.scale, 1.0),
             (mat(low, r, dt), mat(b, r, dt), mat(y, out, dt)),
         )
     }
