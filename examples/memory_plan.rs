@@ -156,11 +156,6 @@ fn main() -> Result<()> {
         memory.grad_buckets,
         format!("{trainable} × 4 B"),
     );
-    row(
-        "adapter copies for the step",
-        memory.adapter_copies,
-        format!("{trainable} × {wbytes} B"),
-    );
     let kept = plan.keep.kept();
     row(
         "saved layer inputs (checkpointing)",
@@ -173,12 +168,15 @@ fn main() -> Result<()> {
     row(
         "kept activations (no recompute)",
         tapes,
-        format!("{kept} layers' tapes: {}", plan.keep.describe_kept()),
+        format!(
+            "{kept} layers' tapes (with their adapter copies): {}",
+            plan.keep.describe_kept()
+        ),
     );
     row(
         "one layer's backward working set",
         worst,
-        format!("largest: layer {worst_layer}, tape + backward (estimate)"),
+        format!("largest: layer {worst_layer}, tape (with adapter copies) + backward"),
     );
     row(
         "batch inputs: RoPE tables, PLE inputs",
@@ -210,7 +208,7 @@ fn main() -> Result<()> {
     println!(
         "PLAN weights_gb={:.3} lora_state_gb={:.3} saved_gb={:.3} kept_gb={:.3} kept_layers={kept} recompute_gb={:.3} ce_gb={:.3} comm_gb={:.4} peak_gb={:.3} trainable={trainable}",
         memory.weights as f64 / GB,
-        (memory.lora_state + memory.grad_buckets + memory.adapter_copies) as f64 / GB,
+        (memory.lora_state + memory.grad_buckets) as f64 / GB,
         saved as f64 / GB,
         tapes as f64 / GB,
         worst as f64 / GB,

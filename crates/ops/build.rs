@@ -21,6 +21,7 @@ fn main() {
             "transpose",
             "moe",
             "scale",
+            "cast",
         ],
     );
     g4ft_ptx_build::compile_hopper_kernels("g4ft-ops", &["attention_wgmma"]);

@@ -9,8 +9,8 @@
 //! ```
 //! A KV producer (`Store`) also returns its K/V; a consumer (`Reuse`) takes them as input.
 
-use candle_core::Tensor;
-use g4ft_lora::{LoraContext, LoraLinear};
+use candle_core::{DType, Tensor};
+use g4ft_lora::{AdapterCopies, LoraContext, LoraLinear};
 use g4ft_ops::{gelu_tanh_mul, linear_frozen, rms_norm};
 
 use crate::attention::{Attention, KvPair};
@@ -146,6 +146,7 @@ impl DecoderLayer {
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<(Tensor, Option<KvPair>)> {
+        let _copies = self.hold_adapter_copies(xs.dtype())?;
         let rope_t = self.rope_table(inputs);
         // --- attention ---
         let residual = xs;
@@ -219,6 +220,13 @@ impl DecoderLayer {
     /// Projections in model order: q, k, v, o, gate, up, down (those the layer has).
     pub fn projections(&self) -> impl Iterator<Item = &LoraLinear> {
         self.self_attn.projections().chain(self.mlp.projections())
+    }
+
+    /// This layer's adapters cast to `dtype` together and held for its forward
+    /// ([`g4ft_lora::hold_adapter_copies`]: one launch per forward on CUDA instead of two per
+    /// projection); the tape of an explicit forward keeps the copies until its backward.
+    pub(crate) fn hold_adapter_copies(&self, dtype: DType) -> Result<AdapterCopies<'_>> {
+        Ok(g4ft_lora::hold_adapter_copies(self.projections(), dtype)?)
     }
 
     /// Mutable [`DecoderLayer::projections`].

@@ -43,5 +43,5 @@ pub use error::{Error, Result};
 pub use kv_cache::KvCache;
 pub use loader::{Checkpoint, Hub, ModelFiles};
 pub use memory::{MemoryModel, RecomputePlan, StepShape};
-pub use model::{shift_labels, AdapterCopiesHold, Gemma4Model, LossOutput, TokenBatch};
+pub use model::{shift_labels, Gemma4Model, LossOutput, TokenBatch};
 pub use recompute::{KeepMask, Recompute};

@@ -8,11 +8,11 @@
 //! - frozen weights: every text parameter in the weight dtype;
 //! - LoRA state: fp32 parameters + AdamW `m` and `v` (12 B/param), and DDP's flat fp32 gradient
 //!   buckets, the only copy of the gradients (4 B/param);
-//! - the adapters' copies in the activation dtype, held over the step's micro-batches
-//!   ([`crate::Gemma4Model::hold_adapter_copies`]): `w` B/param;
 //! - per layer, held from the forward to its backward ([`LayerMemory`]): a recomputed layer its
 //!   input `b·t·H·w` (plus the K/V a KV producer lends its consumers), a layer that keeps its
-//!   activations its explicit-backward tape (which holds the input and the lent K/V);
+//!   activations its explicit-backward tape (which holds the input and the lent K/V), and its
+//!   adapters' copies in the activation dtype (`w` B/param: each layer casts them at its forward,
+//!   `DecoderLayer::hold_adapter_copies`, and the tape keeps them for the backward);
 //! - a layer's backward on top of its tape: the upstream gradient and one LoRA-dropout chunk (8M
 //!   elements) at the `down_proj` backward, or the grouped expert gradients of a MoE layer;
 //! - CE working set: one `(chunk_rows, V)` logits chunk in the weight dtype (d(logits) overwrite
@@ -143,8 +143,6 @@ pub struct MemoryModel {
     pub lora_state: u64,
     /// DDP's fp32 gradient buckets, bytes.
     pub grad_buckets: u64,
-    /// The adapters' copies in the activation dtype held over the micro-batches, bytes.
-    pub adapter_copies: u64,
     /// The batch's RoPE tables and per-layer-embedding inputs, bytes.
     pub prepared: u64,
     /// Each decoder layer, in order.
@@ -175,14 +173,20 @@ impl MemoryModel {
         let n_params = cfg.num_text_parameters();
         let h = cfg.hidden_size as u64;
         let v = cfg.vocab_size as u64;
-        let layers = cfg
+        let elements: Vec<LayerElements> = cfg
             .layers
             .iter()
-            .map(|l| {
-                let e = layer_elements(cfg, l, bt, shape.lora_r as u64);
+            .map(|l| layer_elements(cfg, l, bt, shape.lora_r as u64))
+            .collect();
+        // The trainable parameters shared out over the layers as their adapted shapes are.
+        let adapter_params: u64 = elements.iter().map(|e| e.adapter_params).sum();
+        let layers = elements
+            .iter()
+            .map(|e| {
+                let copies = shape.trainable * e.adapter_params / adapter_params.max(1);
                 LayerMemory {
                     saved: e.saved * w,
-                    tape: e.tape * w,
+                    tape: (e.tape + copies) * w,
                     backward: e.backward * w,
                 }
             })
@@ -201,7 +205,6 @@ impl MemoryModel {
             weights: n_params * w,
             lora_state: 12 * shape.trainable,
             grad_buckets: 4 * shape.trainable,
-            adapter_copies: w * shape.trainable,
             prepared: (rope + ple) * w,
             layers,
             ce_chunk_rows,
@@ -210,9 +213,9 @@ impl MemoryModel {
     }
 
     /// What the whole step holds regardless of which layers keep their activations: weights,
-    /// LoRA state, buckets, the adapters' copies, prepared inputs.
+    /// LoRA state, buckets, prepared inputs.
     pub fn fixed(&self) -> u64 {
-        self.weights + self.lora_state + self.grad_buckets + self.adapter_copies + self.prepared
+        self.weights + self.lora_state + self.grad_buckets + self.prepared
     }
 
     /// What layer `i` holds from the forward to its backward under `keep`.
@@ -375,11 +378,14 @@ impl fmt::Display for RecomputePlan {
     }
 }
 
-/// [`LayerMemory`] in elements of the weight dtype (fp32 values of the MoE tape count twice).
+/// [`LayerMemory`] in elements of the weight dtype (fp32 values of the MoE tape count twice), and
+/// the layer's adapter parameters at rank `r` (q, k and v where the layer has them, o, gate, up,
+/// down: the post's targets).
 struct LayerElements {
     saved: u64,
     tape: u64,
     backward: u64,
+    adapter_params: u64,
 }
 
 /// One layer's [`LayerElements`] for `bt` tokens and LoRA rank `r`.
@@ -394,6 +400,12 @@ fn layer_elements(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> LayerElemen
         kvd + if l.has_v_proj { kvd } else { 0 }
     } else {
         0
+    };
+    // Adapted K/V projections: none for a KV-sharing consumer, k alone with attention_k_eq_v.
+    let n_kv = match (l.has_kv_proj(), l.has_v_proj) {
+        (false, _) => 0,
+        (true, false) => 1,
+        (true, true) => 2,
     };
     // The normed, roped K and the normed V: a consumer's are its producer's.
     let attended = if l.has_kv_proj() { 2 * kvd } else { 0 };
@@ -420,6 +432,7 @@ fn layer_elements(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> LayerElemen
         saved: bt * h + lent,
         tape: dense + if p > 0 { ple } else { 0 } + moe_tape,
         backward: bt * h + DROPOUT_CHUNK.min(bt * im) + moe_backward,
+        adapter_params: r * ((h + q) + n_kv * (h + kvd) + (q + h) + 2 * (h + im) + (im + h)),
     }
 }
 
@@ -440,7 +453,6 @@ mod tests {
             weights: 1000,
             lora_state: 0,
             grad_buckets: 0,
-            adapter_copies: 0,
             prepared: 0,
             layers: layers
                 .into_iter()

@@ -293,18 +293,6 @@ impl Gemma4Model {
         self.layers.iter().flat_map(|l| l.projections())
     }
 
-    /// Casts every adapter to the activation dtype once for the forwards and backwards until the
-    /// returned hold is dropped (otherwise each projection call casts its `A` and `B`: two launches
-    /// per projection per forward and per recompute). The adapters must not change while it is
-    /// held: hold it over the micro-batches of one optimizer step, not across the update. Costs
-    /// the copies' memory (2 bytes per trainable parameter in bf16) for that span.
-    pub fn hold_adapter_copies(&self) -> Result<AdapterCopiesHold<'_>> {
-        for p in self.projections() {
-            p.hold_copies(self.dtype)?;
-        }
-        Ok(AdapterCopiesHold { model: self })
-    }
-
     /// Mutable [`Gemma4Model::projections`] (to attach adapters).
     pub fn projections_mut(&mut self) -> impl Iterator<Item = &mut LoraLinear> {
         self.layers.iter_mut().flat_map(|l| l.projections_mut())
@@ -479,19 +467,5 @@ impl Gemma4Model {
             sum: self.head_loss(&h, &targets)?,
             n_tokens,
         })
-    }
-}
-
-/// The adapters' copies of [`Gemma4Model::hold_adapter_copies`]; dropping it releases them.
-#[must_use = "the copies are released when the hold is dropped"]
-pub struct AdapterCopiesHold<'m> {
-    model: &'m Gemma4Model,
-}
-
-impl Drop for AdapterCopiesHold<'_> {
-    fn drop(&mut self) {
-        for p in self.model.projections() {
-            p.release_copies();
-        }
     }
 }

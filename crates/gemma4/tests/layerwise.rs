@@ -361,8 +361,9 @@ fn bits(t: &Tensor) -> Vec<u32> {
 }
 
 /// The same bits of the loss and of every adapter gradient (dropout on) with the adapters' copies
-/// held over the step (`Gemma4Model::hold_adapter_copies`, as `accumulate_window` does) as with a
-/// cast in every projection call; in bf16 (fp32 masters, real casts) and in f32.
+/// held over the whole step (one `g4ft_lora::hold_adapter_copies` guard over every projection) as
+/// with each layer's own guard casting them at every forward and recompute; in bf16 (fp32 masters,
+/// real casts) and in f32.
 #[test]
 fn held_adapter_copies_give_the_same_bits() {
     let cases = [
@@ -380,7 +381,7 @@ fn held_adapter_copies_give_the_same_bits() {
         };
         let (want, want_stats) = run(&model);
         let (held, held_stats) = {
-            let _hold = model.hold_adapter_copies().unwrap();
+            let _hold = g4ft_lora::hold_adapter_copies(model.projections(), dtype).unwrap();
             run(&model)
         };
         assert_eq!(held_stats, want_stats, "{case} {dtype:?}: loss");

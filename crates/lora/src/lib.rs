@@ -39,7 +39,10 @@ pub use io::{
     load_adapter, peft_key, read_adapter, save_adapter, AdapterWeights, CONFIG_NAME, KEY_PREFIX,
     WEIGHTS_NAME,
 };
-pub use linear::{Adapter, AdapterGrads, LoraContext, LoraLinear, ProjectionSaved};
+pub use linear::{
+    hold_adapter_copies, Adapter, AdapterCopies, AdapterGrads, LoraContext, LoraLinear,
+    ProjectionSaved,
+};
 pub use merge::{
     merge_adapter_dir, merge_deltas, merge_projections, MergeDelta, MergeOptions, MergeReport,
 };

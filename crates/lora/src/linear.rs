@@ -60,8 +60,8 @@ pub struct LoraLinear {
     held: HeldCopies,
 }
 
-/// The adapter's `(A, B)` in an activation dtype while [`LoraLinear::hold_copies`] is in effect.
-/// A clone of the layer starts without them.
+/// The adapter's `(A, B)` in an activation dtype while a [`hold_adapter_copies`] guard lives. A
+/// clone of the layer starts without them.
 #[derive(Debug, Default)]
 struct HeldCopies(Mutex<Option<(Tensor, Tensor)>>);
 
@@ -120,27 +120,6 @@ impl LoraLinear {
     /// Attaches (or removes) an adapter (dropping any held copies of the previous one).
     pub fn set_adapter(&mut self, adapter: Option<Adapter>) {
         self.adapter = adapter;
-        self.held.set(None);
-    }
-
-    /// Casts the adapter to `dtype` once for every forward until [`LoraLinear::release_copies`]
-    /// (otherwise each forward in that dtype casts `A` and `B`). Only for a span in which the
-    /// adapter's values do not change, such as the micro-batches of one optimizer step: the
-    /// forwards read these copies, not the parameters. No-op without an adapter.
-    pub fn hold_copies(&self, dtype: DType) -> Result<()> {
-        let copies = match &self.adapter {
-            Some(ad) => Some((
-                ad.a.as_detached_tensor().to_dtype(dtype)?,
-                ad.b.as_detached_tensor().to_dtype(dtype)?,
-            )),
-            None => None,
-        };
-        self.held.set(copies);
-        Ok(())
-    }
-
-    /// Drops the copies of [`LoraLinear::hold_copies`]: forwards cast again.
-    pub fn release_copies(&self) {
         self.held.set(None);
     }
 
@@ -227,6 +206,48 @@ impl LoraLinear {
         };
         Ok((y, saved, up))
     }
+}
+
+/// The copies of [`hold_adapter_copies`]; dropping it releases them (forwards cast again).
+#[must_use = "the copies are released when the guard is dropped"]
+pub struct AdapterCopies<'p> {
+    holders: Vec<&'p LoraLinear>,
+}
+
+impl Drop for AdapterCopies<'_> {
+    fn drop(&mut self) {
+        for p in &self.holders {
+            p.held.set(None);
+        }
+    }
+}
+
+/// Casts the adapters of `projections` to `dtype` together (one op: a single launch on CUDA for
+/// up to 8 projections, `g4ft_ops::cast_together`), and has every forward in that dtype read these
+/// copies until the returned guard drops (otherwise each forward casts its `A` and `B`: two
+/// launches per projection). The adapters' values must not change meanwhile: hold it over one
+/// decoder layer's forward, say, not across an optimizer update. Projections without an adapter,
+/// and those already holding copies in `dtype` (an enclosing guard's), are left as they are.
+/// Saved state keeps the copies it read alive after the guard drops.
+pub fn hold_adapter_copies<'p>(
+    projections: impl IntoIterator<Item = &'p LoraLinear>,
+    dtype: DType,
+) -> Result<AdapterCopies<'p>> {
+    let holders: Vec<&LoraLinear> = projections
+        .into_iter()
+        .filter(|p| p.adapter.is_some() && p.copies_in(dtype).is_none())
+        .collect();
+    let sources: Vec<Tensor> = holders
+        .iter()
+        .filter_map(|p| p.adapter.as_ref())
+        .flat_map(|ad| [ad.a.as_detached_tensor(), ad.b.as_detached_tensor()])
+        .collect();
+    let refs: Vec<&Tensor> = sources.iter().collect();
+    let copies = g4ft_ops::cast_together(&refs, dtype)?;
+    for (p, ab) in holders.iter().zip(copies.chunks_exact(2)) {
+        p.held.set(Some((ab[0].clone(), ab[1].clone())));
+    }
+    Ok(AdapterCopies { holders })
 }
 
 /// The adapter operands `a`, `b` with the held copies, if any.

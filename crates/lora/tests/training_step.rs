@@ -167,7 +167,8 @@ fn adapter_branch_is_base_plus_masked_low_rank_update() {
 }
 
 /// While copies are held, a projection reads them and not the parameters (so they must not change
-/// meanwhile); releasing the copies reads the parameters again.
+/// meanwhile); a nested guard leaves the outer one's copies; dropping the guard reads the
+/// parameters again.
 #[test]
 fn held_copies_are_what_the_forward_reads_until_released() {
     let dev = Device::Cpu;
@@ -194,10 +195,19 @@ fn held_copies_are_what_the_forward_reads_until_released() {
             .unwrap()[0]
     };
     assert_eq!(y(&proj), 4.0 + 8.0, "base 4 + adapter 2·4");
-    proj.hold_copies(DType::BF16).unwrap();
+    let held = g4ft_lora::hold_adapter_copies([&proj], DType::BF16).unwrap();
     a.set(&Tensor::zeros((2, 4), DType::F32, &dev).unwrap())
         .unwrap();
     assert_eq!(y(&proj), 12.0, "the held copies, not the changed parameter");
-    proj.release_copies();
+    {
+        let nested = g4ft_lora::hold_adapter_copies([&proj], DType::BF16).unwrap();
+        drop(nested);
+        assert_eq!(
+            y(&proj),
+            12.0,
+            "an inner guard leaves the outer one's copies"
+        );
+    }
+    drop(held);
     assert_eq!(y(&proj), 4.0, "released: the parameter again");
 }

@@ -926,3 +926,37 @@ fn gpu_lora_up_geglu_against_the_projection() -> Result<()> {
     }
     Ok(())
 }
+
+/// `cast_together` on the GPU: the bits and shapes of each tensor's own `to_dtype` (GPU and CPU),
+/// for 18 tensors (two launches of the 16-segment kernel) of odd sizes, in bf16 and f16.
+#[test]
+fn gpu_cast_together_gives_to_dtype_bits() -> Result<()> {
+    let gpu = Device::new_cuda(0)?;
+    let srcs: Vec<Tensor> = (0..18)
+        .map(|k| (r(&[k + 1, 3 * k + 7], DType::F32, k as u64)? * 100.0)?.to_device(&gpu))
+        .collect::<Result<_>>()?;
+    let refs: Vec<&Tensor> = srcs.iter().collect();
+    for dtype in [DType::BF16, DType::F16] {
+        let out = cast_together(&refs, dtype)?;
+        for (k, (got, src)) in out.iter().zip(&srcs).enumerate() {
+            let host = |t: &Tensor| -> Result<Vec<f32>> {
+                t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
+            };
+            let (want_gpu, want_cpu) = (
+                src.to_dtype(dtype)?,
+                src.to_device(&Device::Cpu)?.to_dtype(dtype)?,
+            );
+            if got.dims() != src.dims()
+                || got.dtype() != dtype
+                || host(got)? != host(&want_gpu)?
+                || host(got)? != host(&want_cpu)?
+            {
+                bail!(
+                    "cast_together {dtype:?}: tensor {k} {:?} differs from to_dtype",
+                    src.dims()
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -32,6 +32,7 @@
 #[cfg(feature = "cuda")]
 mod adapter_cuda;
 mod attention;
+mod cast;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cublas;
@@ -61,6 +62,7 @@ pub use attention::{
     attention, attention_dense, attention_dense_backward, attention_saved, attention_slow,
     AttentionBackward, AttentionForward, AttentionPlan, AttentionSaved, KeyMask,
 };
+pub use cast::cast_together;
 pub use cross_entropy::{
     cross_entropy_sum, linear_cross_entropy, linear_cross_entropy_slow, softcap,
 };

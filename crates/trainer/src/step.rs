@@ -199,8 +199,7 @@ pub fn backward_observed(
 /// The gradient work of one optimizer step, as the post's loop does it: every micro-batch of
 /// `window` runs [`backward`] with its [`LossWeighting::scale`], all but the last inside
 /// `ddp.no_sync` (local accumulation into the buckets), the last one synchronised (buckets
-/// all-reduce as they fill); then `ddp.finish()`. The adapters' bf16 copies are made once for the
-/// window ([`Gemma4Model::hold_adapter_copies`]) and released before it returns. Dropout uses [`train_context`] with `seed`,
+/// all-reduce as they fill); then `ddp.finish()`. Dropout uses [`train_context`] with `seed`,
 /// this rank and `*micro_step`, which advances by one per micro-batch. Returns this rank's
 /// share of the logged step loss (Σ [`loss_share`]; all-reduce it for the logged value).
 pub fn accumulate_window(
@@ -213,8 +212,6 @@ pub fn accumulate_window(
     obs: &mut impl StepObserver,
 ) -> Result<f64> {
     let (rank, world_size) = (ddp.group().rank(), ddp.group().world_size());
-    // The adapters stay as they are until the optimizer runs after this window: cast them once.
-    let _copies = model.hold_adapter_copies()?;
     let mut share = 0.0;
     for (k, batch) in window.iter().enumerate() {
         obs.event(StepEvent::MicroBatchStart(k))?;

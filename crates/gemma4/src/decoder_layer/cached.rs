@@ -28,6 +28,7 @@ impl DecoderLayer {
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<Tensor> {
+        let _copies = self.hold_adapter_copies(xs.dtype())?;
         let rope_t = self.rope_table(inputs);
         let x = rms_norm(xs, Some(&self.input_layernorm), self.eps)?;
         let kv = match self.cfg.kv_sharing {

@@ -165,6 +165,7 @@ impl DecoderLayer {
         ctx: &LoraContext,
         with_output: bool,
     ) -> Result<(LayerTape, Option<Tensor>)> {
+        let _copies = self.hold_adapter_copies(x.dtype())?;
         let eps = self.eps;
         let xn = rms_norm(x, Some(&self.input_layernorm), eps)?;
         let (a, attn) = self.self_attn.forward_saved(
