@@ -239,7 +239,7 @@ pub fn hold_adapter_copies<'p>(
         .collect();
     let sources: Vec<Tensor> = holders
         .iter()
-        .filter_map(|p| p.adapter.as_ref())
+        .flat_map(|p| p.adapter.iter())
         .flat_map(|ad| [ad.a.as_detached_tensor(), ad.b.as_detached_tensor()])
         .collect();
     let refs: Vec<&Tensor> = sources.iter().collect();
