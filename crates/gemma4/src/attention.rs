@@ -173,7 +173,9 @@ mod tests {
         let keys = g4ft_ops::KeyMask::default();
         let fused = g4ft_ops::attention(&q, &k, &v, keys, Some(2), 1.0, &plan)?;
         let diff = (dense - fused)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        assert!(diff < 1e-6, "dense vs fused {diff}");
+        // The two sum in different orders: a few f32 ulps of outputs up to about 4 in size
+        // (a wrong mask is off by tenths).
+        assert!(diff < 1e-5, "dense vs fused {diff}");
         Ok(())
     }
 }
