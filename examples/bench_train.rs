@@ -250,7 +250,14 @@ fn main() -> Result<()> {
     lcfg.lora_dropout = args.lora_dropout;
     let adapted = attach(&lcfg, model.projections_mut(), args.seed)?;
     let policy = shape.recompute_policy(|| free_at_start)?;
-    let recompute = memory::apply_recompute(&mut model, policy, shape.micro_batch, shape.seq)?;
+    let recompute = memory::apply_recompute(
+        &mut model,
+        policy,
+        shape.offload_checkpoints,
+        shape.micro_batch,
+        shape.seq,
+    )?;
+    memory::check_host_room(&recompute, group.env().local_world_size)?;
     let params: Vec<(String, Var)> = lora_parameters(model.projections())
         .into_iter()
         .map(|p| (p.name, p.var))

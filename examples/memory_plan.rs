@@ -68,6 +68,7 @@ fn main() -> Result<()> {
         lora_r: a.lora_r,
         trainable,
         dtype,
+        offload_checkpoints: a.offload_checkpoints,
     };
     let policy = a.recompute_policy(|| {
         bail!("memory_plan reads no device: give --memory-budget-gb with --recompute auto")
@@ -157,14 +158,28 @@ fn main() -> Result<()> {
         format!("{trainable} × 4 B"),
     );
     let kept = plan.keep.kept();
-    row(
-        "saved layer inputs (checkpointing)",
-        saved,
-        format!(
-            "{} recomputed layers × b·t·H·bytes = {b}·{t}·{h}·{wbytes} (+ shared K/V)",
-            l - kept
-        ),
+    let inputs = format!(
+        "{} recomputed layers × b·t·H·bytes = {b}·{t}·{h}·{wbytes}",
+        l - kept
     );
+    if a.offload_checkpoints {
+        row(
+            "saved layer inputs (checkpointing)",
+            saved,
+            "on the device: the shared K/V (+ one input in flight, in the peak)".into(),
+        );
+        row(
+            "offloaded layer inputs (host memory)",
+            plan.host_parked,
+            format!("{inputs}, page-locked host RAM"),
+        );
+    } else {
+        row(
+            "saved layer inputs (checkpointing)",
+            saved,
+            format!("{inputs} (+ shared K/V)"),
+        );
+    }
     row(
         "kept activations (no recompute)",
         tapes,
@@ -206,7 +221,7 @@ fn main() -> Result<()> {
     );
     println!("{plan}");
     println!(
-        "PLAN weights_gb={:.3} lora_state_gb={:.3} saved_gb={:.3} kept_gb={:.3} kept_layers={kept} recompute_gb={:.3} ce_gb={:.3} comm_gb={:.4} peak_gb={:.3} trainable={trainable}",
+        "PLAN weights_gb={:.3} lora_state_gb={:.3} saved_gb={:.3} kept_gb={:.3} kept_layers={kept} recompute_gb={:.3} ce_gb={:.3} comm_gb={:.4} peak_gb={:.3} trainable={trainable} host_gb={:.3}",
         memory.weights as f64 / GB,
         (memory.lora_state + memory.grad_buckets) as f64 / GB,
         saved as f64 / GB,
@@ -214,7 +229,8 @@ fn main() -> Result<()> {
         worst as f64 / GB,
         memory.ce as f64 / GB,
         comm / GB,
-        plan.peak.bytes as f64 / GB
+        plan.peak.bytes as f64 / GB,
+        plan.host_parked as f64 / GB
     );
     Ok(())
 }

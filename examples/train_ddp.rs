@@ -194,10 +194,18 @@ fn train_in_group(
     check_rank_fits(&model)?;
 
     // 4. Recompute policy: which layers keep their activations for the backward and which are
-    //    recomputed, from the memory model's predicted peak for micro-batches of max_len tokens
-    //    (the gradients are the same bits either way). Each rank plans for its own device.
+    //    recomputed, from the memory model's predicted peak for micro-batches of max_len tokens,
+    //    and where the recomputed layers' inputs wait (the gradients are the same bits either
+    //    way). Each rank plans for its own device.
     let policy = memory::recompute_policy(cfg.recompute, cfg.memory_budget_gb, || free_at_start)?;
-    let recompute = memory::apply_recompute(&mut model, policy, cfg.micro_batch, cfg.max_len)?;
+    let recompute = memory::apply_recompute(
+        &mut model,
+        policy,
+        cfg.offload_checkpoints,
+        cfg.micro_batch,
+        cfg.max_len,
+    )?;
+    memory::check_host_room(&recompute, group.env().local_world_size)?;
     if is_main {
         println!("{recompute}");
         if !recompute.fits() {

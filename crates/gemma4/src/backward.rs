@@ -2,12 +2,14 @@
 //! model's [`crate::KeepMask`] does not keep, so each layer's gradients are final — and can be
 //! handed to DDP — while earlier layers are still pending.
 //!
-//! 1. Forward without a graph (`decoder_layer/explicit.rs`), saving each recomputed layer's input,
+//! 1. Forward without a graph (`decoder_layer/explicit.rs`), saving each recomputed layer's input
+//!    (parked in host memory with offloaded checkpoints, [`Gemma4Model::set_offload_checkpoints`]),
 //!    each kept layer's tape (which holds its input), and the K/V each KV producer lends its
 //!    consumers.
 //! 2. Head + loss on the final hidden state (a `Var`), backward → d(hidden).
 //! 3. For layers `L−1 … 0`: take the kept tape, or recompute the layer from its saved input
-//!    without a graph, keeping its tape; run the fused ops' backward in reverse with the upstream
+//!    without a graph, keeping its tape (a parked input is fetched back, and the next parked one
+//!    down starts coming back while this layer runs); run the fused ops' backward in reverse with the upstream
 //!    gradient; report the layer's adapter gradients ([`AdapterGrads`]); carry d(input) to the
 //!    layer below.
 //!
@@ -26,7 +28,7 @@ use crate::attention::KvPair;
 use crate::config::KvSharing;
 use crate::decoder_layer::explicit::LayerTape;
 use crate::error::Error;
-use crate::model::{shift_labels, Gemma4Model, TokenBatch};
+use crate::model::{shift_labels, Gemma4Model, Prepared, TokenBatch};
 
 /// What a layer-wise forward/backward measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -48,6 +50,8 @@ impl LossStats {
 enum Saved {
     /// A recomputed layer: its input.
     Input(candle_core::Tensor),
+    /// A recomputed layer whose input waits in host memory, in the slot of the layer's index.
+    Parked,
     /// A layer that keeps its activations: its tape (which holds its input).
     Tape(Box<LayerTape>),
 }
@@ -79,7 +83,7 @@ impl Gemma4Model {
         let cfg = self.config();
         let (targets, n_tokens) =
             shift_labels(labels, (batch.batch, batch.seq_len), cfg.vocab_size)?;
-        let prep = self.prepare(batch)?;
+        let Prepared { embeds, inputs } = self.prepare(batch)?;
         let fwd_ctx = LoraContext {
             track_grad: false,
             ..*ctx
@@ -93,17 +97,30 @@ impl Gemma4Model {
         //    and the producers' K/V.
         let n_layers = self.layers.len();
         let keep = self.keep_mask();
+        // Held for the whole call: the slots are this micro-batch's until its backward is done.
+        let mut offload = (self.offload.as_ref())
+            .map(|o| o.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let mut saved = Vec::with_capacity(n_layers);
         let mut stored: HashMap<usize, KvPair> = HashMap::new();
-        let mut h = prep.embeds.detach();
+        // Layer 0's input is the only reference to the embeddings, so parking it frees them.
+        let mut h = embeds.detach();
+        drop(embeds);
         for (i, layer) in self.layers.iter().enumerate() {
             let shared = layer.producer().map(|p| &stored[&p]);
             let (out, kv, held) = if keep.keeps(i) {
-                let (tape, out) = layer.forward_with_tape(&h, shared, &prep.inputs, &bwd_ctx)?;
+                let (tape, out) = layer.forward_with_tape(&h, shared, &inputs, &bwd_ctx)?;
                 (out, tape.kv(), Saved::Tape(Box::new(tape)))
             } else {
-                let (out, kv) = layer.forward_graph_free(&h, shared, &prep.inputs, &fwd_ctx)?;
-                (out, kv, Saved::Input(h))
+                // Parked before the layer runs, so that the copy overlaps its kernels.
+                if let Some(park) = offload.as_deref_mut() {
+                    park.park(i, &h).map_err(Error::from)?;
+                }
+                let (out, kv) = layer.forward_graph_free(&h, shared, &inputs, &fwd_ctx)?;
+                let held = match offload {
+                    Some(_) => Saved::Parked,
+                    None => Saved::Input(h),
+                };
+                (out, kv, held)
             };
             if layer.config().kv_sharing == KvSharing::Store {
                 stored.insert(i, kv);
@@ -136,18 +153,29 @@ impl Gemma4Model {
         for i in (0..n_layers).rev() {
             let layer = &self.layers[i];
             let producer = layer.producer();
+            let recompute = |input: &candle_core::Tensor| {
+                let shared = producer.map(|p| &stored[&p]);
+                layer.forward_saved(input, shared, &inputs, &bwd_ctx)
+            };
             let tape = match saved.pop().expect("one saved input or tape per layer") {
                 Saved::Tape(tape) => *tape,
-                Saved::Input(input) => {
-                    let shared = producer.map(|p| &stored[&p]);
-                    layer.forward_saved(&input, shared, &prep.inputs, &bwd_ctx)?
+                Saved::Input(input) => recompute(&input)?,
+                Saved::Parked => {
+                    let park = offload.as_deref_mut().expect("parked only with offload");
+                    let input = park.fetch(i).map_err(Error::from)?;
+                    // `saved[j]` is layer j's: the next parked one down comes back while this
+                    // layer runs.
+                    if let Some(j) = saved.iter().rposition(|s| matches!(s, Saved::Parked)) {
+                        park.prefetch(j).map_err(Error::from)?;
+                    }
+                    recompute(&input)?
                 }
             };
             if layer.config().kv_sharing == KvSharing::Store {
                 stored.remove(&i); // its last consumer is done
             }
             let mut grads = AdapterGrads::default();
-            let out = layer.backward_saved(tape, &g, &prep.inputs, lent.remove(&i), &mut grads)?;
+            let out = layer.backward_saved(tape, &g, &inputs, lent.remove(&i), &mut grads)?;
             if let (Some(p), Some(dkv)) = (producer, out.borrowed_kv) {
                 let sum = match lent.remove(&p) {
                     Some(acc) => KvPair {

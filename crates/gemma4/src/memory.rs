@@ -18,7 +18,10 @@
 //! - CE working set: one `(chunk_rows, V)` logits chunk in the weight dtype (d(logits) overwrite
 //!   it in place), plus d(hidden) and the normed hidden of all `b·t` rows;
 //! - the batch's prepared inputs, held through the step: the RoPE tables (cos and sin, `(b, t, d)`
-//!   per layer type) and the per-layer-embedding inputs `(b, t, L, P)`.
+//!   per layer type) and the per-layer-embedding inputs `(b, t, L, P)`;
+//! - with offloaded checkpoints ([`StepShape::offload_checkpoints`]) the recomputed layers' inputs
+//!   wait in host memory instead; the device holds one input in flight: the last one parked, at
+//!   the loss head, and the one prefetched below a layer during its backward.
 //!
 //! The peak is the largest of two moments ([`PeakAt`]): the loss head (everything the forward
 //! held, plus the CE working set) and each layer's backward (what the layers below still hold,
@@ -60,6 +63,9 @@ pub struct StepShape {
     pub trainable: u64,
     /// Weight and activation dtype.
     pub dtype: DType,
+    /// The recomputed layers' inputs wait in host memory from the forward to their backward
+    /// ([`Gemma4Model::set_offload_checkpoints`]).
+    pub offload_checkpoints: bool,
 }
 
 impl StepShape {
@@ -77,6 +83,7 @@ impl StepShape {
             lora_r,
             trainable,
             dtype: model.dtype(),
+            offload_checkpoints: model.offloads_checkpoints(),
         }
     }
 }
@@ -147,6 +154,8 @@ pub struct MemoryModel {
     pub prepared: u64,
     /// Each decoder layer, in order.
     pub layers: Vec<LayerMemory>,
+    /// One layer's input `b·t·H·w` (part of each [`LayerMemory::saved`]), bytes.
+    pub layer_input: u64,
     /// Rows of one logits chunk of the loss.
     pub ce_chunk_rows: u64,
     /// The loss head's working set, bytes.
@@ -162,6 +171,9 @@ pub struct RecomputePlan {
     pub keep: KeepMask,
     /// The predicted peak under `keep`.
     pub peak: Peak,
+    /// Bytes of recomputed layers' inputs waiting in host memory (offloaded checkpoints; 0
+    /// without).
+    pub host_parked: u64,
 }
 
 impl MemoryModel {
@@ -207,6 +219,7 @@ impl MemoryModel {
             grad_buckets: 4 * shape.trainable,
             prepared: (rope + ple) * w,
             layers,
+            layer_input: bt * h * w,
             ce_chunk_rows,
             ce,
         }
@@ -218,38 +231,54 @@ impl MemoryModel {
         self.weights + self.lora_state + self.grad_buckets + self.prepared
     }
 
-    /// What layer `i` holds from the forward to its backward under `keep`.
+    /// Whether layer `i`'s input waits in host memory under `keep`.
+    fn parked(&self, keep: &KeepMask, i: usize) -> bool {
+        self.shape.offload_checkpoints && !keep.keeps(i)
+    }
+
+    /// What layer `i` holds on the device from the forward to its backward under `keep`.
     fn held(&self, keep: &KeepMask, i: usize) -> u64 {
         let l = &self.layers[i];
         if keep.keeps(i) {
             l.tape
+        } else if self.parked(keep, i) {
+            l.saved - self.layer_input
         } else {
             l.saved
         }
     }
 
-    /// Bytes the forward leaves held for the backward under `keep`: (recomputed layers' saved
-    /// inputs, kept layers' tapes).
+    /// Bytes the forward leaves held on the device for the backward under `keep`: (recomputed
+    /// layers' saved inputs and lent K/V, kept layers' tapes).
     pub fn held_by_kind(&self, keep: &KeepMask) -> (u64, u64) {
         (0..self.layers.len()).fold((0, 0), |(saved, tapes), i| {
             if keep.keeps(i) {
                 (saved, tapes + self.layers[i].tape)
             } else {
-                (saved + self.layers[i].saved, tapes)
+                (saved + self.held(keep, i), tapes)
             }
         })
+    }
+
+    /// Bytes of layer inputs waiting in host memory under `keep` (offloaded checkpoints).
+    pub fn host_parked(&self, keep: &KeepMask) -> u64 {
+        (0..self.layers.len())
+            .filter(|&i| self.parked(keep, i))
+            .map(|_| self.layer_input)
+            .sum()
     }
 
     /// The predicted peak under `keep` (which must cover every layer).
     pub fn peak(&self, keep: &KeepMask) -> Peak {
         let base = self.fixed();
         let mut below = 0u64; // held by layers 0..j
+        let mut in_flight = 0u64; // a parked input below j: prefetched during j's backward
         let mut peak = Peak {
             bytes: 0,
             at: PeakAt::LossHead,
         };
         for (j, l) in self.layers.iter().enumerate() {
-            let at_backward = base + below + l.tape + l.backward;
+            let at_backward = base + below + in_flight + l.tape + l.backward;
             if at_backward > peak.bytes {
                 peak = Peak {
                     bytes: at_backward,
@@ -257,8 +286,12 @@ impl MemoryModel {
                 };
             }
             below += self.held(keep, j);
+            if self.parked(keep, j) {
+                in_flight = self.layer_input;
+            }
         }
-        let at_head = base + below + self.ce;
+        // The last parked input's copy may still run at the head: it counts once more.
+        let at_head = base + below + in_flight + self.ce;
         if at_head >= peak.bytes {
             peak = Peak {
                 bytes: at_head,
@@ -286,7 +319,13 @@ impl MemoryModel {
             }
         };
         let peak = self.peak(&keep);
-        RecomputePlan { policy, keep, peak }
+        let host_parked = self.host_parked(&keep);
+        RecomputePlan {
+            policy,
+            keep,
+            peak,
+            host_parked,
+        }
     }
 }
 
@@ -371,6 +410,13 @@ impl fmt::Display for RecomputePlan {
             self.peak.bytes as f64 / GB,
             self.peak.at
         )?;
+        if self.host_parked > 0 {
+            write!(
+                f,
+                "; the recomputed layers' inputs in host memory ({:.3} GB)",
+                self.host_parked as f64 / GB
+            )?;
+        }
         if !self.fits() {
             write!(f, " (over the budget even with every layer recomputed)")?;
         }
@@ -448,6 +494,7 @@ mod tests {
                 lora_r: 1,
                 trainable: 0,
                 dtype: DType::BF16,
+                offload_checkpoints: false,
             },
             n_params: 0,
             weights: 1000,
@@ -462,6 +509,7 @@ mod tests {
                     backward,
                 })
                 .collect(),
+            layer_input: 10,
             ce_chunk_rows: 1,
             ce,
         }
@@ -481,6 +529,25 @@ mod tests {
         let first = m.peak(&KeepMask::from_layers(vec![true, false, false]));
         assert_eq!(first.bytes, 1000 + 100 + 10 + 105);
         assert_eq!(m.peak(&KeepMask::keep_all(3)).bytes, 1000 + 300 + 50);
+    }
+
+    #[test]
+    fn offloaded_inputs_leave_one_in_flight_on_the_device() {
+        let mut m = model(vec![(10, 100, 5); 3], 50);
+        m.shape.offload_checkpoints = true;
+        let all = KeepMask::recompute_all(3);
+        // Nothing held below a layer but the input prefetched for the layer under it: layers 1
+        // and 2 peak at 1000 + 10 + 105; layer 0 has none below; the head 1000 + 10 + 50.
+        let peak = m.peak(&all);
+        assert_eq!((peak.bytes, peak.at), (1115, PeakAt::LayerBackward(1)));
+        assert_eq!(m.held_by_kind(&all), (0, 0));
+        assert_eq!(m.host_parked(&all), 30);
+        // A kept layer keeps its tape on the device; only the recomputed ones are parked.
+        let last = KeepMask::keep_last(3, 1);
+        assert_eq!(m.host_parked(&last), 20);
+        assert_eq!(m.peak(&last).bytes, 1000 + 10 + 100 + 50);
+        m.shape.offload_checkpoints = false;
+        assert_eq!(m.host_parked(&all), 0);
     }
 
     #[test]
@@ -507,6 +574,7 @@ mod tests {
             lora_r: 16,
             trainable: 65_568_768,
             dtype: DType::BF16,
+            offload_checkpoints: false,
         };
         let budget = 139e9 as u64;
         let (seq, plan) =
@@ -526,6 +594,14 @@ mod tests {
             MemoryModel::longest_seq(&cfg, shape, Recompute::None, budget, 1024).unwrap();
         assert!(none < seq / 2, "{none} vs {seq}");
         assert!(MemoryModel::longest_seq(&cfg, shape, Recompute::All, 1, 1024).is_none());
+        // Offloading the checkpoints leaves the device only the working set of one layer.
+        let offload = StepShape {
+            offload_checkpoints: true,
+            ..shape
+        };
+        let (longer, _) =
+            MemoryModel::longest_seq(&cfg, offload, Recompute::All, budget, 1024).unwrap();
+        assert!(longer > seq * 3 / 2, "{longer} vs {seq}");
     }
 
     #[test]

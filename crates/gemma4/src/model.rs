@@ -7,9 +7,13 @@
 //! upcasts to fp32, shifts labels left, ignores -100 and is summed here (divide by
 //! [`LossOutput::n_tokens`] for the transformers mean).
 
+use std::sync::{Arc, Mutex};
+
 use candle_core::{DType, Device, Tensor};
 use g4ft_lora::{LoraContext, LoraLinear};
-use g4ft_ops::{linear_cross_entropy, linear_frozen, mul_scalar, rms_norm, softcap, AttentionPlan};
+use g4ft_ops::{
+    linear_cross_entropy, linear_frozen, mul_scalar, rms_norm, softcap, AttentionPlan, HostOffload,
+};
 
 use crate::config::{Config, KvSharing, LayerType};
 use crate::decoder_layer::{DecoderLayer, LayerInputs};
@@ -158,6 +162,9 @@ pub struct Gemma4Model {
     ple: Option<PleGlobal>,
     pub(crate) layers: Vec<DecoderLayer>,
     keep: KeepMask,
+    /// Where the recomputed layers' inputs wait with offloaded checkpoints (`None`: on the
+    /// device); shared by clones, locked for a whole forward + backward.
+    pub(crate) offload: Option<Arc<Mutex<HostOffload>>>,
 }
 
 impl Gemma4Model {
@@ -229,6 +236,7 @@ impl Gemma4Model {
             ple,
             layers,
             keep,
+            offload: None,
         })
     }
 
@@ -285,6 +293,26 @@ impl Gemma4Model {
     pub fn set_keep_mask(&mut self, keep: KeepMask) -> Result<()> {
         keep.check_len(self.layers.len())?;
         self.keep = keep;
+        Ok(())
+    }
+
+    /// Whether [`Gemma4Model::forward_backward`] parks the inputs of the layers it recomputes in
+    /// host memory (offloaded checkpoints).
+    pub fn offloads_checkpoints(&self) -> bool {
+        self.offload.is_some()
+    }
+
+    /// Offloaded checkpoints on or off: with them, the input of each layer the backward
+    /// recomputes waits in host memory from the forward to the layer's backward instead of on
+    /// the device (on CUDA, copied out and back on a stream of its own beside the kernels; see
+    /// `g4ft_ops::HostOffload`); the device holds one layer input in flight. The gradients are
+    /// the same bits. On the CPU the inputs are in host memory already and stay as they are.
+    pub fn set_offload_checkpoints(&mut self, on: bool) -> Result<()> {
+        self.offload = if on {
+            Some(Arc::new(Mutex::new(HostOffload::new(&self.device)?)))
+        } else {
+            None
+        };
         Ok(())
     }
 

@@ -302,8 +302,10 @@ fn batch_without_targets_gives_zero_gradients_for_every_layer() {
 }
 
 /// The same bits of the loss and of every adapter gradient (dropout on) whether every layer is
-/// recomputed (the default), none is, or a mix: the kept layers run the same kernels on the same
-/// inputs in the same order in the forward instead of the recompute. Alternating masks put a
+/// recomputed (the default), none is, or a mix, and whether the recomputed layers' inputs wait on
+/// the device or in host memory (offloaded checkpoints; on CUDA copied out and back on a stream of
+/// their own): the kept layers run the same kernels on the same inputs in the same order in the
+/// forward instead of the recompute. Alternating masks put a
 /// kept KV producer before recomputed consumers and the reverse (`gemma4-b-ple-kvshare`: layers
 /// 1 and 2 lend K/V to 3, 4 and 5).
 #[test]
@@ -334,14 +336,20 @@ fn gradients_are_the_same_bits_whichever_layers_are_recomputed() {
         ];
         let mut runs = Vec::new();
         for mask in masks {
-            model.set_keep_mask(mask.clone()).unwrap();
-            let (grads, stats) =
-                layerwise_grads(&model, &batch, &golden_batch.labels, &adapters, 0.25);
-            runs.push((mask, grads, stats));
+            for offload in [false, true] {
+                model.set_keep_mask(mask.clone()).unwrap();
+                model.set_offload_checkpoints(offload).unwrap();
+                let (grads, stats) =
+                    layerwise_grads(&model, &batch, &golden_batch.labels, &adapters, 0.25);
+                runs.push((mask.clone(), offload, grads, stats));
+            }
         }
-        let (_, want, want_stats) = &runs[0];
-        for (mask, grads, stats) in &runs[1..] {
-            let what = format!("{case} {layout:?}, layers kept: {}", mask.describe_kept());
+        let (_, _, want, want_stats) = &runs[0];
+        for (mask, offload, grads, stats) in &runs[1..] {
+            let what = format!(
+                "{case} {layout:?}, layers kept: {}, offloaded: {offload}",
+                mask.describe_kept()
+            );
             assert_eq!(stats, want_stats, "{what}: loss");
             assert_eq!(grads.len(), adapters.len(), "{what}: adapters reported");
             for (path, (ga, gb)) in grads {
@@ -351,6 +359,45 @@ fn gradients_are_the_same_bits_whichever_layers_are_recomputed() {
             }
         }
         println!("{case} {layout:?}: {} masks, same bits", runs.len());
+    }
+}
+
+/// Offloaded checkpoints over several micro-batches on one model, in bf16: the first batch (one
+/// row) fills the host buffers, the second (every row) grows them, the third (one row again)
+/// reuses them; each run gives the same bits of the loss and of every adapter gradient as without.
+#[test]
+fn offloaded_checkpoints_give_the_same_bits_batch_after_batch() {
+    let case = "gemma4-b-ple-kvshare";
+    let golden_batch = GoldenBatch::new(&golden(case));
+    let full = golden_batch.tokens();
+    let t = full.seq_len;
+    let one_row = TokenBatch {
+        input_ids: &full.input_ids[..t],
+        attention_mask: full.attention_mask.map(|m| &m[..t]),
+        batch: 1,
+        ..full
+    };
+    let labels = &golden_batch.labels;
+    let batches = [
+        (one_row, &labels[..t]),
+        (full, &labels[..]),
+        (one_row, &labels[..t]),
+    ];
+    let mut model = load(case, DType::BF16);
+    let adapters = attach_all(&mut model, 0.25);
+    let want: Vec<_> = batches
+        .iter()
+        .map(|(batch, labels)| layerwise_grads(&model, batch, labels, &adapters, 0.25))
+        .collect();
+    model.set_offload_checkpoints(true).unwrap();
+    for (k, ((batch, labels), (want, want_stats))) in batches.iter().zip(&want).enumerate() {
+        let (grads, stats) = layerwise_grads(&model, batch, labels, &adapters, 0.25);
+        assert_eq!(&stats, want_stats, "batch {k}: loss");
+        for (path, (ga, gb)) in &grads {
+            let (wa, wb) = &want[path];
+            assert!(bits(ga) == bits(wa), "batch {k}: {path}.lora_A differs");
+            assert!(bits(gb) == bits(wb), "batch {k}: {path}.lora_B differs");
+        }
     }
 }
 

@@ -17,7 +17,9 @@
 //! (chunked, loss and d(hidden) in one pass), [`attention`] (causal, sliding window, key padding and
 //! packed sequences ([`KeyMask`]), GQA, no (t, t) tensor; CUDA kernels picked by an [`AttentionPlan`]) and the composite
 //! [`attention_dense`] (dense additive mask; [`attention_slow`] is it with the causal mask), [`adamw_step`] + [`l2_norm`] (AdamW and the clip norm over flat fp32 buffers), [`lora_dropout`] /
-//! [`dropout_mask`] (counter-hash mask that replays, identical bits on CPU and CUDA).
+//! [`dropout_mask`] (counter-hash mask that replays, identical bits on CPU and CUDA), and
+//! [`HostOffload`] (tensors parked in host memory from a forward to its backward, copied on a stream
+//! of their own on CUDA).
 //!
 //! CUDA build: with the `cuda` feature, `build.rs` runs nvcc (`-arch=compute_$CUDA_COMPUTE_CAP`,
 //! `docs/cuda.md`) on each `kernels/<op>.cu` and the PTX is embedded with `include_str!`; the driver
@@ -47,6 +49,7 @@ mod linear_frozen;
 mod lora_geglu;
 mod lora_linear;
 mod moe;
+mod offload;
 mod optim;
 mod rms_norm;
 mod rope;
@@ -81,6 +84,7 @@ pub use lora_linear::{
 pub use moe::{
     grouped_matmul, moe_combine, moe_combine_backward, moe_gather, moe_group, moe_topk, MoeGroups,
 };
+pub use offload::HostOffload;
 pub use optim::{adamw_step, l2_norm, AdamWParams, AdamWScalars};
 pub use rms_norm::{
     rms_norm, rms_norm_add, rms_norm_backward, rms_norm_backward_over_input, rms_norm_slow,

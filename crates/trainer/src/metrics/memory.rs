@@ -60,19 +60,39 @@ pub fn recompute_policy(
     })
 }
 
-/// Resolves `policy` for `model`'s training step of `micro_batch` samples of `seq` tokens (the
-/// longest the run sees) with the model's adapters, and sets the model's keep mask to it. Returns
-/// the plan (print it: the choice and the predicted peak).
+/// Sets `model`'s offloaded checkpoints on or off (`--offload-checkpoints`), resolves `policy`
+/// for its training step of `micro_batch` samples of `seq` tokens (the longest the run sees) with
+/// the model's adapters, and sets the model's keep mask to it. Returns the plan (print it: the
+/// choice and the predicted peak).
 pub fn apply_recompute(
     model: &mut Gemma4Model,
     policy: Recompute,
+    offload_checkpoints: bool,
     micro_batch: usize,
     seq: usize,
 ) -> Result<RecomputePlan> {
+    model.set_offload_checkpoints(offload_checkpoints)?;
     let shape = StepShape::of_model(model, micro_batch, seq);
     let plan = MemoryModel::new(model.config(), shape).plan(policy);
     model.set_keep_mask(plan.keep.clone())?;
     Ok(plan)
+}
+
+/// With offloaded checkpoints: an error unless the RAM this node has available, shared by its
+/// `local_world_size` ranks, holds the recomputed layers' inputs that `plan` parks there.
+pub fn check_host_room(plan: &RecomputePlan, local_world_size: usize) -> Result<()> {
+    if plan.host_parked == 0 {
+        return Ok(());
+    }
+    let available = free_memory(&Device::Cpu, local_world_size)?;
+    if plan.host_parked > available {
+        anyhow::bail!(
+            "--offload-checkpoints: the recomputed layers' inputs need {:.3} GB of host memory per rank, and {:.3} GB is available (MemAvailable shared by {local_world_size} rank(s) of this node); drop --offload-checkpoints, or lower --micro-batch or the sequence length",
+            plan.host_parked as f64 / GB,
+            available as f64 / GB
+        );
+    }
+    Ok(())
 }
 
 /// Peak-memory probe: the CUDA pool's high-water mark or the process's peak RSS.
@@ -229,6 +249,34 @@ mod tests {
         assert!(current > 0);
         assert!(p.peak().unwrap() >= current);
         assert_eq!(p.what(), "process peak RSS (VmHWM)");
+    }
+
+    #[test]
+    fn parked_inputs_must_fit_the_hosts_memory() {
+        let cfg = g4ft_gemma4::Config::from_file(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../gemma4/tests/configs/gemma-4-12B-it.json"),
+        )
+        .unwrap();
+        let shape = |seq, offload_checkpoints| StepShape {
+            micro_batch: 1,
+            seq,
+            lora_r: 16,
+            trainable: 65_568_768,
+            dtype: candle_core::DType::BF16,
+            offload_checkpoints,
+        };
+        let plan = |seq, offload| MemoryModel::new(&cfg, shape(seq, offload)).plan(Recompute::All);
+        // 48 inputs of 2,048 tokens: 0.755 GB; nothing parked without offload.
+        check_host_room(&plan(2048, true), 1).unwrap();
+        check_host_room(&plan(1 << 26, false), 1).unwrap();
+        // 2^26 tokens per sample park 24.7 TB.
+        let err = check_host_room(&plan(1 << 26, true), 1).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(
+            msg.starts_with("--offload-checkpoints: the recomputed layers' inputs need 24739"),
+            "{msg}"
+        );
     }
 
     #[test]
