@@ -5,7 +5,7 @@
 //!
 //! On CUDA a parked tensor is copied into page-locked host memory on a copy stream of its own, so
 //! the copies run beside the compute stream's kernels. Events order the two streams; the host
-//! waits on neither:
+//! waits on neither (but see the buffers below):
 //! - [`HostOffload::park`]: the copy stream waits for the compute stream to reach the call (the
 //!   tensor is written), copies device → host and records the copy's end. The device tensor is
 //!   held until the next park or prefetch, which makes the compute stream wait for that end before
@@ -15,10 +15,11 @@
 //! - [`HostOffload::fetch`]: the compute stream waits for the prefetch's end and the tensor is
 //!   ready for its kernels.
 //!
-//! A slot's host buffer is kept for the next park into it (grown when a larger tensor comes), and
-//! the copy stream runs its copies in order, so a park never overwrites bytes that the slot's last
-//! prefetch still reads. On the CPU a tensor already lives in host memory: a park keeps it as it
-//! is.
+//! A slot's host buffer is kept for the next park into it, and the copy stream runs its copies in
+//! order, so a park never overwrites bytes that the slot's last prefetch still reads. A tensor
+//! larger than the buffer gets a new one; only then does the host wait, for the copy stream to be
+//! done with the old buffer (a batch longer than any before: at most once per slot and length).
+//! On the CPU a tensor already lives in host memory: a park keeps it as it is.
 
 use candle_core::{bail, Device, Result, Tensor};
 
