@@ -960,3 +960,51 @@ fn gpu_cast_together_gives_to_dtype_bits() -> Result<()> {
     }
     Ok(())
 }
+
+/// `HostOffload` on the GPU: tensors of each float dtype parked, their device copies dropped at
+/// once, then fetched back (one prefetched ahead, one not) with the same bits and shape; a slot
+/// parked again with a larger tensor (its host buffer grown) and with a smaller one (reused);
+/// kernels queued right after a park and after a fetch read the parked values.
+#[test]
+fn gpu_host_offload_round_trips() -> Result<()> {
+    let gpu = Device::new_cuda(0)?;
+    let host = |t: &Tensor| -> Result<Vec<u32>> {
+        let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        Ok(v.into_iter().map(f32::to_bits).collect())
+    };
+    let mut park = HostOffload::new(&gpu)?;
+    let rounds: [&[(usize, &[usize], DType)]; 3] = [
+        &[
+            (0, &[5, 7], DType::F32),
+            (1, &[256, 3840], DType::BF16),
+            (2, &[1], DType::F16),
+        ],
+        &[(0, &[512, 3840], DType::BF16), (1, &[3, 3], DType::F32)],
+        &[(0, &[7, 5], DType::F16), (2, &[1024, 3840], DType::BF16)],
+    ];
+    for (k, round) in rounds.iter().enumerate() {
+        let mut want = Vec::new();
+        for &(slot, dims, dtype) in round.iter() {
+            let src = r(dims, DType::F32, (10 * k + slot) as u64)?.to_device(&gpu)?;
+            let bits = host(&(&src * 3.0)?.to_dtype(dtype)?)?;
+            // Made by kernels just before the park and dropped right after it: the next round's
+            // kernels may get its memory once the copy is done.
+            let t = (src * 3.0)?.to_dtype(dtype)?;
+            park.park(slot, &t)?;
+            drop(t);
+            want.push((slot, dims.to_vec(), dtype, bits));
+        }
+        let (first, rest) = want.split_first().expect("each round parks");
+        park.prefetch(first.0)?;
+        for (slot, dims, dtype, bits) in std::iter::once(first).chain(rest) {
+            let got = (park.fetch(*slot)? * 1.0)?;
+            if got.dims() != dims.as_slice() || got.dtype() != *dtype || host(&got)? != *bits {
+                bail!("host offload round {k}: slot {slot} {dims:?} {dtype:?} came back different");
+            }
+        }
+    }
+    if park.fetch(1).is_ok() {
+        bail!("host offload: a fetched slot gave a tensor again");
+    }
+    Ok(())
+}
