@@ -64,7 +64,7 @@ pub struct StepShape {
     /// Weight and activation dtype.
     pub dtype: DType,
     /// The recomputed layers' inputs wait in host memory from the forward to their backward
-    /// ([`Gemma4Model::set_offload_checkpoints`]).
+    /// ([`Gemma4Model::set_offload_checkpoints`] on a GPU).
     pub offload_checkpoints: bool,
 }
 
@@ -83,7 +83,8 @@ impl StepShape {
             lora_r,
             trainable,
             dtype: model.dtype(),
-            offload_checkpoints: model.offloads_checkpoints(),
+            // On the CPU a parked input stays where it was: the memory is the same.
+            offload_checkpoints: model.offloads_checkpoints() && model.device().is_cuda(),
         }
     }
 }
