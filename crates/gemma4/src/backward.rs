@@ -9,9 +9,9 @@
 //! 2. Head + loss on the final hidden state (a `Var`), backward → d(hidden).
 //! 3. For layers `L−1 … 0`: take the kept tape, or recompute the layer from its saved input
 //!    without a graph, keeping its tape (a parked input is fetched back, and the next parked one
-//!    down starts coming back while this layer runs); run the fused ops' backward in reverse with the upstream
-//!    gradient; report the layer's adapter gradients ([`AdapterGrads`]); carry d(input) to the
-//!    layer below.
+//!    down starts coming back while this layer runs); run the fused ops' backward in reverse with
+//!    the upstream gradient; report the layer's adapter gradients ([`AdapterGrads`]); carry
+//!    d(input) to the layer below.
 //!
 //! KV sharing: a consumer's backward returns the gradient of the producer's K/V it attended to;
 //! it is summed per producer and added to the producer's own K/V gradient when the walk reaches
