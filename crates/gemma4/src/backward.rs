@@ -23,6 +23,7 @@ use std::collections::HashMap;
 
 use candle_core::Var;
 use g4ft_lora::{AdapterGrads, LoraContext};
+use g4ft_ops::HostOffload;
 
 use crate::attention::KvPair;
 use crate::config::KvSharing;
@@ -54,6 +55,16 @@ enum Saved {
     Parked,
     /// A layer that keeps its activations: its tape (which holds its input).
     Tape(Box<LayerTape>),
+}
+
+/// Starts bringing back the input of the highest parked layer of `saved` (`saved[j]` is layer
+/// `j`'s), so that it arrives while the layer above runs its backward.
+fn prefetch_next(offload: Option<&mut HostOffload>, saved: &[Saved]) -> Result<(), Error> {
+    let below = saved.iter().rposition(|s| matches!(s, Saved::Parked));
+    match (offload, below) {
+        (Some(park), Some(j)) => park.prefetch(j).map_err(Error::from),
+        _ => Ok(()),
+    }
 }
 
 impl Gemma4Model {
@@ -158,16 +169,15 @@ impl Gemma4Model {
                 layer.forward_saved(input, shared, &inputs, &bwd_ctx)
             };
             let tape = match saved.pop().expect("one saved input or tape per layer") {
-                Saved::Tape(tape) => *tape,
+                Saved::Tape(tape) => {
+                    prefetch_next(offload.as_deref_mut(), &saved)?;
+                    *tape
+                }
                 Saved::Input(input) => recompute(&input)?,
                 Saved::Parked => {
                     let park = offload.as_deref_mut().expect("parked only with offload");
                     let input = park.fetch(i).map_err(Error::from)?;
-                    // `saved[j]` is layer j's: the next parked one down comes back while this
-                    // layer runs.
-                    if let Some(j) = saved.iter().rposition(|s| matches!(s, Saved::Parked)) {
-                        park.prefetch(j).map_err(Error::from)?;
-                    }
+                    prefetch_next(Some(park), &saved)?;
                     recompute(&input)?
                 }
             };
