@@ -13,12 +13,14 @@
 //!     --recompute all --longest-within-gb 139
 //! ```
 //! `--longest-within-gb` prints, instead of the budget, the longest sequence (a multiple of 1,024
-//! tokens) whose step is predicted to fit that many GB under the recompute policy.
+//! tokens) whose step is predicted to fit that many GB under the recompute policy (with
+//! `--offload-checkpoints` and `--host-memory-gb`, whose parked inputs also fit that much host
+//! RAM).
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use g4ft_gemma4::memory::GB;
-use g4ft_gemma4::{Config, MemoryModel, StepShape};
+use g4ft_gemma4::{Config, MemoryBudget, MemoryModel, StepShape};
 use g4ft_lora::{count_trainable, LoraConfig, ProjectionShape, TargetModules};
 use g4ft_trainer::config::cli::ShapeArgs;
 use g4ft_trainer::config::POST_LORA_TARGETS;
@@ -37,6 +39,10 @@ struct Args {
     /// peak under the recompute policy stays within this many GB, e.g. a card's memory.
     #[arg(long, value_name = "GB")]
     longest_within_gb: Option<f64>,
+    /// With --longest-within-gb and --offload-checkpoints: the parked layer inputs must also fit
+    /// this many GB of host RAM (per rank).
+    #[arg(long, value_name = "GB")]
+    host_memory_gb: Option<f64>,
 }
 
 /// Steps of the `--longest-within-gb` search, tokens.
@@ -73,20 +79,38 @@ fn main() -> Result<()> {
     let policy = a.recompute_policy(|| {
         bail!("memory_plan reads no device: give --memory-budget-gb with --recompute auto")
     })?;
-    if let Some(gb) = args.longest_within_gb {
-        if !(gb.is_finite() && gb > 0.0) {
-            bail!("--longest-within-gb: expected a positive number of GB, got {gb}");
+    let positive_gb = |flag: &str, gb: f64| {
+        if gb.is_finite() && gb > 0.0 {
+            Ok((gb * GB) as u64)
+        } else {
+            bail!("{flag}: expected a positive number of GB, got {gb}")
         }
-        let budget = (gb * GB) as u64;
+    };
+    let host_bytes = match args.host_memory_gb {
+        Some(_) if args.longest_within_gb.is_none() || !a.offload_checkpoints => {
+            bail!("--host-memory-gb bounds the search of --longest-within-gb with --offload-checkpoints; add both")
+        }
+        Some(gb) => Some(positive_gb("--host-memory-gb", gb)?),
+        None => None,
+    };
+    if let Some(gb) = args.longest_within_gb {
+        let budget = MemoryBudget {
+            device_bytes: positive_gb("--longest-within-gb", gb)?,
+            host_bytes,
+        };
+        let within = match args.host_memory_gb {
+            Some(host) => format!("{gb} GB and {host} GB of host memory"),
+            None => format!("{gb} GB"),
+        };
         let Some((seq, plan)) = MemoryModel::longest_seq(&cfg, shape, policy, budget, LONGEST_STEP)
         else {
             bail!(
-                "not even {LONGEST_STEP} tokens per sample fit {gb} GB under this policy (micro-batch {})",
+                "not even {LONGEST_STEP} tokens per sample fit {within} under this policy (micro-batch {})",
                 a.micro_batch
             );
         };
         println!(
-            "longest sequence within {gb} GB: {seq} tokens per sample, micro-batch {} ({})",
+            "longest sequence within {within}: {seq} tokens per sample, micro-batch {} ({})",
             a.micro_batch,
             a.config.display()
         );
@@ -99,8 +123,12 @@ fn main() -> Result<()> {
             },
         )
         .plan(policy);
+        let host = match a.offload_checkpoints {
+            true => format!(", {:.3} GB in host memory", next.host_parked as f64 / GB),
+            false => String::new(),
+        };
         println!(
-            "{} tokens: predicted peak {:.3} GB",
+            "{} tokens: predicted peak {:.3} GB{host}",
             seq + LONGEST_STEP,
             next.peak.bytes as f64 / GB
         );

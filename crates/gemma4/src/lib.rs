@@ -42,6 +42,6 @@ pub use config::{
 pub use error::{Error, Result};
 pub use kv_cache::KvCache;
 pub use loader::{Checkpoint, Hub, ModelFiles};
-pub use memory::{MemoryModel, RecomputePlan, StepShape};
+pub use memory::{MemoryBudget, MemoryModel, RecomputePlan, StepShape};
 pub use model::{shift_labels, Gemma4Model, LossOutput, TokenBatch};
 pub use recompute::{KeepMask, Recompute};

@@ -333,22 +333,36 @@ impl MemoryModel {
 /// Sequence lengths [`MemoryModel::longest_seq`] tries at most: 2^26 tokens per sample.
 const LONGEST_SEQ_CAP: usize = 1 << 26;
 
+/// What [`MemoryModel::longest_seq`] must fit in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBudget {
+    /// Bytes the predicted peak on the device may reach.
+    pub device_bytes: u64,
+    /// Bytes of host memory the parked inputs of offloaded checkpoints may take (`None`: not
+    /// limited).
+    pub host_bytes: Option<u64>,
+}
+
 impl MemoryModel {
     /// The longest sequence, a multiple of `step` tokens, whose step (`shape` with that `seq`) is
-    /// predicted to peak within `budget_bytes` under `policy`, with its plan; `None` when not even
-    /// `step` tokens fit. The peak grows with the sequence length, so a doubling search and a
-    /// bisection find it in a few dozen models; lengths above 2^26 tokens are not tried.
+    /// predicted to fit `budget` under `policy`, with its plan; `None` when not even `step` tokens
+    /// fit. Both memories grow with the sequence length, so a doubling search and a bisection find
+    /// it in a few dozen models; lengths above 2^26 tokens are not tried.
     pub fn longest_seq(
         cfg: &Config,
         shape: StepShape,
         policy: Recompute,
-        budget_bytes: u64,
+        budget: MemoryBudget,
         step: usize,
     ) -> Option<(usize, RecomputePlan)> {
         let plan_at = |seq: usize| MemoryModel::new(cfg, StepShape { seq, ..shape }).plan(policy);
         let fits = |seq: usize| {
             let plan = plan_at(seq);
-            plan.fits() && plan.peak.bytes <= budget_bytes
+            plan.fits()
+                && plan.peak.bytes <= budget.device_bytes
+                && budget
+                    .host_bytes
+                    .is_none_or(|host| plan.host_parked <= host)
         };
         let seq = longest_fitting(step.max(1), LONGEST_SEQ_CAP, fits)?;
         Some((seq, plan_at(seq)))
@@ -578,8 +592,12 @@ mod tests {
             offload_checkpoints: false,
         };
         let budget = 139e9 as u64;
+        let device = |device_bytes| MemoryBudget {
+            device_bytes,
+            host_bytes: None,
+        };
         let (seq, plan) =
-            MemoryModel::longest_seq(&cfg, shape, Recompute::All, budget, 1024).unwrap();
+            MemoryModel::longest_seq(&cfg, shape, Recompute::All, device(budget), 1024).unwrap();
         assert!(plan.peak.bytes <= budget && seq % 1024 == 0, "{seq} {plan}");
         let next = MemoryModel::new(
             &cfg,
@@ -592,17 +610,26 @@ mod tests {
         assert!(next.peak.bytes > budget, "{} fits too", seq + 1024);
         // Keeping every layer's activations fits a much shorter sequence.
         let (none, _) =
-            MemoryModel::longest_seq(&cfg, shape, Recompute::None, budget, 1024).unwrap();
+            MemoryModel::longest_seq(&cfg, shape, Recompute::None, device(budget), 1024).unwrap();
         assert!(none < seq / 2, "{none} vs {seq}");
-        assert!(MemoryModel::longest_seq(&cfg, shape, Recompute::All, 1, 1024).is_none());
+        assert!(MemoryModel::longest_seq(&cfg, shape, Recompute::All, device(1), 1024).is_none());
         // Offloading the checkpoints leaves the device only the working set of one layer.
         let offload = StepShape {
             offload_checkpoints: true,
             ..shape
         };
         let (longer, _) =
-            MemoryModel::longest_seq(&cfg, offload, Recompute::All, budget, 1024).unwrap();
+            MemoryModel::longest_seq(&cfg, offload, Recompute::All, device(budget), 1024).unwrap();
         assert!(longer > seq * 3 / 2, "{longer} vs {seq}");
+        // Unless the host cannot hold the parked inputs: 48 × 3840 × 2 B = 368,640 B per token.
+        let host = MemoryBudget {
+            device_bytes: budget,
+            host_bytes: Some(100e9 as u64),
+        };
+        let (within, plan) =
+            MemoryModel::longest_seq(&cfg, offload, Recompute::All, host, 1024).unwrap();
+        assert!(plan.host_parked <= 100e9 as u64, "{plan}");
+        assert_eq!(within, 100e9 as usize / 368_640 / 1024 * 1024);
     }
 
     #[test]
