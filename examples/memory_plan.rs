@@ -190,22 +190,16 @@ fn main() -> Result<()> {
         "{} recomputed layers × b·t·H·bytes = {b}·{t}·{h}·{wbytes}",
         l - kept
     );
+    let on_device = match a.offload_checkpoints {
+        true => "on the device: the shared K/V (+ one input in flight, in the peak)".into(),
+        false => format!("{inputs} (+ shared K/V)"),
+    };
+    row("saved layer inputs (checkpointing)", saved, on_device);
     if a.offload_checkpoints {
-        row(
-            "saved layer inputs (checkpointing)",
-            saved,
-            "on the device: the shared K/V (+ one input in flight, in the peak)".into(),
-        );
         row(
             "offloaded layer inputs (host memory)",
             plan.host_parked,
             format!("{inputs}, page-locked host RAM"),
-        );
-    } else {
-        row(
-            "saved layer inputs (checkpointing)",
-            saved,
-            format!("{inputs} (+ shared K/V)"),
         );
     }
     row(

@@ -216,32 +216,33 @@ mod cuda_impl {
             if self.slots.len() <= slot {
                 self.slots.resize_with(slot + 1, || None);
             }
-            let fits = matches!(&self.slots[slot], Some(s) if s.host.len >= bytes);
-            if !fits {
-                // The old buffer may still be read by a copy queued on the copy stream.
-                self.copy.synchronize().w()?;
-                self.slots[slot] = Some(Slot {
-                    host: Pinned::new(bytes)?,
-                    bytes,
-                    dtype: t.dtype(),
-                    shape: t.shape().clone(),
-                    parked: false,
-                });
-            }
-            let s = self.slots[slot].as_mut().expect("slot filled above");
-            s.bytes = bytes;
-            s.dtype = t.dtype();
-            s.shape = t.shape().clone();
             let src = cuda::addr_of(&t, op, "parked tensor")?;
             let written = self.compute.record_event(None).w()?;
             self.copy.wait(&written).w()?;
+            let host = match self.slots[slot].take() {
+                Some(s) if s.host.len >= bytes => s.host,
+                old => {
+                    // The old buffer may still be read by a copy queued on the copy stream.
+                    self.copy.synchronize().w()?;
+                    drop(old);
+                    Pinned::new(bytes)?
+                }
+            };
             // SAFETY: `src` holds `bytes` bytes and stays allocated until `done` (held in
             // `leaving`); the host buffer holds at least `bytes` and is not read by the host.
-            unsafe {
-                let dst = std::slice::from_raw_parts_mut(s.host.ptr, bytes);
-                result::memcpy_dtoh_async(dst, src, self.copy.cu_stream()).w()?;
-            }
-            s.parked = true;
+            let queued = unsafe {
+                let dst = std::slice::from_raw_parts_mut(host.ptr, bytes);
+                result::memcpy_dtoh_async(dst, src, self.copy.cu_stream())
+            };
+            // The buffer stays with the slot either way: a copy queued earlier may still read it.
+            self.slots[slot] = Some(Slot {
+                host,
+                bytes,
+                dtype: t.dtype(),
+                shape: t.shape().clone(),
+                parked: queued.is_ok(),
+            });
+            queued.w()?;
             let done = self.copy.record_event(None).w()?;
             self.leaving.push((t, done));
             Ok(())
