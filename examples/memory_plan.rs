@@ -191,15 +191,15 @@ fn main() -> Result<()> {
         l - kept
     );
     let on_device = match a.offload_checkpoints {
-        true => "on the device: the shared K/V (+ one input in flight, in the peak)".into(),
+        true => "on the device: the shared K/V (+ one layer's in flight, in the peak)".into(),
         false => format!("{inputs} (+ shared K/V)"),
     };
     row("saved layer inputs (checkpointing)", saved, on_device);
     if a.offload_checkpoints {
         row(
-            "offloaded layer inputs (host memory)",
+            "offloaded checkpoints (host memory)",
             plan.host_parked,
-            format!("{inputs}, page-locked host RAM"),
+            format!("{inputs} × 3 (input, attention and MLP outputs), page-locked host RAM"),
         );
     }
     row(

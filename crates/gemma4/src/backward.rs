@@ -3,7 +3,9 @@
 //! handed to DDP — while earlier layers are still pending.
 //!
 //! 1. Forward without a graph (`decoder_layer/explicit.rs`), saving each recomputed layer's input
-//!    (parked in host memory with offloaded checkpoints, [`Gemma4Model::set_offload_checkpoints`]),
+//!    (with offloaded checkpoints, [`Gemma4Model::set_offload_checkpoints`], parked in host memory
+//!    with the layer's attention and MLP outputs, which spare the recompute the `o_proj` and
+//!    `down_proj` frozen products),
 //!    each kept layer's tape (which holds its input), and the K/V each KV producer lends its
 //!    consumers.
 //! 2. Head + loss on the final hidden state (a `Var`), backward → d(hidden).
@@ -27,7 +29,7 @@ use g4ft_ops::HostOffload;
 
 use crate::attention::KvPair;
 use crate::config::KvSharing;
-use crate::decoder_layer::explicit::LayerTape;
+use crate::decoder_layer::explicit::{BlockOutputs, LayerTape};
 use crate::error::Error;
 use crate::model::{shift_labels, Gemma4Model, Prepared, TokenBatch};
 
@@ -51,20 +53,48 @@ impl LossStats {
 enum Saved {
     /// A recomputed layer: its input.
     Input(candle_core::Tensor),
-    /// A recomputed layer whose input waits in host memory, in the slot of the layer's index.
+    /// A recomputed layer whose input and [`BlockOutputs`] wait in host memory, in the slots of
+    /// [`parked_slots`].
     Parked,
     /// A layer that keeps its activations: its tape (which holds its input).
     Tape(Box<LayerTape>),
 }
 
-/// Starts bringing back the input of the highest parked layer of `saved` (`saved[j]` is layer
+/// The host-offload slots of layer `i`'s parked input, attention output and MLP output.
+fn parked_slots(i: usize) -> [usize; 3] {
+    [3 * i, 3 * i + 1, 3 * i + 2]
+}
+
+/// Parks layer `i`'s block outputs (its input is parked before the layer runs).
+fn park_outputs(park: &mut HostOffload, i: usize, outputs: &BlockOutputs) -> Result<(), Error> {
+    let [_, attn, mlp] = parked_slots(i);
+    park.park(attn, &outputs.attn)?;
+    Ok(park.park(mlp, &outputs.mlp)?)
+}
+
+/// Layer `i`'s parked input and block outputs, back on the device.
+fn fetch_parked(
+    park: &mut HostOffload,
+    i: usize,
+) -> Result<(candle_core::Tensor, BlockOutputs), Error> {
+    let [input, attn, mlp] = parked_slots(i).map(|s| park.fetch(s));
+    let outputs = BlockOutputs {
+        attn: attn?,
+        mlp: mlp?,
+    };
+    Ok((input?, outputs))
+}
+
+/// Starts bringing back what the highest parked layer of `saved` parked (`saved[j]` is layer
 /// `j`'s), so that it arrives while the layer above runs its backward.
 fn prefetch_next(offload: Option<&mut HostOffload>, saved: &[Saved]) -> Result<(), Error> {
     let below = saved.iter().rposition(|s| matches!(s, Saved::Parked));
-    match (offload, below) {
-        (Some(park), Some(j)) => park.prefetch(j).map_err(Error::from),
-        _ => Ok(()),
+    if let (Some(park), Some(j)) = (offload, below) {
+        for slot in parked_slots(j) {
+            park.prefetch(slot)?;
+        }
     }
+    Ok(())
 }
 
 impl Gemma4Model {
@@ -122,13 +152,17 @@ impl Gemma4Model {
                 let (tape, out) = layer.forward_with_tape(&h, shared, &inputs, &bwd_ctx)?;
                 (out, tape.kv(), Saved::Tape(Box::new(tape)))
             } else {
-                // Parked before the layer runs, so that the copy overlaps its kernels.
+                // The input is parked before the layer runs, so that the copy overlaps its
+                // kernels; the block outputs as soon as they exist.
                 if let Some(park) = offload.as_deref_mut() {
-                    park.park(i, &h).map_err(Error::from)?;
+                    park.park(parked_slots(i)[0], &h).map_err(Error::from)?;
                 }
-                let (out, kv) = layer.forward_graph_free(&h, shared, &inputs, &fwd_ctx)?;
-                let held = match offload {
-                    Some(_) => Saved::Parked,
+                let (out, kv, outputs) = layer.forward_graph_free(&h, shared, &inputs, &fwd_ctx)?;
+                let held = match offload.as_deref_mut() {
+                    Some(park) => {
+                        park_outputs(park, i, &outputs)?;
+                        Saved::Parked
+                    }
                     None => Saved::Input(h),
                 };
                 (out, kv, held)
@@ -164,21 +198,21 @@ impl Gemma4Model {
         for i in (0..n_layers).rev() {
             let layer = &self.layers[i];
             let producer = layer.producer();
-            let recompute = |input: &candle_core::Tensor| {
+            let recompute = |input: &candle_core::Tensor, known: Option<&BlockOutputs>| {
                 let shared = producer.map(|p| &stored[&p]);
-                layer.forward_saved(input, shared, &inputs, &bwd_ctx)
+                layer.forward_saved(input, known, shared, &inputs, &bwd_ctx)
             };
             let tape = match saved.pop().expect("one saved input or tape per layer") {
                 Saved::Tape(tape) => {
                     prefetch_next(offload.as_deref_mut(), &saved)?;
                     *tape
                 }
-                Saved::Input(input) => recompute(&input)?,
+                Saved::Input(input) => recompute(&input, None)?,
                 Saved::Parked => {
                     let park = offload.as_deref_mut().expect("parked only with offload");
-                    let input = park.fetch(i).map_err(Error::from)?;
+                    let (input, outputs) = fetch_parked(park, i)?;
                     prefetch_next(Some(park), &saved)?;
-                    recompute(&input)?
+                    recompute(&input, Some(&outputs))?
                 }
             };
             if layer.config().kv_sharing == KvSharing::Store {

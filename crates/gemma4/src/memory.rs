@@ -20,8 +20,10 @@
 //! - the batch's prepared inputs, held through the step: the RoPE tables (cos and sin, `(b, t, d)`
 //!   per layer type) and the per-layer-embedding inputs `(b, t, L, P)`;
 //! - with offloaded checkpoints ([`StepShape::offload_checkpoints`]) the recomputed layers' inputs
-//!   wait in host memory instead; the device holds one input in flight: the last one parked, at
-//!   the loss head, and the one prefetched below a layer during its backward.
+//!   wait in host memory instead, each with the layer's attention and MLP outputs (three
+//!   `b·t·H·w` tensors per layer, [`MemoryModel::parked_per_layer`]); the device holds one layer's
+//!   three in flight: the last ones parked, at the loss head, and those prefetched below a layer
+//!   during its backward.
 //!
 //! The peak is the largest of two moments ([`PeakAt`]): the loss head (everything the forward
 //! held, plus the CE working set) and each layer's backward (what the layers below still hold,
@@ -63,8 +65,8 @@ pub struct StepShape {
     pub trainable: u64,
     /// Weight and activation dtype.
     pub dtype: DType,
-    /// The recomputed layers' inputs wait in host memory from the forward to their backward
-    /// ([`Gemma4Model::set_offload_checkpoints`] on a GPU).
+    /// The recomputed layers' inputs and block outputs wait in host memory from the forward to
+    /// their backward ([`Gemma4Model::set_offload_checkpoints`] on a GPU).
     pub offload_checkpoints: bool,
 }
 
@@ -157,6 +159,9 @@ pub struct MemoryModel {
     pub layers: Vec<LayerMemory>,
     /// One layer's input `b·t·H·w` (part of each [`LayerMemory::saved`]), bytes.
     pub layer_input: u64,
+    /// What a recomputed layer parks in host memory with offloaded checkpoints: its input and
+    /// its attention and MLP outputs, `3·b·t·H·w` bytes (0 without offload).
+    pub parked_per_layer: u64,
     /// Rows of one logits chunk of the loss.
     pub ce_chunk_rows: u64,
     /// The loss head's working set, bytes.
@@ -172,8 +177,8 @@ pub struct RecomputePlan {
     pub keep: KeepMask,
     /// The predicted peak under `keep`.
     pub peak: Peak,
-    /// Bytes of recomputed layers' inputs waiting in host memory (offloaded checkpoints; 0
-    /// without).
+    /// Bytes of recomputed layers' inputs and outputs waiting in host memory (offloaded
+    /// checkpoints; 0 without).
     pub host_parked: u64,
 }
 
@@ -221,6 +226,11 @@ impl MemoryModel {
             prepared: (rope + ple) * w,
             layers,
             layer_input: bt * h * w,
+            parked_per_layer: if shape.offload_checkpoints {
+                3 * bt * h * w
+            } else {
+                0
+            },
             ce_chunk_rows,
             ce,
         }
@@ -232,7 +242,7 @@ impl MemoryModel {
         self.weights + self.lora_state + self.grad_buckets + self.prepared
     }
 
-    /// Whether layer `i`'s input waits in host memory under `keep`.
+    /// Whether layer `i`'s input (and outputs) wait in host memory under `keep`.
     fn parked(&self, keep: &KeepMask, i: usize) -> bool {
         self.shape.offload_checkpoints && !keep.keeps(i)
     }
@@ -261,11 +271,12 @@ impl MemoryModel {
         })
     }
 
-    /// Bytes of layer inputs waiting in host memory under `keep` (offloaded checkpoints).
+    /// Bytes of layer inputs and outputs waiting in host memory under `keep` (offloaded
+    /// checkpoints).
     pub fn host_parked(&self, keep: &KeepMask) -> u64 {
         (0..self.layers.len())
             .filter(|&i| self.parked(keep, i))
-            .map(|_| self.layer_input)
+            .map(|_| self.parked_per_layer)
             .sum()
     }
 
@@ -273,7 +284,7 @@ impl MemoryModel {
     pub fn peak(&self, keep: &KeepMask) -> Peak {
         let base = self.fixed();
         let mut below = 0u64; // held by layers 0..j
-        let mut in_flight = 0u64; // a parked input below j: prefetched during j's backward
+        let mut in_flight = 0u64; // what a parked layer below j parked: prefetched during j's backward
         let mut peak = Peak {
             bytes: 0,
             at: PeakAt::LossHead,
@@ -288,10 +299,10 @@ impl MemoryModel {
             }
             below += self.held(keep, j);
             if self.parked(keep, j) {
-                in_flight = self.layer_input;
+                in_flight = self.parked_per_layer;
             }
         }
-        // The last parked input's copy may still run at the head: it counts once more.
+        // The last parked tensors' copies may still run at the head: they count once more.
         let at_head = base + below + in_flight + self.ce;
         if at_head >= peak.bytes {
             peak = Peak {
@@ -338,7 +349,7 @@ const LONGEST_SEQ_CAP: usize = 1 << 26;
 pub struct MemoryBudget {
     /// Bytes the predicted peak on the device may reach.
     pub device_bytes: u64,
-    /// Bytes of host memory the parked inputs of offloaded checkpoints may take (`None`: not
+    /// Bytes of host memory the parked tensors of offloaded checkpoints may take (`None`: not
     /// limited).
     pub host_bytes: Option<u64>,
 }
@@ -428,7 +439,7 @@ impl fmt::Display for RecomputePlan {
         if self.host_parked > 0 {
             write!(
                 f,
-                "; the recomputed layers' inputs in host memory ({:.3} GB)",
+                "; the recomputed layers' inputs and outputs in host memory ({:.3} GB)",
                 self.host_parked as f64 / GB
             )?;
         }
@@ -525,6 +536,7 @@ mod tests {
                 })
                 .collect(),
             layer_input: 10,
+            parked_per_layer: 0,
             ce_chunk_rows: 1,
             ce,
         }
@@ -547,20 +559,21 @@ mod tests {
     }
 
     #[test]
-    fn offloaded_inputs_leave_one_in_flight_on_the_device() {
+    fn offloaded_checkpoints_leave_one_layer_in_flight_on_the_device() {
         let mut m = model(vec![(10, 100, 5); 3], 50);
         m.shape.offload_checkpoints = true;
+        m.parked_per_layer = 30; // input and two outputs of 10
         let all = KeepMask::recompute_all(3);
-        // Nothing held below a layer but the input prefetched for the layer under it: layers 1
-        // and 2 peak at 1000 + 10 + 105; layer 0 has none below; the head 1000 + 10 + 50.
+        // Nothing held below a layer but what the layer under it parked, prefetched: layers 1
+        // and 2 peak at 1000 + 30 + 105; layer 0 has none below; the head 1000 + 30 + 50.
         let peak = m.peak(&all);
-        assert_eq!((peak.bytes, peak.at), (1115, PeakAt::LayerBackward(1)));
+        assert_eq!((peak.bytes, peak.at), (1135, PeakAt::LayerBackward(1)));
         assert_eq!(m.held_by_kind(&all), (0, 0));
-        assert_eq!(m.host_parked(&all), 30);
+        assert_eq!(m.host_parked(&all), 90);
         // A kept layer keeps its tape on the device; only the recomputed ones are parked.
         let last = KeepMask::keep_last(3, 1);
-        assert_eq!(m.host_parked(&last), 20);
-        assert_eq!(m.peak(&last).bytes, 1000 + 10 + 100 + 50);
+        assert_eq!(m.host_parked(&last), 60);
+        assert_eq!(m.peak(&last).bytes, 1000 + 30 + 100 + 50);
         m.shape.offload_checkpoints = false;
         assert_eq!(m.host_parked(&all), 0);
     }
@@ -621,7 +634,8 @@ mod tests {
         let (longer, _) =
             MemoryModel::longest_seq(&cfg, offload, Recompute::All, device(budget), 1024).unwrap();
         assert!(longer > seq * 3 / 2, "{longer} vs {seq}");
-        // Unless the host cannot hold the parked inputs: 48 × 3840 × 2 B = 368,640 B per token.
+        // Unless the host cannot hold the parked tensors: 48 × 3 × 3840 × 2 B = 1,105,920 B per
+        // token.
         let host = MemoryBudget {
             device_bytes: budget,
             host_bytes: Some(100e9 as u64),
@@ -629,7 +643,7 @@ mod tests {
         let (within, plan) =
             MemoryModel::longest_seq(&cfg, offload, Recompute::All, host, 1024).unwrap();
         assert!(plan.host_parked <= 100e9 as u64, "{plan}");
-        assert_eq!(within, 100e9 as usize / 368_640 / 1024 * 1024);
+        assert_eq!(within, 100e9 as usize / 1_105_920 / 1024 * 1024);
     }
 
     #[test]

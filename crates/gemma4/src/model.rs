@@ -162,8 +162,8 @@ pub struct Gemma4Model {
     ple: Option<PleGlobal>,
     pub(crate) layers: Vec<DecoderLayer>,
     keep: KeepMask,
-    /// Where the recomputed layers' inputs wait with offloaded checkpoints (`None`: on the
-    /// device); shared by clones, locked for a whole forward + backward.
+    /// Where the recomputed layers' inputs and block outputs wait with offloaded checkpoints
+    /// (`None`: inputs on the device); shared by clones, locked for a whole forward + backward.
     pub(crate) offload: Option<Arc<Mutex<HostOffload>>>,
 }
 
@@ -305,8 +305,10 @@ impl Gemma4Model {
     /// Offloaded checkpoints on or off: with them, the input of each layer the backward
     /// recomputes waits in host memory from the forward to the layer's backward instead of on
     /// the device (on CUDA, copied out and back on a stream of its own beside the kernels; see
-    /// `g4ft_ops::HostOffload`); the device holds one layer input in flight. The gradients are
-    /// the same bits. On the CPU the inputs are in host memory already and stay as they are.
+    /// `g4ft_ops::HostOffload`), and so do the layer's attention and MLP outputs, so the
+    /// recompute skips the `o_proj` and `down_proj` frozen products. The device holds one layer's
+    /// three tensors in flight. The gradients are the same bits. On the CPU the tensors are in
+    /// host memory already and stay as they are (the recompute still skips both products).
     pub fn set_offload_checkpoints(&mut self, on: bool) -> Result<()> {
         self.offload = if on {
             Some(Arc::new(Mutex::new(HostOffload::new(&self.device)?)))

@@ -161,8 +161,8 @@ impl LoraLinear {
         x: &Tensor,
         ctx: &LoraContext,
     ) -> Result<(Tensor, ProjectionSaved)> {
-        let (y, saved, _) = self.saved_forward(x, ctx, false)?;
-        Ok((y, saved))
+        let (y, saved, _) = self.saved_forward(x, ctx, Output::Whole)?;
+        Ok((y.expect("asked for the output"), saved))
     }
 
     /// [`LoraLinear::forward_saved`] whose output leaves out the adapter's up product, returned
@@ -173,31 +173,49 @@ impl LoraLinear {
         x: &Tensor,
         ctx: &LoraContext,
     ) -> Result<(Tensor, ProjectionSaved, Option<LoraUp>)> {
-        self.saved_forward(x, ctx, true)
+        let (y, saved, up) = self.saved_forward(x, ctx, Output::WithoutUp)?;
+        Ok((y.expect("asked for the output"), saved, up))
+    }
+
+    /// What [`LoraLinear::forward_saved`] keeps, without its output, for a recompute that holds the
+    /// output already: neither the frozen product nor the adapter's up product runs
+    /// ([`g4ft_ops::lora_linear_saved_state`]: the same saved bits).
+    pub fn forward_saved_state(&self, x: &Tensor, ctx: &LoraContext) -> Result<ProjectionSaved> {
+        Ok(self.saved_forward(x, ctx, Output::None)?.1)
     }
 
     fn saved_forward(
         &self,
         x: &Tensor,
         ctx: &LoraContext,
-        defer_up: bool,
-    ) -> Result<(Tensor, ProjectionSaved, Option<LoraUp>)> {
+        output: Output,
+    ) -> Result<(Option<Tensor>, ProjectionSaved, Option<LoraUp>)> {
         let Some(ad) = &self.adapter else {
-            let y = g4ft_ops::linear_frozen(&x.detach(), &self.weight)?;
+            let y = match output {
+                Output::None => None,
+                _ => Some(g4ft_ops::linear_frozen(&x.detach(), &self.weight)?),
+            };
             return Ok((y, ProjectionSaved::Frozen(self.weight.clone()), None));
         };
         let dropout = (ctx.training && ad.dropout > 0.0)
             .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)));
         let copies = self.copies_in(x.dtype());
         let operands = with_held(ad.a.as_tensor(), ad.b.as_tensor(), &copies);
-        let (y, saved, up) = if defer_up {
-            let (y, saved, up) =
-                g4ft_ops::lora_linear_saved_deferred(x, &self.weight, operands, ad.scale, dropout)?;
-            (y, saved, Some(up))
-        } else {
-            let (y, saved) =
-                g4ft_ops::lora_linear_saved(x, &self.weight, operands, ad.scale, dropout)?;
-            (y, saved, None)
+        let w = &self.weight;
+        let (y, saved, up) = match output {
+            Output::Whole => {
+                let (y, saved) = g4ft_ops::lora_linear_saved(x, w, operands, ad.scale, dropout)?;
+                (Some(y), saved, None)
+            }
+            Output::WithoutUp => {
+                let (y, saved, up) =
+                    g4ft_ops::lora_linear_saved_deferred(x, w, operands, ad.scale, dropout)?;
+                (Some(y), saved, Some(up))
+            }
+            Output::None => {
+                let saved = g4ft_ops::lora_linear_saved_state(x, w, operands, ad.scale, dropout)?;
+                (None, saved, None)
+            }
         };
         let saved = ProjectionSaved::Lora {
             saved,
@@ -206,6 +224,17 @@ impl LoraLinear {
         };
         Ok((y, saved, up))
     }
+}
+
+/// What [`LoraLinear`]'s saved forwards compute besides the saved state.
+#[derive(Debug, Clone, Copy)]
+enum Output {
+    /// The whole output.
+    Whole,
+    /// The output without the adapter's up product (handed back for the consumer to add).
+    WithoutUp,
+    /// No output.
+    None,
 }
 
 /// The copies of [`hold_adapter_copies`]; dropping it releases them (forwards cast again).

@@ -352,16 +352,13 @@ fn gpu_kernels_table() -> Result<()> {
                 ),
                 "x (600, 15360) w (64, 15360) r16",
                 &move |x| {
-                    let (y, saved) = lora_linear_saved(
-                        &x[0],
-                        &x[1],
-                        AdapterOperands::new(&x[2], &x[3]),
-                        2.0,
-                        dropout,
-                    )?;
+                    let ops = AdapterOperands::new(&x[2], &x[3]);
+                    let (y, saved) = lora_linear_saved(&x[0], &x[1], ops, 2.0, dropout)?;
                     let (dx, da, db) = saved.backward_acc(&x[0], &x[4], x[5].copy()?)?;
                     let (dx_over, da_over, _) = saved.backward_over_input(x[0].copy()?, &x[4])?;
-                    Ok(vec![y, dx, da, db, dx_over, da_over])
+                    let state = lora_linear_saved_state(&x[0], &x[1], ops, 2.0, dropout)?;
+                    let (_, da_state, db_state) = state.backward(&x[0], &x[4])?;
+                    Ok(vec![y, dx, da, db, dx_over, da_over, da_state, db_state])
                 },
                 &[
                     r(&[600, 15360], dtype, 1)?,

@@ -88,13 +88,18 @@ fn dropped(x: &Tensor, dropout: Option<LoraDropout>) -> Result<Tensor> {
 /// The composite forward on detached 2-D tensors: `(y, low)` (`y` without the adapter term when
 /// `p.defer_up`).
 fn forward_composite(x: &Tensor, p: &LoraParts) -> Result<(Tensor, Tensor)> {
-    let low = dropped(x, p.dropout)?.matmul(&p.a_x.t()?)?;
+    let low = low_composite(x, p)?;
     let base = x.matmul(&p.w.t()?)?;
     let y = match p.defer_up {
         true => base,
         false => (base + up_term(&low, &p.b_x, p.scale)?)?,
     };
     Ok((y, low))
+}
+
+/// The composite's `low = drop(x)·Aᵀ` of a detached 2-D `x`.
+fn low_composite(x: &Tensor, p: &LoraParts) -> Result<Tensor> {
+    dropped(x, p.dropout)?.matmul(&p.a_x.t()?)
 }
 
 /// The composite's adapter term `(low·Bᵀ)·scale` (Candle ops in the activation dtype, each
@@ -385,6 +390,38 @@ pub fn lora_linear_saved_deferred(
     Ok((y, saved, up))
 }
 
+/// What [`lora_linear_saved`] keeps for the backward, without its output: `low = drop(x)·Aᵀ`
+/// alone, the same bits, for a recompute that already holds the output (the frozen product and
+/// the adapter's up product are skipped).
+pub fn lora_linear_saved_state(
+    x: &Tensor,
+    w: &Tensor,
+    adapter: AdapterOperands<'_>,
+    scale: f64,
+    dropout: Option<LoraDropout>,
+) -> Result<LoraLinearSaved> {
+    let (op, x2, _) = prepare(x, w, adapter, scale, dropout, false)?;
+    #[cfg(feature = "cuda")]
+    let low = if x2.device().is_cuda() {
+        let (m, r) = (x2.dim(0)?, op.parts.a_x.dim(0)?);
+        let (s, l) = x2.storage_and_layout();
+        let low = cuda_impl::low(
+            &op.parts,
+            (crate::cuda::cuda_of(&s, "lora-linear", "x")?, l),
+        )?;
+        crate::util::tensor_from_storage(candle_core::Storage::Cuda(low), &[m, r])
+    } else {
+        low_composite(&x2, &op.parts)?
+    };
+    #[cfg(not(feature = "cuda"))]
+    let low = low_composite(&x2, &op.parts)?;
+    Ok(LoraLinearSaved {
+        low,
+        parts: op.parts,
+        grad_dtype: (adapter.a.dtype(), adapter.b.dtype()),
+    })
+}
+
 /// [`lora_linear_saved`], with the adapter term left out of `y` when `defer_up`.
 fn saved_forward(
     x: &Tensor,
@@ -575,14 +612,38 @@ pub(crate) mod cuda_impl {
         let (r, out) = (op.a_x.dim(0)?, op.w.dim(0)?);
         with_cuda_float_type!(s1, name, T => {
             let dt = <T as candle_core::WithDType>::DTYPE;
+            let x = cuda::view::<T>(s1, l1, name, "x")?.device_ptr(&stream).0;
+            let (w, b) = (cuda::addr::<T>(&op.w, name, "w")?, cuda::addr::<T>(&op.b_x, name, "b")?);
+            // SAFETY: y is fully written by the GEMM below (beta = 0).
+            let y = unsafe { dev.alloc::<T>(m * out)? };
+            let yp = y.device_ptr(&stream).0;
+            gemm(&dev, (m, out, inf), (false, true), (1.0, 0.0), (mat(x, inf, dt), mat(w, inf, dt), mat(yp, out, dt)))?;
+            let low = low(op, (s1, l1))?;
+            let lowp = low.as_cuda_slice::<T>()?.device_ptr(&stream).0;
+            if !op.defer_up {
+                let term = UpTerm { low: lowp, b, scale: op.scale as f32 };
+                // SAFETY: y holds m·out elements, low m·r and b out·r, all of `dt`, alive here.
+                unsafe { add_up_term(&dev, dt, yp, term, (m, out, r)) }?;
+            }
+            Ok((cuda::wrap(y, &dev), low))
+        })
+    }
+
+    /// `low (m, r) = drop(x)·Aᵀ` of the 2-D `x`.
+    pub(super) fn low(op: &LoraParts, (s1, l1): (&CudaStorage, &Layout)) -> Result<CudaStorage> {
+        let name = "lora-linear";
+        let dev = s1.device().clone();
+        let stream = dev.cuda_stream();
+        let (m, inf) = l1.shape().dims2()?;
+        let r = op.a_x.dim(0)?;
+        with_cuda_float_type!(s1, name, T => {
+            let dt = <T as candle_core::WithDType>::DTYPE;
             let es = dt.size_in_bytes() as u64;
             let x = cuda::view::<T>(s1, l1, name, "x")?.device_ptr(&stream).0;
-            let (w, a, b) = (cuda::addr::<T>(&op.w, name, "w")?, cuda::addr::<T>(&op.a_x, name, "a")?, cuda::addr::<T>(&op.b_x, name, "b")?);
-            // SAFETY: y and low are fully written by the GEMMs below (beta = 0 first).
-            let y = unsafe { dev.alloc::<T>(m * out)? };
+            let a = cuda::addr::<T>(&op.a_x, name, "a")?;
+            // SAFETY: low is fully written below (beta = 0 GEMMs or the down kernel).
             let low = unsafe { dev.alloc::<T>(m * r)? };
-            let (yp, lowp) = (y.device_ptr(&stream).0, low.device_ptr(&stream).0);
-            gemm(&dev, (m, out, inf), (false, true), (1.0, 0.0), (mat(x, inf, dt), mat(w, inf, dt), mat(yp, out, dt)))?;
+            let lowp = low.device_ptr(&stream).0;
             let dims = Dims { m, inf, r };
             match op.dropout {
                 None => gemm(&dev, (m, r, inf), (false, true), (1.0, 0.0), (mat(x, inf, dt), mat(a, inf, dt), mat(lowp, r, dt)))?,
@@ -603,12 +664,7 @@ pub(crate) mod cuda_impl {
                     }
                 }
             }
-            if !op.defer_up {
-                let term = UpTerm { low: lowp, b, scale: op.scale as f32 };
-                // SAFETY: y holds m·out elements, low m·r and b out·r, all of `dt`, alive here.
-                unsafe { add_up_term(&dev, dt, yp, term, (m, out, r)) }?;
-            }
-            Ok((cuda::wrap(y, &dev), cuda::wrap(low, &dev)))
+            Ok(cuda::wrap(low, &dev))
         })
     }
 

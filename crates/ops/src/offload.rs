@@ -8,8 +8,9 @@
 //! waits on neither (but see the buffers below):
 //! - [`HostOffload::park`]: the copy stream waits for the compute stream to reach the call (the
 //!   tensor is written), copies device → host and records the copy's end. The device tensor is
-//!   held until the next park or prefetch, which makes the compute stream wait for that end before
-//!   the tensor's memory can go back to Candle's pool; by then the copy has long finished.
+//!   held until a later park or prefetch finds its copy ended, and goes back to Candle's pool
+//!   then; of the tensors still being copied, the last three stay held and the compute stream
+//!   waits for the copies of any older ones before their memory goes back.
 //! - [`HostOffload::prefetch`]: a new device tensor is allocated in the compute stream's order; the
 //!   copy stream waits for that point, copies host → device and records the copy's end.
 //! - [`HostOffload::fetch`]: the compute stream waits for the prefetch's end and the tensor is
@@ -163,6 +164,10 @@ mod cuda_impl {
         parked: bool,
     }
 
+    /// Parked device tensors whose device → host copy may still run when the next park or
+    /// prefetch comes, at most (the older ones make the compute stream wait for their copy).
+    const LEAVING_IN_FLIGHT: usize = 3;
+
     /// [`super::HostOffload`] on one CUDA device.
     pub(super) struct CudaOffload {
         dev: CudaDevice,
@@ -197,10 +202,22 @@ mod cuda_impl {
             Ok(())
         }
 
+        /// Drops the parked tensors whose copy has ended, and makes the compute stream wait for
+        /// the copies of all but the last [`LEAVING_IN_FLIGHT`] others before dropping them too:
+        /// tensors parked in a row (a layer's outputs, then the next layer's input) do not hold
+        /// the compute stream back on each other's copies.
         fn release_leaving(&mut self) -> Result<()> {
+            let mut copying = Vec::with_capacity(self.leaving.len());
             for (t, done) in std::mem::take(&mut self.leaving) {
+                if !done.try_is_complete().w()? {
+                    copying.push((t, done));
+                }
+            }
+            let older = copying.len().saturating_sub(LEAVING_IN_FLIGHT);
+            for (t, done) in copying.drain(..older) {
                 self.release(t, &done)?;
             }
+            self.leaving = copying;
             Ok(())
         }
 

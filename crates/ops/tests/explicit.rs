@@ -177,6 +177,12 @@ fn lora_linear_saved_matches_autograd_and_accumulates() -> Result<()> {
         let (dx_over, da_over, _) = saved.backward_over_input(x.copy()?, &g)?;
         assert_same("dx over input", &dx_over, &want[0])?;
         assert_same("dA over input", &da_over, &want[1])?;
+        // The saved state alone (no output computed) gives the same backward.
+        let state = lora_linear_saved_state(&x, &w, AdapterOperands::new(&a, &b), 2.0, dropout)?;
+        let (dx_state, da_state, db_state) = state.backward(&x, &g)?;
+        assert_same("dx from the saved state", &dx_state, &want[0])?;
+        assert_same("dA from the saved state", &da_state, &want[1])?;
+        assert_same("dB from the saved state", &db_state, &want[2])?;
         assert!(
             saved.backward(&x, &g.narrow(1, 0, 4)?).is_err(),
             "wrong grad shape"

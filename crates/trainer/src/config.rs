@@ -311,8 +311,9 @@ pub struct TrainConfig {
     #[serde(deserialize_with = "finite_opt")]
     pub memory_budget_gb: Option<f64>,
     /// Keep the recomputed layers' inputs in host memory from the forward to their backward
-    /// instead of on the GPU (copied out and back beside the kernels): one layer input on the
-    /// device instead of one per recomputed layer, the same gradients.
+    /// instead of on the GPU (copied out and back beside the kernels), with their attention and
+    /// MLP outputs, which spare the recompute two frozen products: one layer's three tensors on
+    /// the device instead of one input per recomputed layer, the same gradients.
     #[arg(long, help_heading = section::MEMORY)]
     pub offload_checkpoints: bool,
     /// Dense bf16 peak TFLOP/s of one device, for MFU (unset: look the GPU up in a table).

@@ -78,7 +78,9 @@ impl Attention {
     }
 
     /// The attention output `(b, t, h)` of the normed input `x` and its tape. `shared`: the
-    /// producer's K/V for a KV-sharing consumer (`None` for a block with its own). Records no graph.
+    /// producer's K/V for a KV-sharing consumer (`None` for a block with its own). `known`: the
+    /// output of an earlier forward on the same input (a recompute that kept it), returned as it
+    /// is: `o_proj` then keeps only its saved state. Records no graph.
     pub(crate) fn forward_saved(
         &self,
         x: &Tensor,
@@ -86,6 +88,7 @@ impl Attention {
         rope_t: &RopeTable,
         scores: Scores,
         ctx: &LoraContext,
+        known: Option<&Tensor>,
     ) -> Result<(Tensor, AttentionTape)> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
@@ -133,7 +136,10 @@ impl Attention {
         };
         drop(q);
         let flat = swap_dims12(&o)?.reshape((b, t, nh * d))?;
-        let (out, o_proj) = self.o_proj.forward_saved(&flat, ctx)?;
+        let (out, o_proj) = match known {
+            Some(out) => (out.clone(), self.o_proj.forward_saved_state(&flat, ctx)?),
+            None => self.o_proj.forward_saved(&flat, ctx)?,
+        };
         let tape = AttentionTape {
             q_proj,
             own,

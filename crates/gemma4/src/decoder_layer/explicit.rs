@@ -86,6 +86,14 @@ struct PleTape {
     p: Tensor,
 }
 
+/// A layer's two block outputs before their norms: the attention's (`o_proj`'s output) and the
+/// dense MLP's (`down_proj`'s). Kept from the first forward beside the input, they spare the
+/// recompute both frozen products, whose only use is these outputs.
+pub(crate) struct BlockOutputs {
+    pub(crate) attn: Tensor,
+    pub(crate) mlp: Tensor,
+}
+
 /// What a layer's backward hands back: d(layer input), and for a KV-sharing consumer the
 /// gradient of the producer's K/V it attended to.
 pub(crate) struct LayerGrads {
@@ -115,16 +123,18 @@ impl DecoderLayer {
     }
 
     /// Recomputes the layer on `x (b, t, h)` without a graph and keeps its tape (the output itself
-    /// is not computed): the backward walk's recompute of a layer that saved only its input.
+    /// is not computed): the backward walk's recompute of a layer that saved its input, and
+    /// perhaps its [`BlockOutputs`] (then `o_proj` and `down_proj` keep only their saved state).
     /// `shared`: the producer's K/V for a KV-sharing consumer.
     pub(crate) fn forward_saved(
         &self,
         x: &Tensor,
+        known: Option<&BlockOutputs>,
         shared: Option<&KvPair>,
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<LayerTape> {
-        Ok(self.run(x, shared, inputs, ctx, false)?.0)
+        Ok(self.run(x, known, shared, inputs, ctx, false)?.0)
     }
 
     /// The layer output without a graph and the tape [`DecoderLayer::forward_saved`] would keep,
@@ -137,29 +147,36 @@ impl DecoderLayer {
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<(LayerTape, Tensor)> {
-        let (tape, out) = self.run(x, shared, inputs, ctx, true)?;
+        let (tape, out) = self.run(x, None, shared, inputs, ctx, true)?;
         Ok((tape, out.expect("run computes the output when asked")))
     }
 
     /// The layer output without a graph, through the same fused ops as
     /// [`DecoderLayer::forward_saved`]: the first, checkpointing forward of a layer that is
     /// recomputed later. Also the K/V the layer attended to (what a KV producer lends its
-    /// consumers); the tape is dropped.
+    /// consumers) and the layer's [`BlockOutputs`], for the caller to keep or drop; the rest of
+    /// the tape is dropped.
     pub(crate) fn forward_graph_free(
         &self,
         x: &Tensor,
         shared: Option<&KvPair>,
         inputs: &LayerInputs,
         ctx: &LoraContext,
-    ) -> Result<(Tensor, KvPair)> {
+    ) -> Result<(Tensor, KvPair, BlockOutputs)> {
         let (tape, out) = self.forward_with_tape(x, shared, inputs, ctx)?;
-        Ok((out, tape.kv()))
+        let outputs = BlockOutputs {
+            attn: tape.a.clone(),
+            mlp: tape.mlp.m.clone(),
+        };
+        Ok((out, tape.kv(), outputs))
     }
 
-    /// The graph-free forward: the tape, and the output if `with_output`.
+    /// The graph-free forward: the tape, and the output if `with_output`; `known`: the block
+    /// outputs of an earlier forward on `x`, taken instead of running their projections.
     fn run(
         &self,
         x: &Tensor,
+        known: Option<&BlockOutputs>,
         shared: Option<&KvPair>,
         inputs: &LayerInputs,
         ctx: &LoraContext,
@@ -174,6 +191,7 @@ impl DecoderLayer {
             self.rope_table(inputs),
             self.scores(inputs),
             ctx,
+            known.map(|k| &k.attn),
         )?;
         drop(xn);
         let h1 = rms_norm_add(&a, Some(&self.post_attention_layernorm), eps, x)?;
@@ -187,7 +205,10 @@ impl DecoderLayer {
             up_proj,
         } = mlp.gate_up_saved(&hn, ctx)?;
         drop(hn);
-        let (m, down_proj) = mlp.down_proj.forward_saved(&act, ctx)?;
+        let (m, down_proj) = match known {
+            Some(k) => (k.mlp.clone(), mlp.down_proj.forward_saved_state(&act, ctx)?),
+            None => mlp.down_proj.forward_saved(&act, ctx)?,
+        };
         let moe = match &self.moe {
             Some(branch) => Some(self.moe_forward(branch, &m, &h1)?),
             None => None,

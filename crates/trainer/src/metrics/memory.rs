@@ -79,7 +79,8 @@ pub fn apply_recompute(
 }
 
 /// With offloaded checkpoints: an error unless the RAM this node has available, shared by its
-/// `local_world_size` ranks, holds the recomputed layers' inputs that `plan` parks there.
+/// `local_world_size` ranks, holds the recomputed layers' inputs and outputs that `plan` parks
+/// there.
 pub fn check_host_room(plan: &RecomputePlan, local_world_size: usize) -> Result<()> {
     if plan.host_parked == 0 {
         return Ok(());
@@ -87,7 +88,7 @@ pub fn check_host_room(plan: &RecomputePlan, local_world_size: usize) -> Result<
     let available = free_memory(&Device::Cpu, local_world_size)?;
     if plan.host_parked > available {
         anyhow::bail!(
-            "--offload-checkpoints: the recomputed layers' inputs need {:.3} GB of host memory per rank, and {:.3} GB is available (MemAvailable shared by {local_world_size} rank(s) of this node); drop --offload-checkpoints, or lower --micro-batch or the sequence length",
+            "--offload-checkpoints: the recomputed layers' inputs and outputs need {:.3} GB of host memory per rank, and {:.3} GB is available (MemAvailable shared by {local_world_size} rank(s) of this node); drop --offload-checkpoints, or lower --micro-batch or the sequence length",
             plan.host_parked as f64 / GB,
             available as f64 / GB
         );
@@ -267,14 +268,16 @@ mod tests {
             offload_checkpoints,
         };
         let plan = |seq, offload| MemoryModel::new(&cfg, shape(seq, offload)).plan(Recompute::All);
-        // 48 inputs of 2,048 tokens: 0.755 GB; nothing parked without offload.
+        // 48 · 3 tensors of 2,048 tokens: 2.265 GB; nothing parked without offload.
         check_host_room(&plan(2048, true), 1).unwrap();
         check_host_room(&plan(1 << 26, false), 1).unwrap();
-        // 2^26 tokens per sample park 24.7 TB.
+        // 2^26 tokens per sample park 74.2 TB.
         let err = check_host_room(&plan(1 << 26, true), 1).unwrap_err();
         let msg = format!("{err:#}");
         assert!(
-            msg.starts_with("--offload-checkpoints: the recomputed layers' inputs need 24739"),
+            msg.starts_with(
+                "--offload-checkpoints: the recomputed layers' inputs and outputs need 74217"
+            ),
             "{msg}"
         );
     }
