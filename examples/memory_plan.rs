@@ -14,7 +14,7 @@
 //! ```
 //! `--longest-within-gb` prints, instead of the budget, the longest sequence (a multiple of 1,024
 //! tokens) whose step is predicted to fit that many GB under the recompute policy (with
-//! `--offload-checkpoints` and `--host-memory-gb`, whose parked inputs also fit that much host
+//! `--offload-checkpoints` and `--host-memory-gb`, whose parked tensors also fit that much host
 //! RAM).
 
 use anyhow::{bail, Context, Result};
@@ -39,8 +39,8 @@ struct Args {
     /// peak under the recompute policy stays within this many GB, e.g. a card's memory.
     #[arg(long, value_name = "GB")]
     longest_within_gb: Option<f64>,
-    /// With --longest-within-gb and --offload-checkpoints: the parked layer inputs must also fit
-    /// this many GB of host RAM (per rank).
+    /// With --longest-within-gb and --offload-checkpoints: the parked layer inputs and outputs
+    /// must also fit this many GB of host RAM (per rank).
     #[arg(long, value_name = "GB")]
     host_memory_gb: Option<f64>,
 }

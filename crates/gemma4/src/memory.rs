@@ -217,6 +217,7 @@ impl MemoryModel {
             .map(|d| 2 * bt * d as u64)
             .sum();
         let ple = bt * (cfg.num_hidden_layers * cfg.hidden_size_per_layer_input) as u64;
+        let layer_input = bt * h * w;
         MemoryModel {
             shape,
             n_params,
@@ -225,9 +226,9 @@ impl MemoryModel {
             grad_buckets: 4 * shape.trainable,
             prepared: (rope + ple) * w,
             layers,
-            layer_input: bt * h * w,
+            layer_input,
             parked_per_layer: if shape.offload_checkpoints {
-                3 * bt * h * w
+                3 * layer_input
             } else {
                 0
             },

@@ -181,7 +181,7 @@ impl LoraLinear {
     /// output already: neither the frozen product nor the adapter's up product runs
     /// ([`g4ft_ops::lora_linear_saved_state`]: the same saved bits).
     pub fn forward_saved_state(&self, x: &Tensor, ctx: &LoraContext) -> Result<ProjectionSaved> {
-        Ok(self.saved_forward(x, ctx, Output::None)?.1)
+        Ok(self.saved_forward(x, ctx, Output::StateOnly)?.1)
     }
 
     fn saved_forward(
@@ -192,7 +192,7 @@ impl LoraLinear {
     ) -> Result<(Option<Tensor>, ProjectionSaved, Option<LoraUp>)> {
         let Some(ad) = &self.adapter else {
             let y = match output {
-                Output::None => None,
+                Output::StateOnly => None,
                 _ => Some(g4ft_ops::linear_frozen(&x.detach(), &self.weight)?),
             };
             return Ok((y, ProjectionSaved::Frozen(self.weight.clone()), None));
@@ -212,7 +212,7 @@ impl LoraLinear {
                     g4ft_ops::lora_linear_saved_deferred(x, w, operands, ad.scale, dropout)?;
                 (Some(y), saved, Some(up))
             }
-            Output::None => {
+            Output::StateOnly => {
                 let saved = g4ft_ops::lora_linear_saved_state(x, w, operands, ad.scale, dropout)?;
                 (None, saved, None)
             }
@@ -233,8 +233,8 @@ enum Output {
     Whole,
     /// The output without the adapter's up product (handed back for the consumer to add).
     WithoutUp,
-    /// No output.
-    None,
+    /// No output: the saved state alone.
+    StateOnly,
 }
 
 /// The copies of [`hold_adapter_copies`]; dropping it releases them (forwards cast again).
