@@ -635,6 +635,7 @@ mod tests {
                     window: Some(1),
                 },
                 recomputed: true,
+                n_reused: 0,
             }],
             n_head: 0,
             n_once: 0,

@@ -29,7 +29,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
 use g4ft_data::{Batch, DataLoader};
 use g4ft_ddp::{DdpError, DistributedDataParallel, NoSync, ProcessGroup, ReduceOp};
-use g4ft_gemma4::{Gemma4Model, LayerType, LossStats, TokenBatch};
+use g4ft_gemma4::{Gemma4Model, LayerType, LossStats, ProjectionShape, TokenBatch};
 use g4ft_lora::{AdapterGrads, LoraContext};
 
 use crate::metrics::mfu::{AttnLayer, FlopsModel, LayerFlops};
@@ -298,8 +298,9 @@ pub fn evaluate(
 }
 
 /// The model's FLOP shape for MFU: each layer's frozen projections, routed experts and router,
-/// per-layer-embedding matrices, attention and whether its keep mask recomputes it; the tied head;
-/// the per-layer-embedding model projection (run once, nothing to differentiate).
+/// per-layer-embedding matrices, attention, whether its keep mask recomputes it and which frozen
+/// products that recompute reuses (`o_proj`, `down_proj` with offloaded checkpoints); the tied
+/// head; the per-layer-embedding model projection (run once, nothing to differentiate).
 pub fn flops_model(model: &Gemma4Model) -> FlopsModel {
     let cfg = model.config();
     let h = cfg.hidden_size as u64;
@@ -310,16 +311,23 @@ pub fn flops_model(model: &Gemma4Model) -> FlopsModel {
     let p = cfg.hidden_size_per_layer_input as u64;
     let per_layer_ple = 2 * p * h;
     let shapes = cfg.projection_shapes(model.prefix());
+    let elements = |which: &dyn Fn(&ProjectionShape) -> bool| -> u64 {
+        let sizes = shapes.iter().filter(|s| which(s));
+        sizes.map(|s| (s.in_features * s.out_features) as u64).sum()
+    };
+    // The block outputs offloaded checkpoints park (`g4ft_gemma4::Gemma4Model::set_offload_checkpoints`).
+    let reused_in_recompute =
+        |path: &str| path.ends_with(".self_attn.o_proj") || path.ends_with(".mlp.down_proj");
     let layers = cfg
         .layers
         .iter()
         .enumerate()
         .map(|(i, l)| LayerFlops {
-            n_linear: shapes
-                .iter()
-                .filter(|s| s.layer == i)
-                .map(|s| (s.in_features * s.out_features) as u64)
-                .sum(),
+            n_linear: elements(&|s| s.layer == i),
+            n_reused: match model.offloads_checkpoints() {
+                true => elements(&|s| s.layer == i && reused_in_recompute(&s.path)),
+                false => 0,
+            },
             n_routed: per_layer_moe + per_layer_ple,
             attention: AttnLayer {
                 n_heads: cfg.num_attention_heads,

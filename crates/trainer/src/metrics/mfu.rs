@@ -2,17 +2,19 @@
 //! - **model FLOPs** (`mfu_model`): the work the training step needs, whatever is recomputed —
 //!   the usual MFU (PaLM's), with the factors of a frozen base;
 //! - **hardware FLOPs** (`mfu_hw`): what runs, i.e. the model FLOPs plus a second forward of every
-//!   layer the recompute policy recomputes ([`g4ft_gemma4::KeepMask`]).
+//!   layer the recompute policy recomputes ([`g4ft_gemma4::KeepMask`]), less the frozen products
+//!   whose outputs that recompute reuses (`o_proj` and `down_proj` with offloaded checkpoints).
 //!
 //! Per token, with `N_l` the frozen matrices layer `l` multiplies each token by (its projections
 //! q, k, v, o, gate, up, down — Gemma 4's global layers have no `v_proj` — plus its top-k experts
-//! and router, and its per-layer-embedding gate and projection), `N_head = vocab × hidden` (the
+//! and router, and its per-layer-embedding gate and projection), `R_l` the part of `N_l` whose
+//! outputs the recompute reuses instead of computing again, `N_head = vocab × hidden` (the
 //! tied LM head), `N_once` the matrices run once in the forward with nothing to differentiate
 //! (the per-layer-embedding model projection) and `A_l = 4 · n_heads · head_dim · ctx` one forward
 //! of layer `l`'s attention (QKᵀ and PV):
 //! ```text
 //! model    = Σ_l (4·N_l + 3·A_l) + 4·N_head + 2·N_once
-//! hardware = model + Σ_{l recomputed} (2·N_l + A_l)
+//! hardware = model + Σ_{l recomputed} (2·(N_l − R_l) + A_l)
 //! ctx = (T + 1) / 2                                  full (causal) attention, T = sequence length
 //!     = (w(w + 1)/2 + (T − w)·w) / T                sliding window w = min(window, T)
 //! ```
@@ -71,6 +73,10 @@ pub struct LayerFlops {
     pub attention: AttnLayer,
     /// Whether the backward recomputes the layer (a second forward).
     pub recomputed: bool,
+    /// Elements of the frozen matrices (of `n_linear`) whose outputs that recompute reuses
+    /// instead of multiplying again: `o_proj` and the dense MLP's `down_proj` with offloaded
+    /// checkpoints, which park them from the first forward. 0 otherwise.
+    pub n_reused: u64,
 }
 
 /// The model shape that the FLOP count needs (`g4ft_trainer::step::flops_model` fills it from a
@@ -110,7 +116,7 @@ impl FlopsModel {
             let a = l.attention.forward_flops(seq);
             model += 4.0 * n + 3.0 * a;
             if l.recomputed {
-                recompute += 2.0 * n + a;
+                recompute += 2.0 * (n - l.n_reused as f64) + a;
             }
             matrices += n;
             attention += a;
@@ -194,6 +200,7 @@ mod tests {
                         window: (!is_full).then_some(1024),
                     },
                     recomputed: recomputed(l),
+                    n_reused: 0,
                 }
             })
             .collect();
@@ -249,6 +256,25 @@ mod tests {
             .sum();
         assert!((half.hardware - half.model - second).abs() < 1.0);
         assert!(none.hardware < half.hardware && half.hardware < all.hardware);
+    }
+
+    #[test]
+    fn a_recompute_that_reuses_parked_outputs_counts_only_the_products_it_runs() {
+        // Offloaded checkpoints: every layer recomputed, o_proj (16·256 or 16·512 wide input)
+        // and down_proj (15,360 wide) reused from the first forward.
+        let seq = 2048;
+        let all = gemma4_12b(|_| true);
+        let mut parked = all.clone();
+        for (l, layer) in parked.layers.iter_mut().enumerate() {
+            let head_dim = if l % 6 == 5 { 512 } else { 256 };
+            layer.n_reused = 3840 * 16 * head_dim + 3840 * 15360;
+        }
+        let (all, parked) = (all.flops_per_token(seq), parked.flops_per_token(seq));
+        assert_eq!(parked.model, all.model);
+        // 40 sliding + 8 full layers, 2 FLOPs per reused element.
+        let reused = 2.0 * 3840.0 * (40.0 * (4096.0 + 15360.0) + 8.0 * (8192.0 + 15360.0));
+        assert!((all.hardware - parked.hardware - reused).abs() < 1.0);
+        assert!(parked.model < parked.hardware);
     }
 
     #[test]

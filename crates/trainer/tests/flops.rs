@@ -1,0 +1,40 @@
+//! The FLOP shape `step::flops_model` reads off a real model (the bundled tiny one): offloaded
+//! checkpoints take `o_proj`'s and `down_proj`'s outputs from the first forward, so the hardware
+//! count of a recomputed layer leaves exactly those two products out; the model count never moves.
+
+use std::path::Path;
+
+use candle_core::{DType, Device};
+use g4ft_gemma4::{Gemma4Model, KeepMask};
+use g4ft_trainer::step;
+
+#[test]
+fn offloaded_checkpoints_leave_the_reused_products_out_of_the_hardware_flops() -> anyhow::Result<()>
+{
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny");
+    let mut model =
+        Gemma4Model::load(tiny.to_str().expect("utf-8 path"), DType::F32, &Device::Cpu)?;
+    let cfg = model.config().clone();
+    let n = cfg.layers.len();
+    let seq = 64;
+    model.set_keep_mask(KeepMask::recompute_all(n))?;
+    let plain = step::flops_model(&model);
+    model.set_offload_checkpoints(true)?;
+    let parked = step::flops_model(&model);
+    let (h, reused) = (cfg.hidden_size, |l: &g4ft_gemma4::LayerConfig| {
+        (cfg.num_attention_heads * l.head_dim + l.intermediate_size) as u64
+    });
+    for (i, l) in cfg.layers.iter().enumerate() {
+        assert_eq!(plain.layers[i].n_reused, 0, "layer {i}");
+        assert_eq!(parked.layers[i].n_reused, h as u64 * reused(l), "layer {i}");
+    }
+    let (plain, parked) = (plain.flops_per_token(seq), parked.flops_per_token(seq));
+    assert_eq!(plain.model, parked.model);
+    let skipped: u64 = cfg.layers.iter().map(|l| 2 * h as u64 * reused(l)).sum();
+    assert!((plain.hardware - parked.hardware - skipped as f64).abs() < 1e-6);
+    // Nothing recomputed: nothing reused either, what runs is the model's work.
+    model.set_keep_mask(KeepMask::keep_all(n))?;
+    let kept = step::flops_model(&model).flops_per_token(seq);
+    assert_eq!(kept.hardware, kept.model);
+    Ok(())
+}
