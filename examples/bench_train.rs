@@ -250,14 +250,14 @@ fn main() -> Result<()> {
     lcfg.lora_dropout = args.lora_dropout;
     let adapted = attach(&lcfg, model.projections_mut(), args.seed)?;
     let policy = shape.recompute_policy(|| free_at_start)?;
-    let recompute = memory::apply_recompute(
+    let (recompute, parked_note) = memory::apply_recompute(
         &mut model,
         policy,
         shape.offload_checkpoints,
         shape.micro_batch,
         shape.seq,
+        || memory::host_room(group.env().local_world_size),
     )?;
-    memory::check_host_room(&recompute, group.env().local_world_size)?;
     let params: Vec<(String, Var)> = lora_parameters(model.projections())
         .into_iter()
         .map(|p| (p.name, p.var))
@@ -295,6 +295,9 @@ fn main() -> Result<()> {
             ddp.buckets()?.len(),
         );
         println!("{recompute}");
+        if let Some(note) = &parked_note {
+            println!("{note}");
+        }
         let head_dims: std::collections::BTreeSet<usize> =
             cfg.layers.iter().map(|l| l.head_dim).collect();
         let backward: Vec<String> = head_dims

@@ -13,14 +13,15 @@
 //!     --recompute all --longest-within-gb 139
 //! ```
 //! `--longest-within-gb` prints, instead of the budget, the longest sequence (a multiple of 1,024
-//! tokens) whose step is predicted to fit that many GB under the recompute policy (with
-//! `--offload-checkpoints` and `--host-memory-gb`, whose parked tensors also fit that much host
-//! RAM).
+//! tokens) whose step is predicted to fit that many GB under the recompute policy.
+//! `--offload-checkpoints` parks each recomputed layer's input and block outputs in host memory;
+//! with `--host-memory-gb` they must fit that much host RAM, and a step whose outputs do not parks
+//! its inputs alone, as `train_ddp` does.
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use g4ft_gemma4::memory::GB;
-use g4ft_gemma4::{Config, MemoryBudget, MemoryModel, StepShape};
+use g4ft_gemma4::{Config, MemoryBudget, MemoryModel, Parked, StepShape};
 use g4ft_lora::{count_trainable, LoraConfig, ProjectionShape, TargetModules};
 use g4ft_trainer::config::cli::ShapeArgs;
 use g4ft_trainer::config::POST_LORA_TARGETS;
@@ -39,8 +40,8 @@ struct Args {
     /// peak under the recompute policy stays within this many GB, e.g. a card's memory.
     #[arg(long, value_name = "GB")]
     longest_within_gb: Option<f64>,
-    /// With --longest-within-gb and --offload-checkpoints: the parked layer inputs and outputs
-    /// must also fit this many GB of host RAM (per rank).
+    /// With --offload-checkpoints: the parked tensors must fit this many GB of host RAM (per
+    /// rank); the inputs alone are parked where their outputs too would not fit.
     #[arg(long, value_name = "GB")]
     host_memory_gb: Option<f64>,
 }
@@ -74,7 +75,7 @@ fn main() -> Result<()> {
         lora_r: a.lora_r,
         trainable,
         dtype,
-        offload_checkpoints: a.offload_checkpoints,
+        parked: a.offload_checkpoints.then_some(Parked::InputsAndOutputs),
     };
     let policy = a.recompute_policy(|| {
         bail!("memory_plan reads no device: give --memory-budget-gb with --recompute auto")
@@ -87,8 +88,8 @@ fn main() -> Result<()> {
         }
     };
     let host_bytes = match args.host_memory_gb {
-        Some(_) if args.longest_within_gb.is_none() || !a.offload_checkpoints => {
-            bail!("--host-memory-gb bounds the search of --longest-within-gb with --offload-checkpoints; add both")
+        Some(_) if !a.offload_checkpoints => {
+            bail!("--host-memory-gb bounds the tensors --offload-checkpoints parks; add it")
         }
         Some(gb) => Some(positive_gb("--host-memory-gb", gb)?),
         None => None,
@@ -115,10 +116,12 @@ fn main() -> Result<()> {
             a.config.display()
         );
         println!("{plan}");
+        // One step longer, parking the same tensors.
         let next = MemoryModel::new(
             &cfg,
             StepShape {
                 seq: seq + LONGEST_STEP,
+                parked: plan.parked.or(shape.parked),
                 ..shape
             },
         )
@@ -134,8 +137,22 @@ fn main() -> Result<()> {
         );
         return Ok(());
     }
+    let plan = match host_bytes {
+        Some(host) => {
+            MemoryModel::plan_within_host(&cfg, shape, policy, host).with_context(|| {
+                format!(
+                    "not even the recomputed layers' inputs fit {} GB of host memory",
+                    host as f64 / GB
+                )
+            })?
+        }
+        None => MemoryModel::new(&cfg, shape).plan(policy),
+    };
+    let shape = StepShape {
+        parked: plan.parked.or(shape.parked),
+        ..shape
+    };
     let memory = MemoryModel::new(&cfg, shape);
-    let plan = memory.plan(policy);
     let (saved, tapes) = memory.held_by_kind(&plan.keep);
     let (worst_layer, worst) = memory
         .layers
@@ -195,11 +212,15 @@ fn main() -> Result<()> {
         false => format!("{inputs} (+ shared K/V)"),
     };
     row("saved layer inputs (checkpointing)", saved, on_device);
-    if a.offload_checkpoints {
+    if let Some(parked) = plan.parked {
+        let what = match parked {
+            Parked::Inputs => inputs.clone(),
+            Parked::InputsAndOutputs => format!("{inputs} × 3 (input, attention and MLP outputs)"),
+        };
         row(
             "offloaded checkpoints (host memory)",
             plan.host_parked,
-            format!("{inputs} × 3 (input, attention and MLP outputs), page-locked host RAM"),
+            format!("{what}, page-locked host RAM"),
         );
     }
     row(

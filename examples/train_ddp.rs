@@ -198,16 +198,19 @@ fn train_in_group(
     //    and where the recomputed layers' inputs wait (the gradients are the same bits either
     //    way). Each rank plans for its own device.
     let policy = memory::recompute_policy(cfg.recompute, cfg.memory_budget_gb, || free_at_start)?;
-    let recompute = memory::apply_recompute(
+    let (recompute, parked_note) = memory::apply_recompute(
         &mut model,
         policy,
         cfg.offload_checkpoints,
         cfg.micro_batch,
         cfg.max_len,
+        || memory::host_room(group.env().local_world_size),
     )?;
-    memory::check_host_room(&recompute, group.env().local_world_size)?;
     if is_main {
         println!("{recompute}");
+        if let Some(note) = &parked_note {
+            println!("{note}");
+        }
         if !recompute.fits() {
             eprintln!("warning: the predicted peak is over --memory-budget-gb even with every layer recomputed; lower --micro-batch or --max-len if the run runs out of memory");
         }

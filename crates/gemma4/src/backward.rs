@@ -3,9 +3,9 @@
 //! handed to DDP — while earlier layers are still pending.
 //!
 //! 1. Forward without a graph (`decoder_layer/explicit.rs`), saving each recomputed layer's input
-//!    (with offloaded checkpoints, [`Gemma4Model::set_offload_checkpoints`], parked in host memory
-//!    with the layer's attention and MLP outputs, which spare the recompute the `o_proj` and
-//!    `down_proj` frozen products),
+//!    (with offloaded checkpoints, [`Gemma4Model::set_offload_checkpoints`], parked in host memory,
+//!    perhaps with the layer's attention and MLP outputs, which spare the recompute the `o_proj`
+//!    and `down_proj` frozen products),
 //!    each kept layer's tape (which holds its input), and the K/V each KV producer lends its
 //!    consumers.
 //! 2. Head + loss on the final hidden state (a `Var`), backward → d(hidden).
@@ -22,6 +22,7 @@
 //! against (`tests/layerwise.rs`), per layer kind; equal up to summation order.
 
 use std::collections::HashMap;
+use std::sync::{MutexGuard, PoisonError};
 
 use candle_core::Var;
 use g4ft_lora::{AdapterGrads, LoraContext};
@@ -32,6 +33,7 @@ use crate::config::KvSharing;
 use crate::decoder_layer::explicit::{BlockOutputs, LayerTape};
 use crate::error::Error;
 use crate::model::{shift_labels, Gemma4Model, Prepared, TokenBatch};
+use crate::recompute::Parked;
 
 /// What a layer-wise forward/backward measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -53,48 +55,64 @@ impl LossStats {
 enum Saved {
     /// A recomputed layer: its input.
     Input(candle_core::Tensor),
-    /// A recomputed layer whose input and [`BlockOutputs`] wait in host memory, in the slots of
-    /// [`parked_slots`].
+    /// A recomputed layer whose input (and perhaps [`BlockOutputs`]) wait in host memory
+    /// ([`Parking`]).
     Parked,
     /// A layer that keeps its activations: its tape (which holds its input).
     Tape(Box<LayerTape>),
 }
 
-/// The host-offload slots of layer `i`'s parked input, attention output and MLP output.
-fn parked_slots(i: usize) -> [usize; 3] {
-    [3 * i, 3 * i + 1, 3 * i + 2]
+/// The host offload of one forward + backward (locked for the call) and what it parks per layer.
+struct Parking<'a> {
+    parked: Parked,
+    host: MutexGuard<'a, HostOffload>,
 }
 
-/// Parks layer `i`'s block outputs (its input is parked before the layer runs).
-fn park_outputs(park: &mut HostOffload, i: usize, outputs: &BlockOutputs) -> Result<(), Error> {
-    let [_, attn, mlp] = parked_slots(i);
-    park.park(attn, &outputs.attn)?;
-    Ok(park.park(mlp, &outputs.mlp)?)
-}
-
-/// Layer `i`'s parked input and block outputs, back on the device.
-fn fetch_parked(
-    park: &mut HostOffload,
-    i: usize,
-) -> Result<(candle_core::Tensor, BlockOutputs), Error> {
-    let [input, attn, mlp] = parked_slots(i).map(|s| park.fetch(s));
-    let outputs = BlockOutputs {
-        attn: attn?,
-        mlp: mlp?,
-    };
-    Ok((input?, outputs))
-}
-
-/// Starts bringing back what the highest parked layer of `saved` parked (`saved[j]` is layer
-/// `j`'s), so that it arrives while the layer above runs its backward.
-fn prefetch_next(offload: Option<&mut HostOffload>, saved: &[Saved]) -> Result<(), Error> {
-    let below = saved.iter().rposition(|s| matches!(s, Saved::Parked));
-    if let (Some(park), Some(j)) = (offload, below) {
-        for slot in parked_slots(j) {
-            park.prefetch(slot)?;
-        }
+impl Parking<'_> {
+    /// The host-offload slots of layer `i`'s parked tensors: its input, then with
+    /// [`Parked::InputsAndOutputs`] its attention output and MLP output.
+    fn slots(&self, i: usize) -> impl Iterator<Item = usize> {
+        let n = self.parked.tensors_per_layer() as usize;
+        (0..n).map(move |k| 3 * i + k)
     }
-    Ok(())
+
+    /// Parks layer `i`'s input (before the layer runs, so that the copy overlaps its kernels).
+    fn park_input(&mut self, i: usize, input: &candle_core::Tensor) -> Result<(), Error> {
+        Ok(self.host.park(3 * i, input)?)
+    }
+
+    /// Parks layer `i`'s block outputs if they are parked at all.
+    fn park_outputs(&mut self, i: usize, outputs: &BlockOutputs) -> Result<(), Error> {
+        if self.parked == Parked::InputsAndOutputs {
+            self.host.park(3 * i + 1, &outputs.attn)?;
+            self.host.park(3 * i + 2, &outputs.mlp)?;
+        }
+        Ok(())
+    }
+
+    /// Layer `i`'s parked input and block outputs (if parked), back on the device.
+    fn fetch(&mut self, i: usize) -> Result<(candle_core::Tensor, Option<BlockOutputs>), Error> {
+        let input = self.host.fetch(3 * i)?;
+        let outputs = match self.parked {
+            Parked::Inputs => None,
+            Parked::InputsAndOutputs => Some(BlockOutputs {
+                attn: self.host.fetch(3 * i + 1)?,
+                mlp: self.host.fetch(3 * i + 2)?,
+            }),
+        };
+        Ok((input, outputs))
+    }
+
+    /// Starts bringing back what the highest parked layer of `saved` parked (`saved[j]` is layer
+    /// `j`'s), so that it arrives while the layer above runs its backward.
+    fn prefetch_next(&mut self, saved: &[Saved]) -> Result<(), Error> {
+        if let Some(j) = saved.iter().rposition(|s| matches!(s, Saved::Parked)) {
+            for slot in self.slots(j).collect::<Vec<_>>() {
+                self.host.prefetch(slot)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Gemma4Model {
@@ -139,8 +157,10 @@ impl Gemma4Model {
         let n_layers = self.layers.len();
         let keep = self.keep_mask();
         // Held for the whole call: the slots are this micro-batch's until its backward is done.
-        let mut offload = (self.offload.as_ref())
-            .map(|o| o.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let mut offload = self.offload.as_ref().map(|o| Parking {
+            parked: o.parked,
+            host: o.host.lock().unwrap_or_else(PoisonError::into_inner),
+        });
         let mut saved = Vec::with_capacity(n_layers);
         let mut stored: HashMap<usize, KvPair> = HashMap::new();
         // Layer 0's input is the only reference to the embeddings, so parking it frees them.
@@ -154,13 +174,13 @@ impl Gemma4Model {
             } else {
                 // The input is parked before the layer runs, so that the copy overlaps its
                 // kernels; the block outputs as soon as they exist.
-                if let Some(park) = offload.as_deref_mut() {
-                    park.park(parked_slots(i)[0], &h).map_err(Error::from)?;
+                if let Some(park) = offload.as_mut() {
+                    park.park_input(i, &h)?;
                 }
                 let (out, kv, outputs) = layer.forward_graph_free(&h, shared, &inputs, &fwd_ctx)?;
-                let held = match offload.as_deref_mut() {
+                let held = match offload.as_mut() {
                     Some(park) => {
-                        park_outputs(park, i, &outputs)?;
+                        park.park_outputs(i, &outputs)?;
                         Saved::Parked
                     }
                     None => Saved::Input(h),
@@ -204,15 +224,17 @@ impl Gemma4Model {
             };
             let tape = match saved.pop().expect("one saved input or tape per layer") {
                 Saved::Tape(tape) => {
-                    prefetch_next(offload.as_deref_mut(), &saved)?;
+                    if let Some(park) = offload.as_mut() {
+                        park.prefetch_next(&saved)?;
+                    }
                     *tape
                 }
                 Saved::Input(input) => recompute(&input, None)?,
                 Saved::Parked => {
-                    let park = offload.as_deref_mut().expect("parked only with offload");
-                    let (input, outputs) = fetch_parked(park, i)?;
-                    prefetch_next(Some(park), &saved)?;
-                    recompute(&input, Some(&outputs))?
+                    let park = offload.as_mut().expect("parked only with offload");
+                    let (input, outputs) = park.fetch(i)?;
+                    park.prefetch_next(&saved)?;
+                    recompute(&input, outputs.as_ref())?
                 }
             };
             if layer.config().kv_sharing == KvSharing::Store {

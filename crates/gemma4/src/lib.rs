@@ -44,4 +44,4 @@ pub use kv_cache::KvCache;
 pub use loader::{Checkpoint, Hub, ModelFiles};
 pub use memory::{MemoryBudget, MemoryModel, RecomputePlan, StepShape};
 pub use model::{shift_labels, Gemma4Model, LossOutput, TokenBatch};
-pub use recompute::{KeepMask, Recompute};
+pub use recompute::{KeepMask, Parked, Recompute};

@@ -19,11 +19,11 @@
 //!   it in place), plus d(hidden) and the normed hidden of all `b·t` rows;
 //! - the batch's prepared inputs, held through the step: the RoPE tables (cos and sin, `(b, t, d)`
 //!   per layer type) and the per-layer-embedding inputs `(b, t, L, P)`;
-//! - with offloaded checkpoints ([`StepShape::offload_checkpoints`]) the recomputed layers' inputs
-//!   wait in host memory instead, each with the layer's attention and MLP outputs (three
+//! - with offloaded checkpoints ([`StepShape::parked`]) the recomputed layers' inputs wait in
+//!   host memory instead, perhaps each with the layer's attention and MLP outputs (one or three
 //!   `b·t·H·w` tensors per layer, [`MemoryModel::parked_per_layer`]); the device holds one layer's
-//!   three in flight: the last ones parked, at the loss head, and those prefetched below a layer
-//!   during its backward.
+//!   in flight: the last ones parked, at the loss head, and those prefetched below a layer during
+//!   its backward.
 //!
 //! The peak is the largest of two moments ([`PeakAt`]): the loss head (everything the forward
 //! held, plus the CE working set) and each layer's backward (what the layers below still hold,
@@ -43,7 +43,7 @@ use candle_core::DType;
 
 use crate::config::{Config, KvSharing, LayerConfig, LayerType};
 use crate::model::Gemma4Model;
-use crate::recompute::{KeepMask, Recompute};
+use crate::recompute::{KeepMask, Parked, Recompute};
 
 /// Bytes per GB in what this module prints (`1e9`, as `nvidia-smi` and the benchmarks).
 pub const GB: f64 = 1e9;
@@ -65,9 +65,10 @@ pub struct StepShape {
     pub trainable: u64,
     /// Weight and activation dtype.
     pub dtype: DType,
-    /// The recomputed layers' inputs and block outputs wait in host memory from the forward to
-    /// their backward ([`Gemma4Model::set_offload_checkpoints`] on a GPU).
-    pub offload_checkpoints: bool,
+    /// What of each recomputed layer waits in host memory from the forward to its backward
+    /// ([`Gemma4Model::set_offload_checkpoints`] on a GPU); `None`: its input waits on the
+    /// device.
+    pub parked: Option<Parked>,
 }
 
 impl StepShape {
@@ -85,8 +86,10 @@ impl StepShape {
             lora_r,
             trainable,
             dtype: model.dtype(),
-            // On the CPU a parked input stays where it was: the memory is the same.
-            offload_checkpoints: model.offloads_checkpoints() && model.device().is_cuda(),
+            // On the CPU a parked tensor stays where it was: nothing moves off the device.
+            parked: model
+                .offloaded_checkpoints()
+                .filter(|_| model.device().is_cuda()),
         }
     }
 }
@@ -159,8 +162,8 @@ pub struct MemoryModel {
     pub layers: Vec<LayerMemory>,
     /// One layer's input `b·t·H·w` (part of each [`LayerMemory::saved`]), bytes.
     pub layer_input: u64,
-    /// What a recomputed layer parks in host memory with offloaded checkpoints: its input and
-    /// its attention and MLP outputs, `3·b·t·H·w` bytes (0 without offload).
+    /// What a recomputed layer parks in host memory with offloaded checkpoints: its input, and
+    /// perhaps its attention and MLP outputs, `b·t·H·w` bytes each (0 without offload).
     pub parked_per_layer: u64,
     /// Rows of one logits chunk of the loss.
     pub ce_chunk_rows: u64,
@@ -177,8 +180,10 @@ pub struct RecomputePlan {
     pub keep: KeepMask,
     /// The predicted peak under `keep`.
     pub peak: Peak,
-    /// Bytes of recomputed layers' inputs and outputs waiting in host memory (offloaded
-    /// checkpoints; 0 without).
+    /// What of each recomputed layer waits in host memory (offloaded checkpoints; `None`
+    /// without).
+    pub parked: Option<Parked>,
+    /// Bytes of recomputed layers' tensors waiting in host memory (0 without offload).
     pub host_parked: u64,
 }
 
@@ -227,11 +232,9 @@ impl MemoryModel {
             prepared: (rope + ple) * w,
             layers,
             layer_input,
-            parked_per_layer: if shape.offload_checkpoints {
-                3 * layer_input
-            } else {
-                0
-            },
+            parked_per_layer: shape
+                .parked
+                .map_or(0, |p| p.tensors_per_layer() * layer_input),
             ce_chunk_rows,
             ce,
         }
@@ -245,7 +248,7 @@ impl MemoryModel {
 
     /// Whether layer `i`'s input (and outputs) wait in host memory under `keep`.
     fn parked(&self, keep: &KeepMask, i: usize) -> bool {
-        self.shape.offload_checkpoints && !keep.keeps(i)
+        self.shape.parked.is_some() && !keep.keeps(i)
     }
 
     /// What layer `i` holds on the device from the forward to its backward under `keep`.
@@ -337,7 +340,39 @@ impl MemoryModel {
             policy,
             keep,
             peak,
+            parked: self.shape.parked.filter(|_| host_parked > 0),
             host_parked,
+        }
+    }
+
+    /// `policy`'s plan for `cfg`'s step of `shape` with at most `host_bytes` of parked tensors in
+    /// host memory: offloaded checkpoints park what `shape` asks, or less
+    /// ([`Parked::smaller`]) when that does not fit; `None` when not even the inputs fit. Without
+    /// offload, the plan as it is.
+    pub fn plan_within_host(
+        cfg: &Config,
+        shape: StepShape,
+        policy: Recompute,
+        host_bytes: u64,
+    ) -> Option<RecomputePlan> {
+        Self::first_plan_that(cfg, shape, policy, |plan| plan.host_parked <= host_bytes)
+    }
+
+    /// The first of `policy`'s plans for `shape`, then for each smaller [`Parked`] level, that
+    /// `accept`s.
+    fn first_plan_that(
+        cfg: &Config,
+        shape: StepShape,
+        policy: Recompute,
+        accept: impl Fn(&RecomputePlan) -> bool,
+    ) -> Option<RecomputePlan> {
+        let mut parked = shape.parked;
+        loop {
+            let plan = MemoryModel::new(cfg, StepShape { parked, ..shape }).plan(policy);
+            if accept(&plan) {
+                return Some(plan);
+            }
+            parked = Some(parked?.smaller()?);
         }
     }
 }
@@ -358,8 +393,10 @@ pub struct MemoryBudget {
 impl MemoryModel {
     /// The longest sequence, a multiple of `step` tokens, whose step (`shape` with that `seq`) is
     /// predicted to fit `budget` under `policy`, with its plan; `None` when not even `step` tokens
-    /// fit. Both memories grow with the sequence length, so a doubling search and a bisection find
-    /// it in a few dozen models; lengths above 2^26 tokens are not tried.
+    /// fit. With offloaded checkpoints each length parks what `shape` asks, or less where that
+    /// does not fit ([`Parked::smaller`]). Both memories grow with the sequence length, so a
+    /// doubling search and a bisection find it in a few dozen models; lengths above 2^26 tokens
+    /// are not tried.
     pub fn longest_seq(
         cfg: &Config,
         shape: StepShape,
@@ -367,17 +404,18 @@ impl MemoryModel {
         budget: MemoryBudget,
         step: usize,
     ) -> Option<(usize, RecomputePlan)> {
-        let plan_at = |seq: usize| MemoryModel::new(cfg, StepShape { seq, ..shape }).plan(policy);
-        let fits = |seq: usize| {
-            let plan = plan_at(seq);
+        let within = |plan: &RecomputePlan| {
             plan.fits()
                 && plan.peak.bytes <= budget.device_bytes
                 && budget
                     .host_bytes
                     .is_none_or(|host| plan.host_parked <= host)
         };
-        let seq = longest_fitting(step.max(1), LONGEST_SEQ_CAP, fits)?;
-        Some((seq, plan_at(seq)))
+        let plan_at = |seq: usize| {
+            MemoryModel::first_plan_that(cfg, StepShape { seq, ..shape }, policy, within)
+        };
+        let seq = longest_fitting(step.max(1), LONGEST_SEQ_CAP, |seq| plan_at(seq).is_some())?;
+        Some((seq, plan_at(seq)?))
     }
 }
 
@@ -437,10 +475,11 @@ impl fmt::Display for RecomputePlan {
             self.peak.bytes as f64 / GB,
             self.peak.at
         )?;
-        if self.host_parked > 0 {
+        if let Some(parked) = self.parked {
             write!(
                 f,
-                "; the recomputed layers' inputs and outputs in host memory ({:.3} GB)",
+                "; the recomputed layers' {} in host memory ({:.3} GB)",
+                parked.describe(),
                 self.host_parked as f64 / GB
             )?;
         }
@@ -521,7 +560,7 @@ mod tests {
                 lora_r: 1,
                 trainable: 0,
                 dtype: DType::BF16,
-                offload_checkpoints: false,
+                parked: None,
             },
             n_params: 0,
             weights: 1000,
@@ -562,7 +601,7 @@ mod tests {
     #[test]
     fn offloaded_checkpoints_leave_one_layer_in_flight_on_the_device() {
         let mut m = model(vec![(10, 100, 5); 3], 50);
-        m.shape.offload_checkpoints = true;
+        m.shape.parked = Some(Parked::InputsAndOutputs);
         m.parked_per_layer = 30; // input and two outputs of 10
         let all = KeepMask::recompute_all(3);
         // Nothing held below a layer but what the layer under it parked, prefetched: layers 1
@@ -575,8 +614,13 @@ mod tests {
         let last = KeepMask::keep_last(3, 1);
         assert_eq!(m.host_parked(&last), 60);
         assert_eq!(m.peak(&last).bytes, 1000 + 30 + 100 + 50);
-        m.shape.offload_checkpoints = false;
+        assert_eq!(
+            m.plan(Recompute::All).parked,
+            Some(Parked::InputsAndOutputs)
+        );
+        m.shape.parked = None;
         assert_eq!(m.host_parked(&all), 0);
+        assert_eq!(m.plan(Recompute::All).parked, None);
     }
 
     #[test]
@@ -603,7 +647,7 @@ mod tests {
             lora_r: 16,
             trainable: 65_568_768,
             dtype: DType::BF16,
-            offload_checkpoints: false,
+            parked: None,
         };
         let budget = 139e9 as u64;
         let device = |device_bytes| MemoryBudget {
@@ -629,22 +673,65 @@ mod tests {
         assert!(MemoryModel::longest_seq(&cfg, shape, Recompute::All, device(1), 1024).is_none());
         // Offloading the checkpoints leaves the device only the working set of one layer.
         let offload = StepShape {
-            offload_checkpoints: true,
+            parked: Some(Parked::InputsAndOutputs),
             ..shape
         };
         let (longer, _) =
             MemoryModel::longest_seq(&cfg, offload, Recompute::All, device(budget), 1024).unwrap();
         assert!(longer > seq * 3 / 2, "{longer} vs {seq}");
-        // Unless the host cannot hold the parked tensors: 48 × 3 × 3840 × 2 B = 1,105,920 B per
-        // token.
+        // Unless the host cannot hold the parked tensors: inputs and outputs take
+        // 48 × 3 × 3840 × 2 B = 1,105,920 B per token, the inputs alone a third of it, and the
+        // longest sequence parks the inputs alone.
         let host = MemoryBudget {
             device_bytes: budget,
             host_bytes: Some(100e9 as u64),
         };
         let (within, plan) =
             MemoryModel::longest_seq(&cfg, offload, Recompute::All, host, 1024).unwrap();
+        assert_eq!(plan.parked, Some(Parked::Inputs), "{plan}");
         assert!(plan.host_parked <= 100e9 as u64, "{plan}");
-        assert_eq!(within, 100e9 as usize / 1_105_920 / 1024 * 1024);
+        assert_eq!(within, 100e9 as usize / 368_640 / 1024 * 1024);
+        assert!(within < longer, "{within} vs {longer}");
+    }
+
+    #[test]
+    fn offloaded_checkpoints_park_what_fits_the_host() {
+        let cfg = Config::from_file(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/configs/gemma-4-12B-it.json"),
+        )
+        .unwrap();
+        let at = |seq| StepShape {
+            micro_batch: 1,
+            seq,
+            lora_r: 16,
+            trainable: 65_568_768,
+            dtype: DType::BF16,
+            parked: Some(Parked::InputsAndOutputs),
+        };
+        let host = 100e9 as u64;
+        let plan = |seq| MemoryModel::plan_within_host(&cfg, at(seq), Recompute::All, host);
+        // 1,105,920 B per token with the outputs: up to 90,422 tokens; 368,640 with the inputs
+        // alone: up to 271,267.
+        let short = plan(90_000).unwrap();
+        assert_eq!(short.parked, Some(Parked::InputsAndOutputs));
+        assert_eq!(short.host_parked, 90_000 * 1_105_920);
+        let long = plan(91_000).unwrap();
+        assert_eq!(long.parked, Some(Parked::Inputs));
+        assert_eq!(long.host_parked, 91_000 * 368_640);
+        assert!(
+            long.to_string()
+                .ends_with("the recomputed layers' inputs in host memory (33.546 GB)"),
+            "{long}"
+        );
+        assert!(plan(272_000).is_none());
+        // Without offload nothing is parked, whatever the length.
+        let plain = StepShape {
+            parked: None,
+            ..at(1 << 20)
+        };
+        let plain = MemoryModel::plan_within_host(&cfg, plain, Recompute::All, 0).unwrap();
+        assert_eq!((plain.parked, plain.host_parked), (None, 0));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::loader::{Checkpoint, ModelFiles};
 use crate::mask::AttentionBias;
 use crate::numerics::round_to_dtype;
-use crate::recompute::KeepMask;
+use crate::recompute::{KeepMask, Parked};
 use crate::rope::RopeTable;
 use crate::weights::Weights;
 
@@ -162,9 +162,17 @@ pub struct Gemma4Model {
     ple: Option<PleGlobal>,
     pub(crate) layers: Vec<DecoderLayer>,
     keep: KeepMask,
-    /// Where the recomputed layers' inputs and block outputs wait with offloaded checkpoints
-    /// (`None`: inputs on the device); shared by clones, locked for a whole forward + backward.
-    pub(crate) offload: Option<Arc<Mutex<HostOffload>>>,
+    /// Where the recomputed layers' parked tensors wait with offloaded checkpoints (`None`:
+    /// inputs on the device).
+    pub(crate) offload: Option<Offload>,
+}
+
+/// Offloaded checkpoints: what is parked, and where.
+#[derive(Debug, Clone)]
+pub(crate) struct Offload {
+    pub(crate) parked: Parked,
+    /// Shared by clones, locked for a whole forward + backward.
+    pub(crate) host: Arc<Mutex<HostOffload>>,
 }
 
 impl Gemma4Model {
@@ -296,24 +304,27 @@ impl Gemma4Model {
         Ok(())
     }
 
-    /// Whether [`Gemma4Model::forward_backward`] parks the inputs of the layers it recomputes in
-    /// host memory (offloaded checkpoints).
-    pub fn offloads_checkpoints(&self) -> bool {
-        self.offload.is_some()
+    /// What [`Gemma4Model::forward_backward`] parks in host memory for each layer it recomputes
+    /// (offloaded checkpoints), `None` when nothing.
+    pub fn offloaded_checkpoints(&self) -> Option<Parked> {
+        self.offload.as_ref().map(|o| o.parked)
     }
 
-    /// Offloaded checkpoints on or off: with them, the input of each layer the backward
-    /// recomputes waits in host memory from the forward to the layer's backward instead of on
-    /// the device (on CUDA, copied out and back on a stream of its own beside the kernels; see
-    /// `g4ft_ops::HostOffload`), and so do the layer's attention and MLP outputs, so the
-    /// recompute skips the `o_proj` and `down_proj` frozen products. The device holds one layer's
-    /// three tensors in flight. The gradients are the same bits. On the CPU the tensors are in
-    /// host memory already and stay as they are (the recompute still skips both products).
-    pub fn set_offload_checkpoints(&mut self, on: bool) -> Result<()> {
-        self.offload = if on {
-            Some(Arc::new(Mutex::new(HostOffload::new(&self.device)?)))
-        } else {
-            None
+    /// Offloaded checkpoints on (`Some`: what to park) or off: with them, the input of each layer
+    /// the backward recomputes waits in host memory from the forward to the layer's backward
+    /// instead of on the device (on CUDA, copied out and back on a stream of its own beside the
+    /// kernels; see `g4ft_ops::HostOffload`), and with [`Parked::InputsAndOutputs`] so do the
+    /// layer's attention and MLP outputs, so the recompute skips the `o_proj` and `down_proj`
+    /// frozen products. The device holds one layer's parked tensors in flight. The gradients are
+    /// the same bits. On the CPU the tensors are in host memory already and stay as they are
+    /// (the recompute still skips both products when the outputs are parked).
+    pub fn set_offload_checkpoints(&mut self, parked: Option<Parked>) -> Result<()> {
+        self.offload = match parked {
+            Some(parked) => Some(Offload {
+                parked,
+                host: Arc::new(Mutex::new(HostOffload::new(&self.device)?)),
+            }),
+            None => None,
         };
         Ok(())
     }

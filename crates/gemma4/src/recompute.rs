@@ -24,6 +24,43 @@ pub enum Recompute {
     },
 }
 
+/// What offloaded checkpoints ([`crate::Gemma4Model::set_offload_checkpoints`]) park in host
+/// memory for each recomputed layer, from the least host memory to the most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Parked {
+    /// The layer's input alone (`b·t·H` elements): the recompute runs the whole layer again.
+    Inputs,
+    /// The input and the attention and MLP outputs before their norms (`3·b·t·H`): the recompute
+    /// takes the outputs and skips the `o_proj` and `down_proj` frozen products.
+    InputsAndOutputs,
+}
+
+impl Parked {
+    /// Layer-sized tensors parked per recomputed layer (each `b·t·H` elements).
+    pub fn tensors_per_layer(self) -> u64 {
+        match self {
+            Parked::Inputs => 1,
+            Parked::InputsAndOutputs => 3,
+        }
+    }
+
+    /// What it parks, for messages: `inputs`, `inputs and outputs`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Parked::Inputs => "inputs",
+            Parked::InputsAndOutputs => "inputs and outputs",
+        }
+    }
+
+    /// The next level down (less host memory), `None` from the least.
+    pub fn smaller(self) -> Option<Parked> {
+        match self {
+            Parked::Inputs => None,
+            Parked::InputsAndOutputs => Some(Parked::Inputs),
+        }
+    }
+}
+
 /// Per layer: does it keep its activations from the forward to its backward (`true`) or save only
 /// its input and recompute (`false`)?
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Tensor, Var};
 use common::{golden, golden_dir, test_device, Checks, GoldenBatch};
 use g4ft_gemma4::mask::AttentionBias;
-use g4ft_gemma4::{Gemma4Model, KeepMask, TokenBatch};
+use g4ft_gemma4::{Gemma4Model, KeepMask, Parked, TokenBatch};
 use g4ft_hash::stream_u64;
 use g4ft_lora::{Adapter, LoraContext};
 
@@ -336,18 +336,18 @@ fn gradients_are_the_same_bits_whichever_layers_are_recomputed() {
         ];
         let mut runs = Vec::new();
         for mask in masks {
-            for offload in [false, true] {
+            for parked in [None, Some(Parked::Inputs), Some(Parked::InputsAndOutputs)] {
                 model.set_keep_mask(mask.clone()).unwrap();
-                model.set_offload_checkpoints(offload).unwrap();
+                model.set_offload_checkpoints(parked).unwrap();
                 let (grads, stats) =
                     layerwise_grads(&model, &batch, &golden_batch.labels, &adapters, 0.25);
-                runs.push((mask.clone(), offload, grads, stats));
+                runs.push((mask.clone(), parked, grads, stats));
             }
         }
         let (_, _, want, want_stats) = &runs[0];
-        for (mask, offload, grads, stats) in &runs[1..] {
+        for (mask, parked, grads, stats) in &runs[1..] {
             let what = format!(
-                "{case} {layout:?}, layers kept: {}, offloaded: {offload}",
+                "{case} {layout:?}, layers kept: {}, parked: {parked:?}",
                 mask.describe_kept()
             );
             assert_eq!(stats, want_stats, "{what}: loss");
@@ -362,9 +362,10 @@ fn gradients_are_the_same_bits_whichever_layers_are_recomputed() {
     }
 }
 
-/// Offloaded checkpoints over several micro-batches on one model, in bf16: the first batch (one
-/// row) fills the host buffers, the second (every row) grows them, the third (one row again)
-/// reuses them; each run gives the same bits of the loss and of every adapter gradient as without.
+/// Offloaded checkpoints over several micro-batches on one model, in bf16, at every [`Parked`]
+/// level: the first batch (one row) fills the host buffers, the second (every row) grows them,
+/// the third (one row again) reuses them; each run gives the same bits of the loss and of every
+/// adapter gradient as without.
 #[test]
 fn offloaded_checkpoints_give_the_same_bits_batch_after_batch() {
     let case = "gemma4-b-ple-kvshare";
@@ -389,14 +390,22 @@ fn offloaded_checkpoints_give_the_same_bits_batch_after_batch() {
         .iter()
         .map(|(batch, labels)| layerwise_grads(&model, batch, labels, &adapters, 0.25))
         .collect();
-    model.set_offload_checkpoints(true).unwrap();
-    for (k, ((batch, labels), (want, want_stats))) in batches.iter().zip(&want).enumerate() {
-        let (grads, stats) = layerwise_grads(&model, batch, labels, &adapters, 0.25);
-        assert_eq!(&stats, want_stats, "batch {k}: loss");
-        for (path, (ga, gb)) in &grads {
-            let (wa, wb) = &want[path];
-            assert!(bits(ga) == bits(wa), "batch {k}: {path}.lora_A differs");
-            assert!(bits(gb) == bits(wb), "batch {k}: {path}.lora_B differs");
+    for parked in [Parked::Inputs, Parked::InputsAndOutputs] {
+        model.set_offload_checkpoints(Some(parked)).unwrap();
+        for (k, ((batch, labels), (want, want_stats))) in batches.iter().zip(&want).enumerate() {
+            let (grads, stats) = layerwise_grads(&model, batch, labels, &adapters, 0.25);
+            assert_eq!(&stats, want_stats, "{parked:?}, batch {k}: loss");
+            for (path, (ga, gb)) in &grads {
+                let (wa, wb) = &want[path];
+                assert!(
+                    bits(ga) == bits(wa),
+                    "{parked:?}, batch {k}: {path}.lora_A differs"
+                );
+                assert!(
+                    bits(gb) == bits(wb),
+                    "{parked:?}, batch {k}: {path}.lora_B differs"
+                );
+            }
         }
     }
 }

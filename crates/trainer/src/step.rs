@@ -29,7 +29,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
 use g4ft_data::{Batch, DataLoader};
 use g4ft_ddp::{DdpError, DistributedDataParallel, NoSync, ProcessGroup, ReduceOp};
-use g4ft_gemma4::{Gemma4Model, LayerType, LossStats, ProjectionShape, TokenBatch};
+use g4ft_gemma4::{Gemma4Model, LayerType, LossStats, Parked, ProjectionShape, TokenBatch};
 use g4ft_lora::{AdapterGrads, LoraContext};
 
 use crate::metrics::mfu::{AttnLayer, FlopsModel, LayerFlops};
@@ -299,7 +299,8 @@ pub fn evaluate(
 
 /// The model's FLOP shape for MFU: each layer's frozen projections, routed experts and router,
 /// per-layer-embedding matrices, attention, whether its keep mask recomputes it and which frozen
-/// products that recompute reuses (`o_proj`, `down_proj` with offloaded checkpoints); the tied
+/// products that recompute reuses (`o_proj`, `down_proj` when offloaded checkpoints park the
+/// block outputs); the tied
 /// head; the per-layer-embedding model projection (run once, nothing to differentiate).
 pub fn flops_model(model: &Gemma4Model) -> FlopsModel {
     let cfg = model.config();
@@ -315,7 +316,7 @@ pub fn flops_model(model: &Gemma4Model) -> FlopsModel {
         let sizes = shapes.iter().filter(|s| which(s));
         sizes.map(|s| (s.in_features * s.out_features) as u64).sum()
     };
-    // The block outputs offloaded checkpoints park (`g4ft_gemma4::Gemma4Model::set_offload_checkpoints`).
+    // The products whose outputs `Parked::InputsAndOutputs` parks.
     let reused_in_recompute =
         |path: &str| path.ends_with(".self_attn.o_proj") || path.ends_with(".mlp.down_proj");
     let layers = cfg
@@ -324,9 +325,11 @@ pub fn flops_model(model: &Gemma4Model) -> FlopsModel {
         .enumerate()
         .map(|(i, l)| LayerFlops {
             n_linear: elements(&|s| s.layer == i),
-            n_reused: match model.offloads_checkpoints() {
-                true => elements(&|s| s.layer == i && reused_in_recompute(&s.path)),
-                false => 0,
+            n_reused: match model.offloaded_checkpoints() {
+                Some(Parked::InputsAndOutputs) => {
+                    elements(&|s| s.layer == i && reused_in_recompute(&s.path))
+                }
+                Some(Parked::Inputs) | None => 0,
             },
             n_routed: per_layer_moe + per_layer_ple,
             attention: AttnLayer {

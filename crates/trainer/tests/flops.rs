@@ -1,11 +1,12 @@
 //! The FLOP shape `step::flops_model` reads off a real model (the bundled tiny one): offloaded
-//! checkpoints take `o_proj`'s and `down_proj`'s outputs from the first forward, so the hardware
-//! count of a recomputed layer leaves exactly those two products out; the model count never moves.
+//! checkpoints that park the block outputs take `o_proj`'s and `down_proj`'s outputs from the first
+//! forward, so the hardware count of a recomputed layer leaves exactly those two products out; the
+//! model count never moves.
 
 use std::path::Path;
 
 use candle_core::{DType, Device};
-use g4ft_gemma4::{Gemma4Model, KeepMask};
+use g4ft_gemma4::{Gemma4Model, KeepMask, Parked};
 use g4ft_trainer::step;
 
 #[test]
@@ -19,7 +20,7 @@ fn offloaded_checkpoints_leave_the_reused_products_out_of_the_hardware_flops() -
     let seq = 64;
     model.set_keep_mask(KeepMask::recompute_all(n))?;
     let plain = step::flops_model(&model);
-    model.set_offload_checkpoints(true)?;
+    model.set_offload_checkpoints(Some(Parked::InputsAndOutputs))?;
     let parked = step::flops_model(&model);
     let (h, reused) = (cfg.hidden_size, |l: &g4ft_gemma4::LayerConfig| {
         (cfg.num_attention_heads * l.head_dim + l.intermediate_size) as u64
@@ -28,6 +29,11 @@ fn offloaded_checkpoints_leave_the_reused_products_out_of_the_hardware_flops() -
         assert_eq!(plain.layers[i].n_reused, 0, "layer {i}");
         assert_eq!(parked.layers[i].n_reused, h as u64 * reused(l), "layer {i}");
     }
+    // The inputs alone: the recompute runs every product again.
+    model.set_offload_checkpoints(Some(Parked::Inputs))?;
+    let inputs = step::flops_model(&model);
+    assert!(inputs.layers.iter().all(|l| l.n_reused == 0));
+    assert_eq!(inputs.flops_per_token(seq), plain.flops_per_token(seq));
     let (plain, parked) = (plain.flops_per_token(seq), parked.flops_per_token(seq));
     assert_eq!(plain.model, parked.model);
     let skipped: u64 = cfg.layers.iter().map(|l| 2 * h as u64 * reused(l)).sum();

@@ -3,10 +3,10 @@
 //! the analogue of `torch.cuda.max_memory_allocated`; on CPU the process's resident set. And the
 //! `--recompute` setting resolved against the step's memory model ([`apply_recompute`]).
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use g4ft_gemma4::memory::GB;
-use g4ft_gemma4::{Gemma4Model, MemoryModel, Recompute, RecomputePlan, StepShape};
+use g4ft_gemma4::{Config, Gemma4Model, MemoryModel, Parked, Recompute, RecomputePlan, StepShape};
 
 use crate::config::RecomputeKind;
 
@@ -62,38 +62,79 @@ pub fn recompute_policy(
 
 /// Sets `model`'s offloaded checkpoints on or off (`--offload-checkpoints`), resolves `policy`
 /// for its training step of `micro_batch` samples of `seq` tokens (the longest the run sees) with
-/// the model's adapters, and sets the model's keep mask to it. Returns the plan (print it: the
-/// choice and the predicted peak).
+/// the model's adapters, and sets the model's keep mask to it. With offload on a GPU the parked
+/// tensors must fit `host_room()` (bytes of RAM for this rank, read only then): each recomputed
+/// layer parks its input and block outputs, or its input alone when only that fits (the step
+/// then recomputes the `o_proj` and `down_proj` products too); an error when not even the inputs
+/// fit. Returns the plan (print it: the choice and the predicted peak) and, when the outputs did
+/// not fit, a note that says why they are not parked.
 pub fn apply_recompute(
     model: &mut Gemma4Model,
     policy: Recompute,
     offload_checkpoints: bool,
     micro_batch: usize,
     seq: usize,
-) -> Result<RecomputePlan> {
-    model.set_offload_checkpoints(offload_checkpoints)?;
+    host_room: impl FnOnce() -> Result<u64>,
+) -> Result<(RecomputePlan, Option<String>)> {
+    let asked = offload_checkpoints.then_some(Parked::InputsAndOutputs);
+    model.set_offload_checkpoints(asked)?;
     let shape = StepShape::of_model(model, micro_batch, seq);
-    let plan = MemoryModel::new(model.config(), shape).plan(policy);
+    let (plan, note) = plan_within_host_room(model.config(), shape, policy, host_room)?;
+    if let Some(parked) = plan.parked {
+        model.set_offload_checkpoints(Some(parked))?;
+    }
     model.set_keep_mask(plan.keep.clone())?;
-    Ok(plan)
+    Ok((plan, note))
 }
 
-/// With offloaded checkpoints: an error unless the RAM this node has available, shared by its
-/// `local_world_size` ranks, holds the recomputed layers' inputs and outputs that `plan` parks
-/// there.
-pub fn check_host_room(plan: &RecomputePlan, local_world_size: usize) -> Result<()> {
-    if plan.host_parked == 0 {
-        return Ok(());
+/// `policy`'s plan for `cfg`'s step of `shape`, whose parked tensors (if it parks any) fit
+/// `host_room()` bytes: see [`apply_recompute`].
+pub fn plan_within_host_room(
+    cfg: &Config,
+    shape: StepShape,
+    policy: Recompute,
+    host_room: impl FnOnce() -> Result<u64>,
+) -> Result<(RecomputePlan, Option<String>)> {
+    let wanted = MemoryModel::new(cfg, shape).plan(policy);
+    let Some(asked) = wanted.parked else {
+        return Ok((wanted, None));
+    };
+    let available = host_room().context("--offload-checkpoints: the host memory available")?;
+    let gb = |bytes: u64| bytes as f64 / GB;
+    match MemoryModel::plan_within_host(cfg, shape, policy, available) {
+        Some(plan) if plan.parked == Some(asked) => Ok((plan, None)),
+        Some(plan) => {
+            let note = format!(
+                "note: --offload-checkpoints parks the recomputed layers' {} alone: their {} would take {:.3} GB of host memory per rank, and {:.3} GB is available",
+                plan.parked.map_or("", Parked::describe),
+                asked.describe(),
+                gb(wanted.host_parked),
+                gb(available)
+            );
+            Ok((plan, Some(note)))
+        }
+        None => {
+            let least = MemoryModel::new(
+                cfg,
+                StepShape {
+                    parked: Some(Parked::Inputs),
+                    ..shape
+                },
+            )
+            .plan(policy);
+            bail!(
+                "--offload-checkpoints: the recomputed layers' inputs alone need {:.3} GB of host memory per rank, and {:.3} GB is available (MemAvailable shared by the ranks of this node); drop --offload-checkpoints, or lower --micro-batch or the sequence length",
+                gb(least.host_parked),
+                gb(available)
+            )
+        }
     }
-    let available = free_memory(&Device::Cpu, local_world_size)?;
-    if plan.host_parked > available {
-        anyhow::bail!(
-            "--offload-checkpoints: the recomputed layers' inputs and outputs need {:.3} GB of host memory per rank, and {:.3} GB is available (MemAvailable shared by {local_world_size} rank(s) of this node); drop --offload-checkpoints, or lower --micro-batch or the sequence length",
-            plan.host_parked as f64 / GB,
-            available as f64 / GB
-        );
-    }
-    Ok(())
+}
+
+/// The RAM this node has available (`MemAvailable`) shared by its `local_world_size` ranks: the
+/// room for one rank's parked tensors (see [`apply_recompute`]).
+pub fn host_room(local_world_size: usize) -> Result<u64> {
+    free_memory(&Device::Cpu, local_world_size)
 }
 
 /// Peak-memory probe: the CUDA pool's high-water mark or the process's peak RSS.
@@ -253,31 +294,44 @@ mod tests {
     }
 
     #[test]
-    fn parked_inputs_must_fit_the_hosts_memory() {
+    fn offloaded_checkpoints_park_what_fits_the_hosts_memory() {
         let cfg = g4ft_gemma4::Config::from_file(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../gemma4/tests/configs/gemma-4-12B-it.json"),
         )
         .unwrap();
-        let shape = |seq, offload_checkpoints| StepShape {
+        let shape = |seq, parked| StepShape {
             micro_batch: 1,
             seq,
             lora_r: 16,
             trainable: 65_568_768,
             dtype: candle_core::DType::BF16,
-            offload_checkpoints,
+            parked,
         };
-        let plan = |seq, offload| MemoryModel::new(&cfg, shape(seq, offload)).plan(Recompute::All);
-        // 48 · 3 tensors of 2,048 tokens: 2.265 GB; nothing parked without offload.
-        check_host_room(&plan(2048, true), 1).unwrap();
-        check_host_room(&plan(1 << 26, false), 1).unwrap();
-        // 2^26 tokens per sample park 74.2 TB.
-        let err = check_host_room(&plan(1 << 26, true), 1).unwrap_err();
+        let offload = Some(Parked::InputsAndOutputs);
+        let room = |gb: f64| move || Ok((gb * GB) as u64);
+        let plan = |seq, parked, gb| {
+            plan_within_host_room(&cfg, shape(seq, parked), Recompute::All, room(gb))
+        };
+        // 48 · 3 tensors of 2,048 tokens: 2.265 GB.
+        let (fits, note) = plan(2048, offload, 100.0).unwrap();
+        assert_eq!((fits.parked, note), (offload, None));
+        // Nothing parked without offload: the host's memory is not even read.
+        let no_room = || -> Result<u64> { bail!("not read") };
+        let (plain, note) =
+            plan_within_host_room(&cfg, shape(1 << 26, None), Recompute::All, no_room).unwrap();
+        assert_eq!((plain.parked, plain.host_parked, note), (None, 0, None));
+        // 131,072 tokens: 144.955 GB with the outputs, 48.318 GB for the inputs alone.
+        let (inputs, note) = plan(131_072, offload, 100.0).unwrap();
+        assert_eq!(inputs.parked, Some(Parked::Inputs));
+        assert_eq!(
+            note.unwrap(),
+            "note: --offload-checkpoints parks the recomputed layers' inputs alone: their inputs and outputs would take 144.955 GB of host memory per rank, and 100.000 GB is available"
+        );
+        let err = plan(131_072, offload, 40.0).unwrap_err();
         let msg = format!("{err:#}");
         assert!(
-            msg.starts_with(
-                "--offload-checkpoints: the recomputed layers' inputs and outputs need 74217"
-            ),
+            msg.starts_with("--offload-checkpoints: the recomputed layers' inputs alone need 48.318 GB of host memory per rank, and 40.000 GB is available"),
             "{msg}"
         );
     }
