@@ -75,7 +75,7 @@ fn main() -> Result<()> {
         lora_r: a.lora_r,
         trainable,
         dtype,
-        parked: a.offload_checkpoints.then_some(Parked::InputsAndOutputs),
+        parked: a.offload_checkpoints.then_some(Parked::MOST),
     };
     let policy = a.recompute_policy(|| {
         bail!("memory_plan reads no device: give --memory-budget-gb with --recompute auto")
@@ -216,6 +216,9 @@ fn main() -> Result<()> {
         let what = match parked {
             Parked::Inputs => inputs.clone(),
             Parked::InputsAndOutputs => format!("{inputs} × 3 (input, attention and MLP outputs)"),
+            Parked::InputsOutputsAndAttention => format!(
+                "{inputs} × 3 (input, attention and MLP outputs) + raw q/k/v, attention output and log-sum-exp"
+            ),
         };
         row(
             "offloaded checkpoints (host memory)",

@@ -28,6 +28,7 @@ use candle_core::Var;
 use g4ft_lora::{AdapterGrads, LoraContext};
 use g4ft_ops::HostOffload;
 
+use crate::attention::explicit::AttentionState;
 use crate::attention::KvPair;
 use crate::config::KvSharing;
 use crate::decoder_layer::explicit::{BlockOutputs, LayerTape};
@@ -55,12 +56,16 @@ impl LossStats {
 enum Saved {
     /// A recomputed layer: its input.
     Input(candle_core::Tensor),
-    /// A recomputed layer whose input (and perhaps [`BlockOutputs`]) wait in host memory
-    /// ([`Parking`]).
-    Parked,
+    /// A recomputed layer whose input (and perhaps [`BlockOutputs`]) wait in host memory, in the
+    /// slots of this mask ([`Parking`]).
+    Parked(u8),
     /// A layer that keeps its activations: its tape (which holds its input).
     Tape(Box<LayerTape>),
 }
+
+/// Host-offload slots per layer: the input, the attention and MLP outputs, and the attention
+/// state's raw q, raw k, raw v, output and log-sum-exp (layer `i` has `SLOTS * i ..`).
+const SLOTS: usize = 8;
 
 /// The host offload of one forward + backward (locked for the call) and what it parks per layer.
 struct Parking<'a> {
@@ -69,50 +74,90 @@ struct Parking<'a> {
 }
 
 impl Parking<'_> {
-    /// The host-offload slots of layer `i`'s parked tensors: its input, then with
-    /// [`Parked::InputsAndOutputs`] its attention output and MLP output.
-    fn slots(&self, i: usize) -> impl Iterator<Item = usize> {
-        let n = self.parked.tensors_per_layer() as usize;
-        (0..n).map(move |k| 3 * i + k)
-    }
-
     /// Parks layer `i`'s input (before the layer runs, so that the copy overlaps its kernels).
     fn park_input(&mut self, i: usize, input: &candle_core::Tensor) -> Result<(), Error> {
-        Ok(self.host.park(3 * i, input)?)
+        Ok(self.host.park(SLOTS * i, input)?)
     }
 
-    /// Parks layer `i`'s block outputs if they are parked at all.
-    fn park_outputs(&mut self, i: usize, outputs: &BlockOutputs) -> Result<(), Error> {
-        if self.parked == Parked::InputsAndOutputs {
-            self.host.park(3 * i + 1, &outputs.attn)?;
-            self.host.park(3 * i + 2, &outputs.mlp)?;
+    /// Parks what the level keeps of layer `i`'s `outputs`; the mask of the layer's slots that
+    /// hold a tensor (its input's included).
+    fn park_outputs(&mut self, i: usize, outputs: BlockOutputs) -> Result<u8, Error> {
+        let mut mask = 1;
+        for (k, t) in into_slots(outputs, self.parked).into_iter().enumerate() {
+            if let Some(t) = t {
+                self.host.park(SLOTS * i + k + 1, &t)?;
+                mask |= 1 << (k + 1);
+            }
         }
-        Ok(())
+        Ok(mask)
     }
 
-    /// Layer `i`'s parked input and block outputs (if parked), back on the device.
-    fn fetch(&mut self, i: usize) -> Result<(candle_core::Tensor, Option<BlockOutputs>), Error> {
-        let input = self.host.fetch(3 * i)?;
-        let outputs = match self.parked {
-            Parked::Inputs => None,
-            Parked::InputsAndOutputs => Some(BlockOutputs {
-                attn: self.host.fetch(3 * i + 1)?,
-                mlp: self.host.fetch(3 * i + 2)?,
-            }),
-        };
-        Ok((input, outputs))
+    /// Layer `i`'s parked input and block outputs (those of `mask`), back on the device.
+    fn fetch(
+        &mut self,
+        i: usize,
+        mask: u8,
+    ) -> Result<(candle_core::Tensor, Option<BlockOutputs>), Error> {
+        let mut slots: [Option<candle_core::Tensor>; SLOTS] = Default::default();
+        for (k, slot) in slots.iter_mut().enumerate() {
+            if mask & (1 << k) != 0 {
+                *slot = Some(self.host.fetch(SLOTS * i + k)?);
+            }
+        }
+        let [input, outputs @ ..] = slots;
+        let input = input.expect("a parked layer parks its input");
+        Ok((input, from_slots(outputs)))
     }
 
     /// Starts bringing back what the highest parked layer of `saved` parked (`saved[j]` is layer
     /// `j`'s), so that it arrives while the layer above runs its backward.
     fn prefetch_next(&mut self, saved: &[Saved]) -> Result<(), Error> {
-        if let Some(j) = saved.iter().rposition(|s| matches!(s, Saved::Parked)) {
-            for slot in self.slots(j).collect::<Vec<_>>() {
-                self.host.prefetch(slot)?;
+        let below = saved.iter().enumerate().rev().find_map(|(j, s)| match s {
+            Saved::Parked(mask) => Some((j, *mask)),
+            _ => None,
+        });
+        if let Some((j, mask)) = below {
+            for k in (0..SLOTS).filter(|k| mask & (1 << k) != 0) {
+                self.host.prefetch(SLOTS * j + k)?;
             }
         }
         Ok(())
     }
+}
+
+/// The tensors of `outputs` that `parked` keeps, in slot order after the input (see [`SLOTS`]).
+fn into_slots(outputs: BlockOutputs, parked: Parked) -> [Option<candle_core::Tensor>; SLOTS - 1] {
+    if !parked.outputs() {
+        return Default::default();
+    }
+    let state = outputs.attention.filter(|_| parked.attention());
+    let (mut q, mut k, mut v, mut o, mut lse) = (None, None, None, None, None);
+    if let Some(state) = state {
+        (q, o, lse) = (Some(state.q_raw), Some(state.o), state.lse);
+        if let Some((k_raw, v_raw)) = state.own_raw {
+            (k, v) = (Some(k_raw), v_raw);
+        }
+    }
+    [Some(outputs.attn), Some(outputs.mlp), q, k, v, o, lse]
+}
+
+/// [`BlockOutputs`] from what [`into_slots`] parked, `None` when only the input was.
+fn from_slots(slots: [Option<candle_core::Tensor>; SLOTS - 1]) -> Option<BlockOutputs> {
+    let [attn, mlp, q_raw, k_raw, v_raw, o, lse] = slots;
+    let attention = match (q_raw, o) {
+        (Some(q_raw), Some(o)) => Some(AttentionState {
+            q_raw,
+            own_raw: k_raw.map(|k| (k, v_raw)),
+            o,
+            lse,
+        }),
+        _ => None,
+    };
+    Some(BlockOutputs {
+        attn: attn?,
+        mlp: mlp?,
+        attention,
+    })
 }
 
 impl Gemma4Model {
@@ -179,10 +224,7 @@ impl Gemma4Model {
                 }
                 let (out, kv, outputs) = layer.forward_graph_free(&h, shared, &inputs, &fwd_ctx)?;
                 let held = match offload.as_mut() {
-                    Some(park) => {
-                        park.park_outputs(i, &outputs)?;
-                        Saved::Parked
-                    }
+                    Some(park) => Saved::Parked(park.park_outputs(i, outputs)?),
                     None => Saved::Input(h),
                 };
                 (out, kv, held)
@@ -230,9 +272,9 @@ impl Gemma4Model {
                     *tape
                 }
                 Saved::Input(input) => recompute(&input, None)?,
-                Saved::Parked => {
+                Saved::Parked(mask) => {
                     let park = offload.as_mut().expect("parked only with offload");
-                    let (input, outputs) = park.fetch(i)?;
+                    let (input, outputs) = park.fetch(i, mask)?;
                     park.prefetch_next(&saved)?;
                     recompute(&input, outputs.as_ref())?
                 }

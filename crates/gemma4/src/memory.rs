@@ -21,9 +21,9 @@
 //!   per layer type) and the per-layer-embedding inputs `(b, t, L, P)`;
 //! - with offloaded checkpoints ([`StepShape::parked`]) the recomputed layers' inputs wait in
 //!   host memory instead, perhaps each with the layer's attention and MLP outputs (one or three
-//!   `b·t·H·w` tensors per layer, [`MemoryModel::parked_per_layer`]); the device holds one layer's
-//!   in flight: the last ones parked, at the loss head, and those prefetched below a layer during
-//!   its backward.
+//!   `b·t·H·w` tensors per layer) and its attention state ([`LayerMemory::parked`]); the device
+//!   holds one layer's in flight: the last ones parked, at the loss head, and those prefetched
+//!   below a layer during its backward.
 //!
 //! The peak is the largest of two moments ([`PeakAt`]): the loss head (everything the forward
 //! held, plus the CE working set) and each layer's backward (what the layers below still hold,
@@ -113,6 +113,10 @@ pub struct LayerMemory {
     /// and of the product), and for a MoE layer the grouped gradients (d(output rows), d(act),
     /// d(gate‖up), d(input rows)).
     pub backward: u64,
+    /// What it parks in host memory when recomputed with offloaded checkpoints (0 without):
+    /// its input, perhaps its attention and MLP outputs and its attention state (raw q/k/v
+    /// projections, attention output, fp32 log-sum-exp).
+    pub parked: u64,
 }
 
 /// Where the predicted peak is reached.
@@ -162,9 +166,6 @@ pub struct MemoryModel {
     pub layers: Vec<LayerMemory>,
     /// One layer's input `b·t·H·w` (part of each [`LayerMemory::saved`]), bytes.
     pub layer_input: u64,
-    /// What a recomputed layer parks in host memory with offloaded checkpoints: its input, and
-    /// perhaps its attention and MLP outputs, `b·t·H·w` bytes each (0 without offload).
-    pub parked_per_layer: u64,
     /// Rows of one logits chunk of the loss.
     pub ce_chunk_rows: u64,
     /// The loss head's working set, bytes.
@@ -207,10 +208,20 @@ impl MemoryModel {
             .iter()
             .map(|e| {
                 let copies = shape.trainable * e.adapter_params / adapter_params.max(1);
+                let input = bt * h * w;
+                let parked = match shape.parked {
+                    None => 0,
+                    Some(Parked::Inputs) => input,
+                    Some(Parked::InputsAndOutputs) => 3 * input,
+                    Some(Parked::InputsOutputsAndAttention) => {
+                        3 * input + e.attention_state * w + e.attention_lse * 4
+                    }
+                };
                 LayerMemory {
                     saved: e.saved * w,
                     tape: (e.tape + copies) * w,
                     backward: e.backward * w,
+                    parked,
                 }
             })
             .collect();
@@ -232,9 +243,6 @@ impl MemoryModel {
             prepared: (rope + ple) * w,
             layers,
             layer_input,
-            parked_per_layer: shape
-                .parked
-                .map_or(0, |p| p.tensors_per_layer() * layer_input),
             ce_chunk_rows,
             ce,
         }
@@ -280,7 +288,7 @@ impl MemoryModel {
     pub fn host_parked(&self, keep: &KeepMask) -> u64 {
         (0..self.layers.len())
             .filter(|&i| self.parked(keep, i))
-            .map(|_| self.parked_per_layer)
+            .map(|i| self.layers[i].parked)
             .sum()
     }
 
@@ -303,7 +311,7 @@ impl MemoryModel {
             }
             below += self.held(keep, j);
             if self.parked(keep, j) {
-                in_flight = self.parked_per_layer;
+                in_flight = l.parked;
             }
         }
         // The last parked tensors' copies may still run at the head: they count once more.
@@ -498,6 +506,11 @@ struct LayerElements {
     tape: u64,
     backward: u64,
     adapter_params: u64,
+    /// The attention state offloaded checkpoints may park: raw q (and raw k/v of a layer with
+    /// its own K/V) and the attention output, in the weight dtype.
+    attention_state: u64,
+    /// Its log-sum-exp, fp32 elements.
+    attention_lse: u64,
 }
 
 /// One layer's [`LayerElements`] for `bt` tokens and LoRA rank `r`.
@@ -545,6 +558,8 @@ fn layer_elements(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> LayerElemen
         tape: dense + if p > 0 { ple } else { 0 } + moe_tape,
         backward: bt * h + DROPOUT_CHUNK.min(bt * im) + moe_backward,
         adapter_params: r * ((h + q) + n_kv * (h + kvd) + (q + h) + 2 * (h + im) + (im + h)),
+        attention_state: bt * (q + own_raw + q),
+        attention_lse: bt * cfg.num_attention_heads as u64,
     }
 }
 
@@ -573,10 +588,10 @@ mod tests {
                     saved,
                     tape,
                     backward,
+                    parked: 0,
                 })
                 .collect(),
             layer_input: 10,
-            parked_per_layer: 0,
             ce_chunk_rows: 1,
             ce,
         }
@@ -602,7 +617,9 @@ mod tests {
     fn offloaded_checkpoints_leave_one_layer_in_flight_on_the_device() {
         let mut m = model(vec![(10, 100, 5); 3], 50);
         m.shape.parked = Some(Parked::InputsAndOutputs);
-        m.parked_per_layer = 30; // input and two outputs of 10
+        for l in &mut m.layers {
+            l.parked = 30; // input and two outputs of 10
+        }
         let all = KeepMask::recompute_all(3);
         // Nothing held below a layer but what the layer under it parked, prefetched: layers 1
         // and 2 peak at 1000 + 30 + 105; layer 0 has none below; the head 1000 + 30 + 50.
@@ -725,6 +742,14 @@ mod tests {
             "{long}"
         );
         assert!(plan(272_000).is_none());
+        // With the attention state: 40 sliding layers of (3·3840 + 3·4096)·2 + 16·4 B and 8 full
+        // ones of (3·3840 + 2·8192 + 512)·2 + 16·4 B (one K head, V is K) per token.
+        let most = StepShape {
+            parked: Some(Parked::MOST),
+            ..at(2048)
+        };
+        let most = MemoryModel::new(&cfg, most).plan(Recompute::All);
+        assert_eq!(most.host_parked, 2048 * (40 * 47_680 + 8 * 56_896));
         // Without offload nothing is parked, whatever the length.
         let plain = StepShape {
             parked: None,

@@ -322,7 +322,10 @@ impl Gemma4Model {
         self.offload = match parked {
             Some(parked) => Some(Offload {
                 parked,
-                host: Arc::new(Mutex::new(HostOffload::new(&self.device)?)),
+                host: Arc::new(Mutex::new(HostOffload::new(
+                    &self.device,
+                    parked.tensors_per_layer(),
+                )?)),
             }),
             None => None,
         };

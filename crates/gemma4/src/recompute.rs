@@ -33,22 +33,23 @@ pub enum Parked {
     /// The input and the attention and MLP outputs before their norms (`3·b·t·H`): the recompute
     /// takes the outputs and skips the `o_proj` and `down_proj` frozen products.
     InputsAndOutputs,
+    /// Those and the attention block's state: the raw q/k/v projections, the attention output and
+    /// its log-sum-exp (for the 12B's sliding layers `3·b·t·H + 3·b·t·nh·d` elements, and `b·t·nh`
+    /// fp32): the recompute runs neither the q/k/v frozen products nor the attention kernel,
+    /// only the MLP's gate and up products, the norms and the adapters' down-projections.
+    InputsOutputsAndAttention,
 }
 
 impl Parked {
-    /// Layer-sized tensors parked per recomputed layer (each `b·t·H` elements).
-    pub fn tensors_per_layer(self) -> u64 {
-        match self {
-            Parked::Inputs => 1,
-            Parked::InputsAndOutputs => 3,
-        }
-    }
+    /// What `--offload-checkpoints` parks where the host's RAM holds it.
+    pub const MOST: Parked = Parked::InputsOutputsAndAttention;
 
-    /// What it parks, for messages: `inputs`, `inputs and outputs`.
+    /// What it parks, for messages: `inputs`, `inputs and outputs`, ...
     pub fn describe(self) -> &'static str {
         match self {
             Parked::Inputs => "inputs",
             Parked::InputsAndOutputs => "inputs and outputs",
+            Parked::InputsOutputsAndAttention => "inputs, outputs and attention state",
         }
     }
 
@@ -57,7 +58,28 @@ impl Parked {
         match self {
             Parked::Inputs => None,
             Parked::InputsAndOutputs => Some(Parked::Inputs),
+            Parked::InputsOutputsAndAttention => Some(Parked::InputsAndOutputs),
         }
+    }
+
+    /// Tensors parked per recomputed layer, at most (the input, the two block outputs, the raw
+    /// q, k and v, the attention output and its log-sum-exp).
+    pub fn tensors_per_layer(self) -> usize {
+        match self {
+            Parked::Inputs => 1,
+            Parked::InputsAndOutputs => 3,
+            Parked::InputsOutputsAndAttention => 8,
+        }
+    }
+
+    /// Whether the block outputs are parked (the recompute skips `o_proj` and `down_proj`).
+    pub fn outputs(self) -> bool {
+        self >= Parked::InputsAndOutputs
+    }
+
+    /// Whether the attention state is parked (the recompute skips q/k/v and the attention).
+    pub fn attention(self) -> bool {
+        self >= Parked::InputsOutputsAndAttention
     }
 }
 

@@ -336,7 +336,12 @@ fn gradients_are_the_same_bits_whichever_layers_are_recomputed() {
         ];
         let mut runs = Vec::new();
         for mask in masks {
-            for parked in [None, Some(Parked::Inputs), Some(Parked::InputsAndOutputs)] {
+            let levels = [
+                Parked::Inputs,
+                Parked::InputsAndOutputs,
+                Parked::InputsOutputsAndAttention,
+            ];
+            for parked in std::iter::once(None).chain(levels.map(Some)) {
                 model.set_keep_mask(mask.clone()).unwrap();
                 model.set_offload_checkpoints(parked).unwrap();
                 let (grads, stats) =
@@ -390,7 +395,11 @@ fn offloaded_checkpoints_give_the_same_bits_batch_after_batch() {
         .iter()
         .map(|(batch, labels)| layerwise_grads(&model, batch, labels, &adapters, 0.25))
         .collect();
-    for parked in [Parked::Inputs, Parked::InputsAndOutputs] {
+    for parked in [
+        Parked::Inputs,
+        Parked::InputsAndOutputs,
+        Parked::InputsOutputsAndAttention,
+    ] {
         model.set_offload_checkpoints(Some(parked)).unwrap();
         for (k, ((batch, labels), (want, want_stats))) in batches.iter().zip(&want).enumerate() {
             let (grads, stats) = layerwise_grads(&model, batch, labels, &adapters, 0.25);

@@ -422,6 +422,47 @@ pub struct AttentionSaved {
 }
 
 impl AttentionSaved {
+    /// What [`attention_saved`] on `q`, `k`, `v` kept, rebuilt from its output `o` (which has
+    /// `q`'s shape) and its log-sum-exp `lse` ([`AttentionSaved::lse`]) without running the
+    /// forward: for a recompute that kept both from the first forward. The arguments are
+    /// [`attention_saved`]'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_lse(
+        o: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        key_mask: KeyMask,
+        window: Option<usize>,
+        scale: f64,
+        plan: &AttentionPlan,
+        lse: Tensor,
+    ) -> Result<Self> {
+        let op = Attention::new(o, k, v, key_mask, window, scale, plan)?;
+        let n = op.n;
+        if lse.dims() != [n.b, n.nh, n.t] || lse.dtype() != DType::F32 {
+            bail!(
+                "attention: the log-sum-exp must be ({}, {}, {}) f32, got {:?} {:?}",
+                n.b,
+                n.nh,
+                n.t,
+                lse.dims(),
+                lse.dtype()
+            );
+        }
+        Ok(AttentionSaved {
+            n,
+            plan: op.plan,
+            mask: op.mask,
+            seq_start: op.seq_start,
+            lse,
+        })
+    }
+
+    /// The forward's per-row log-sum-exp, `(b, nh, t)` fp32.
+    pub fn lse(&self) -> &Tensor {
+        &self.lse
+    }
+
     /// `(dq, dk, dv)` from the forward's inputs `q`, `k`, `v`, its output `o` and the output
     /// gradient `g` (the kernels autograd runs). Records no graph.
     pub fn backward(

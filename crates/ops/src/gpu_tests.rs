@@ -969,7 +969,7 @@ fn gpu_host_offload_round_trips() -> Result<()> {
         let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         Ok(v.into_iter().map(f32::to_bits).collect())
     };
-    let mut park = HostOffload::new(&gpu)?;
+    let mut park = HostOffload::new(&gpu, 3)?;
     let rounds: [&[(usize, &[usize], DType)]; 3] = [
         &[
             (0, &[5, 7], DType::F32),

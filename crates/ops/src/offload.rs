@@ -9,8 +9,9 @@
 //! - [`HostOffload::park`]: the copy stream waits for the compute stream to reach the call (the
 //!   tensor is written), copies device → host and records the copy's end. The device tensor is
 //!   held until a later park or prefetch finds its copy ended, and goes back to Candle's pool
-//!   then; of the tensors still being copied, the last three stay held and the compute stream
-//!   waits for the copies of any older ones before their memory goes back.
+//!   then; of the tensors still being copied, the last `in_flight` ([`HostOffload::new`]) stay
+//!   held and the compute stream waits for the copies of any older ones before their memory goes
+//!   back.
 //! - [`HostOffload::prefetch`]: a new device tensor is allocated in the compute stream's order; the
 //!   copy stream waits for that point, copies host → device and records the copy's end.
 //! - [`HostOffload::fetch`]: the compute stream waits for the prefetch's end and the tensor is
@@ -37,12 +38,17 @@ enum Inner {
 }
 
 impl HostOffload {
-    /// An empty parking for tensors of `device`.
-    pub fn new(device: &Device) -> Result<Self> {
+    /// An empty parking for tensors of `device`. `in_flight`: how many parked tensors may
+    /// still be copying out when the next park or prefetch comes before the compute stream waits
+    /// for the oldest (what one layer parks, so that its parks do not wait for each other).
+    pub fn new(device: &Device, in_flight: usize) -> Result<Self> {
         let inner = match device {
             #[cfg(feature = "cuda")]
-            Device::Cuda(dev) => Inner::Cuda(cuda_impl::CudaOffload::new(dev)?),
-            _ => Inner::Host(Vec::new()),
+            Device::Cuda(dev) => Inner::Cuda(cuda_impl::CudaOffload::new(dev, in_flight)?),
+            _ => {
+                let _ = in_flight; // host tensors are not copied
+                Inner::Host(Vec::new())
+            }
         };
         Ok(HostOffload { inner })
     }
@@ -164,16 +170,15 @@ mod cuda_impl {
         parked: bool,
     }
 
-    /// Parked device tensors whose device → host copy may still run when the next park or
-    /// prefetch comes, at most (the older ones make the compute stream wait for their copy).
-    const LEAVING_IN_FLIGHT: usize = 3;
-
     /// [`super::HostOffload`] on one CUDA device.
     pub(super) struct CudaOffload {
         dev: CudaDevice,
         compute: Arc<CudaStream>,
         copy: Arc<CudaStream>,
         slots: Vec<Option<Slot>>,
+        /// Parked device tensors whose device → host copy may still run when the next park or
+        /// prefetch comes, at most (the older ones make the compute stream wait for their copy).
+        in_flight: usize,
         /// Parked device tensors whose device → host copy may still run, with its end.
         leaving: Vec<(Tensor, CudaEvent)>,
         /// Tensors on their way back, by slot, with the host → device copy's end.
@@ -181,7 +186,7 @@ mod cuda_impl {
     }
 
     impl CudaOffload {
-        pub(super) fn new(dev: &CudaDevice) -> Result<Self> {
+        pub(super) fn new(dev: &CudaDevice, in_flight: usize) -> Result<Self> {
             let compute = dev.cuda_stream();
             let copy = compute.context().new_stream().w()?;
             Ok(CudaOffload {
@@ -189,6 +194,7 @@ mod cuda_impl {
                 compute,
                 copy,
                 slots: Vec::new(),
+                in_flight,
                 leaving: Vec::new(),
                 arriving: HashMap::new(),
             })
@@ -203,7 +209,7 @@ mod cuda_impl {
         }
 
         /// Drops the parked tensors whose copy has ended, and makes the compute stream wait for
-        /// the copies of all but the last [`LEAVING_IN_FLIGHT`] others before dropping them too:
+        /// the copies of all but the last `in_flight` others before dropping them too:
         /// tensors parked in a row (a layer's outputs, then the next layer's input) do not hold
         /// the compute stream back on each other's copies.
         fn release_leaving(&mut self) -> Result<()> {
@@ -213,7 +219,7 @@ mod cuda_impl {
                     copying.push((t, done));
                 }
             }
-            let older = copying.len().saturating_sub(LEAVING_IN_FLIGHT);
+            let older = copying.len().saturating_sub(self.in_flight);
             for (t, done) in copying.drain(..older) {
                 self.release(t, &done)?;
             }
@@ -350,7 +356,7 @@ mod tests {
     #[test]
     fn cpu_parking_gives_back_the_tensor_once() -> Result<()> {
         let dev = Device::Cpu;
-        let mut park = HostOffload::new(&dev)?;
+        let mut park = HostOffload::new(&dev, 3)?;
         let a = Tensor::arange(0f32, 6., &dev)?.reshape((2, 3))?;
         let b = Tensor::arange(0u32, 4, &dev)?;
         park.park(3, &a)?;

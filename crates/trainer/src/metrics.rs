@@ -636,6 +636,7 @@ mod tests {
                 },
                 recomputed: true,
                 n_reused: 0,
+                attention_reused: false,
             }],
             n_head: 0,
             n_once: 0,

@@ -299,8 +299,7 @@ pub fn evaluate(
 
 /// The model's FLOP shape for MFU: each layer's frozen projections, routed experts and router,
 /// per-layer-embedding matrices, attention, whether its keep mask recomputes it and which frozen
-/// products that recompute reuses (`o_proj`, `down_proj` when offloaded checkpoints park the
-/// block outputs); the tied
+/// products and attention that recompute reuses from offloaded checkpoints; the tied
 /// head; the per-layer-embedding model projection (run once, nothing to differentiate).
 pub fn flops_model(model: &Gemma4Model) -> FlopsModel {
     let cfg = model.config();
@@ -316,21 +315,27 @@ pub fn flops_model(model: &Gemma4Model) -> FlopsModel {
         let sizes = shapes.iter().filter(|s| which(s));
         sizes.map(|s| (s.in_features * s.out_features) as u64).sum()
     };
-    // The products whose outputs `Parked::InputsAndOutputs` parks.
-    let reused_in_recompute =
-        |path: &str| path.ends_with(".self_attn.o_proj") || path.ends_with(".mlp.down_proj");
+    // The products whose outputs the parked tensors hold.
+    let parked = model.offloaded_checkpoints();
+    let reused = |path: &str| {
+        let output = [".self_attn.o_proj", ".mlp.down_proj"];
+        let attention = [
+            ".self_attn.q_proj",
+            ".self_attn.k_proj",
+            ".self_attn.v_proj",
+        ];
+        (parked.is_some_and(Parked::outputs) && output.iter().any(|p| path.ends_with(p)))
+            || (parked.is_some_and(Parked::attention)
+                && attention.iter().any(|p| path.ends_with(p)))
+    };
     let layers = cfg
         .layers
         .iter()
         .enumerate()
         .map(|(i, l)| LayerFlops {
             n_linear: elements(&|s| s.layer == i),
-            n_reused: match model.offloaded_checkpoints() {
-                Some(Parked::InputsAndOutputs) => {
-                    elements(&|s| s.layer == i && reused_in_recompute(&s.path))
-                }
-                Some(Parked::Inputs) | None => 0,
-            },
+            n_reused: elements(&|s| s.layer == i && reused(&s.path)),
+            attention_reused: parked.is_some_and(Parked::attention),
             n_routed: per_layer_moe + per_layer_ple,
             attention: AttnLayer {
                 n_heads: cfg.num_attention_heads,

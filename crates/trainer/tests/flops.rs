@@ -38,6 +38,31 @@ fn offloaded_checkpoints_leave_the_reused_products_out_of_the_hardware_flops() -
     assert_eq!(plain.model, parked.model);
     let skipped: u64 = cfg.layers.iter().map(|l| 2 * h as u64 * reused(l)).sum();
     assert!((plain.hardware - parked.hardware - skipped as f64).abs() < 1e-6);
+    // With the attention state too, the recompute runs no q/k/v product and no attention.
+    model.set_offload_checkpoints(Some(Parked::InputsOutputsAndAttention))?;
+    let state = step::flops_model(&model);
+    let attention: u64 = cfg
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let kv = if l.has_kv_proj() {
+                l.num_key_value_heads * l.head_dim * if l.has_v_proj { 2 } else { 1 }
+            } else {
+                0
+            };
+            let skipped = h * (cfg.num_attention_heads * l.head_dim + kv);
+            assert_eq!(
+                state.layers[i].n_reused,
+                skipped as u64 + h as u64 * reused(l)
+            );
+            assert!(state.layers[i].attention_reused);
+            2 * skipped as u64
+        })
+        .sum();
+    let state = state.flops_per_token(seq);
+    let forward = state.attention_forward;
+    assert!((parked.hardware - state.hardware - attention as f64 - forward).abs() < 1e-6);
     // Nothing recomputed: nothing reused either, what runs is the model's work.
     model.set_keep_mask(KeepMask::keep_all(n))?;
     let kept = step::flops_model(&model).flops_per_token(seq);

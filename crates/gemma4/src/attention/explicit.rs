@@ -9,7 +9,7 @@
 //! recomputed in the backward, and the normed block input is passed back in by the layer.
 
 use candle_core::Tensor;
-use g4ft_lora::{AdapterGrads, LoraContext, ProjectionSaved};
+use g4ft_lora::{AdapterGrads, LoraContext, LoraLinear, ProjectionSaved};
 use g4ft_ops::{
     attention_dense, attention_dense_backward, attention_saved, heads_norm_rope,
     heads_norm_rope_backward, swap_dims12, AttentionSaved,
@@ -60,6 +60,48 @@ impl AttentionTape {
             v: self.v.clone(),
         }
     }
+
+    /// The part of the tape a recompute can take instead of computing it (shares storage).
+    pub(crate) fn state(&self) -> AttentionState {
+        AttentionState {
+            q_raw: self.q_raw.clone(),
+            own_raw: (self.own.as_ref()).map(|own| {
+                let v_raw = own.v_proj.as_ref().map(|_| own.v_raw.clone());
+                (own.k_raw.clone(), v_raw)
+            }),
+            o: self.o.clone(),
+            lse: match &self.core {
+                CoreSaved::Fused(saved) => Some(saved.lse().clone()),
+                CoreSaved::Dense(_) => None,
+            },
+        }
+    }
+}
+
+/// What the attention block's backward reads of its forward besides the normed input, the K/V
+/// (rebuilt from the raw projections by the cheap norm and RoPE kernel) and the LoRA states: the
+/// raw projections, the output and its log-sum-exp. Kept from the first forward (offloaded
+/// checkpoints, `Parked::InputsOutputsAndAttention`), they spare the recompute the q/k/v frozen
+/// products and the attention kernel.
+pub(crate) struct AttentionState {
+    /// `q_proj`'s output `(b, t, heads, d)`.
+    pub(crate) q_raw: Tensor,
+    /// A block with its own K/V: `k_proj`'s output `(b, t, kv, d)` and `v_proj`'s (`None` with
+    /// `attention_k_eq_v`, whose V is the raw K).
+    pub(crate) own_raw: Option<(Tensor, Option<Tensor>)>,
+    /// The attention output `(b, heads, t, d)`.
+    pub(crate) o: Tensor,
+    /// Its per-row log-sum-exp `(b, heads, t)` fp32 (fused attention; `None` under a dense
+    /// mask, whose backward recomputes the probabilities).
+    pub(crate) lse: Option<Tensor>,
+}
+
+/// What a recompute of the attention block takes from its first forward.
+pub(crate) struct AttentionRecall<'a> {
+    /// `o_proj`'s output, the block's output.
+    pub(crate) out: &'a Tensor,
+    /// The tape's raw projections, output and log-sum-exp, if they were kept too.
+    pub(crate) state: Option<&'a AttentionState>,
 }
 
 /// What the attention backward returns besides d(normed input).
@@ -78,9 +120,10 @@ impl Attention {
     }
 
     /// The attention output `(b, t, h)` of the normed input `x` and its tape. `shared`: the
-    /// producer's K/V for a KV-sharing consumer (`None` for a block with its own). `known`: the
-    /// output of an earlier forward on the same input (a recompute that kept it), returned as it
-    /// is: `o_proj` then keeps only its saved state. Records no graph.
+    /// producer's K/V for a KV-sharing consumer (`None` for a block with its own). `recall`: what
+    /// an earlier forward on the same input kept (a recompute): its output, returned as it is
+    /// (`o_proj` then keeps only its saved state), and perhaps its [`AttentionState`], taken
+    /// instead of running the q/k/v frozen products and the attention kernel. Records no graph.
     pub(crate) fn forward_saved(
         &self,
         x: &Tensor,
@@ -88,22 +131,31 @@ impl Attention {
         rope_t: &RopeTable,
         scores: Scores,
         ctx: &LoraContext,
-        known: Option<&Tensor>,
+        recall: Option<AttentionRecall>,
     ) -> Result<(Tensor, AttentionTape)> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let heads = |y: Tensor, n: usize| y.reshape((b, t, n, d));
-        let (q_raw, q_proj) = self.q_proj.forward_saved(x, ctx)?;
-        let q_raw = heads(q_raw, nh)?;
+        let state = recall.as_ref().and_then(|r| r.state);
+        // A projection's raw output `(b, t, n, d)` and saved state: computed, or the kept output
+        // with the LoRA state alone.
+        let project = |proj: &LoraLinear, kept: Option<&Tensor>, n: usize| match kept {
+            Some(raw) => Ok::<_, Error>((raw.clone(), proj.forward_saved_state(x, ctx)?)),
+            None => {
+                let (raw, saved) = proj.forward_saved(x, ctx)?;
+                Ok((raw.reshape((b, t, n, d))?, saved))
+            }
+        };
+        let (q_raw, q_proj) = project(&self.q_proj, state.map(|s| &s.q_raw), nh)?;
         let (own, k, v) =
             match (&self.k_proj, &self.k_norm, shared) {
                 (Some(k_proj), Some(k_norm), None) => {
-                    let (k_raw, k_proj) = k_proj.forward_saved(x, ctx)?;
-                    let k_raw = heads(k_raw, nkv)?;
+                    let kept = state.and_then(|s| s.own_raw.as_ref());
+                    let (k_raw, k_proj) = project(k_proj, kept.map(|(k, _)| k), nkv)?;
                     let (v_raw, v_proj) = match &self.v_proj {
                         Some(v_proj) => {
-                            let (v_raw, saved) = v_proj.forward_saved(x, ctx)?;
-                            (heads(v_raw, nkv)?, Some(saved))
+                            let kept_v = kept.and_then(|(_, v)| v.as_ref());
+                            let (v_raw, saved) = project(v_proj, kept_v, nkv)?;
+                            (v_raw, Some(saved))
                         }
                         None => (k_raw.clone(), None),
                     };
@@ -123,21 +175,38 @@ impl Attention {
                     "K/V must come from exactly one of the block's own projections or its producer",
                 )),
             };
-        let q = self.roped(&q_raw, &self.q_norm, rope_t)?;
-        let (o, core) = match scores {
-            Scores::Causal { key_mask, window } => {
-                let (o, saved) = attention_saved(&q, &k, &v, key_mask, window, 1.0, &self.plan)?;
-                (o, CoreSaved::Fused(saved))
+        let (o, core) = match (state, scores) {
+            (Some(state), Scores::Causal { key_mask, window }) => {
+                let lse = state.lse.clone().ok_or_else(|| {
+                    Error::batch(
+                        "attention",
+                        "a kept fused attention state has its log-sum-exp",
+                    )
+                })?;
+                let saved = AttentionSaved::from_lse(
+                    &state.o, &k, &v, key_mask, window, 1.0, &self.plan, lse,
+                )?;
+                (state.o.clone(), CoreSaved::Fused(saved))
             }
-            Scores::Dense(mask) => (
-                attention_dense(&q, &k, &v, mask, 1.0)?,
-                CoreSaved::Dense(mask.clone()),
-            ),
+            (Some(state), Scores::Dense(mask)) => (state.o.clone(), CoreSaved::Dense(mask.clone())),
+            (None, scores) => {
+                let q = self.roped(&q_raw, &self.q_norm, rope_t)?;
+                match scores {
+                    Scores::Causal { key_mask, window } => {
+                        let (o, saved) =
+                            attention_saved(&q, &k, &v, key_mask, window, 1.0, &self.plan)?;
+                        (o, CoreSaved::Fused(saved))
+                    }
+                    Scores::Dense(mask) => (
+                        attention_dense(&q, &k, &v, mask, 1.0)?,
+                        CoreSaved::Dense(mask.clone()),
+                    ),
+                }
+            }
         };
-        drop(q);
         let flat = swap_dims12(&o)?.reshape((b, t, nh * d))?;
-        let (out, o_proj) = match known {
-            Some(out) => (out.clone(), self.o_proj.forward_saved_state(&flat, ctx)?),
+        let (out, o_proj) = match recall {
+            Some(r) => (r.out.clone(), self.o_proj.forward_saved_state(&flat, ctx)?),
             None => self.o_proj.forward_saved(&flat, ctx)?,
         };
         let tape = AttentionTape {

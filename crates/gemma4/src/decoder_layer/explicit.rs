@@ -22,7 +22,7 @@ use g4ft_ops::{
 };
 
 use super::{DecoderLayer, LayerInputs, LayerMoe, LayerPle};
-use crate::attention::explicit::AttentionTape;
+use crate::attention::explicit::{AttentionRecall, AttentionState, AttentionTape};
 use crate::attention::KvPair;
 use crate::config::LayerType;
 use crate::error::Result;
@@ -88,10 +88,12 @@ struct PleTape {
 
 /// A layer's two block outputs before their norms: the attention's (`o_proj`'s output) and the
 /// dense MLP's (`down_proj`'s). Kept from the first forward beside the input, they spare the
-/// recompute both frozen products, whose only use is these outputs.
+/// recompute both frozen products, whose only use is these outputs; with the attention's
+/// [`AttentionState`] the recompute runs no attention product or kernel either.
 pub(crate) struct BlockOutputs {
     pub(crate) attn: Tensor,
     pub(crate) mlp: Tensor,
+    pub(crate) attention: Option<AttentionState>,
 }
 
 /// What a layer's backward hands back: d(layer input), and for a KV-sharing consumer the
@@ -167,6 +169,7 @@ impl DecoderLayer {
         let outputs = BlockOutputs {
             attn: tape.a.clone(),
             mlp: tape.mlp.m.clone(),
+            attention: Some(tape.attn.state()),
         };
         Ok((out, tape.kv(), outputs))
     }
@@ -191,7 +194,10 @@ impl DecoderLayer {
             self.rope_table(inputs),
             self.scores(inputs),
             ctx,
-            known.map(|k| &k.attn),
+            known.map(|k| AttentionRecall {
+                out: &k.attn,
+                state: k.attention.as_ref(),
+            }),
         )?;
         drop(xn);
         let h1 = rms_norm_add(&a, Some(&self.post_attention_layernorm), eps, x)?;

@@ -76,7 +76,7 @@ pub fn apply_recompute(
     seq: usize,
     host_room: impl FnOnce() -> Result<u64>,
 ) -> Result<(RecomputePlan, Option<String>)> {
-    let asked = offload_checkpoints.then_some(Parked::InputsAndOutputs);
+    let asked = offload_checkpoints.then_some(Parked::MOST);
     model.set_offload_checkpoints(asked)?;
     let shape = StepShape::of_model(model, micro_batch, seq);
     let (plan, note) = plan_within_host_room(model.config(), shape, policy, host_room)?;

@@ -2,8 +2,9 @@
 //! - **model FLOPs** (`mfu_model`): the work the training step needs, whatever is recomputed —
 //!   the usual MFU (PaLM's), with the factors of a frozen base;
 //! - **hardware FLOPs** (`mfu_hw`): what runs, i.e. the model FLOPs plus a second forward of every
-//!   layer the recompute policy recomputes ([`g4ft_gemma4::KeepMask`]), less the frozen products
-//!   whose outputs that recompute reuses (`o_proj` and `down_proj` with offloaded checkpoints).
+//!   layer the recompute policy recomputes ([`g4ft_gemma4::KeepMask`]), less what that recompute
+//!   reuses from offloaded checkpoints (`o_proj` and `down_proj`; with the attention state, q/k/v
+//!   and the attention too).
 //!
 //! Per token, with `N_l` the frozen matrices layer `l` multiplies each token by (its projections
 //! q, k, v, o, gate, up, down — Gemma 4's global layers have no `v_proj` — plus its top-k experts
@@ -14,7 +15,7 @@
 //! of layer `l`'s attention (QKᵀ and PV):
 //! ```text
 //! model    = Σ_l (4·N_l + 3·A_l) + 4·N_head + 2·N_once
-//! hardware = model + Σ_{l recomputed} (2·(N_l − R_l) + A_l)
+//! hardware = model + Σ_{l recomputed} (2·(N_l − R_l) + A_l)    (A_l left out where reused)
 //! ctx = (T + 1) / 2                                  full (causal) attention, T = sequence length
 //!     = (w(w + 1)/2 + (T − w)·w) / T                sliding window w = min(window, T)
 //! ```
@@ -74,9 +75,13 @@ pub struct LayerFlops {
     /// Whether the backward recomputes the layer (a second forward).
     pub recomputed: bool,
     /// Elements of the frozen matrices (of `n_linear`) whose outputs that recompute reuses
-    /// instead of multiplying again: `o_proj` and the dense MLP's `down_proj` with offloaded
-    /// checkpoints, which park them from the first forward. 0 otherwise.
+    /// instead of multiplying again: `o_proj` and the dense MLP's `down_proj` when offloaded
+    /// checkpoints park the block outputs, and q/k/v when they park the attention state too.
+    /// 0 otherwise.
     pub n_reused: u64,
+    /// Whether that recompute reuses the attention's output instead of running it again
+    /// (offloaded checkpoints that park the attention state).
+    pub attention_reused: bool,
 }
 
 /// The model shape that the FLOP count needs (`g4ft_trainer::step::flops_model` fills it from a
@@ -116,7 +121,10 @@ impl FlopsModel {
             let a = l.attention.forward_flops(seq);
             model += 4.0 * n + 3.0 * a;
             if l.recomputed {
-                recompute += 2.0 * (n - l.n_reused as f64) + a;
+                recompute += 2.0 * (n - l.n_reused as f64);
+                if !l.attention_reused {
+                    recompute += a;
+                }
             }
             matrices += n;
             attention += a;
@@ -201,6 +209,7 @@ mod tests {
                     },
                     recomputed: recomputed(l),
                     n_reused: 0,
+                    attention_reused: false,
                 }
             })
             .collect();
