@@ -313,11 +313,11 @@ impl Gemma4Model {
     /// Offloaded checkpoints on (`Some`: what to park) or off: with them, the input of each layer
     /// the backward recomputes waits in host memory from the forward to the layer's backward
     /// instead of on the device (on CUDA, copied out and back on a stream of its own beside the
-    /// kernels; see `g4ft_ops::HostOffload`), and with [`Parked::InputsAndOutputs`] so do the
-    /// layer's attention and MLP outputs, so the recompute skips the `o_proj` and `down_proj`
-    /// frozen products. The device holds one layer's parked tensors in flight. The gradients are
-    /// the same bits. On the CPU the tensors are in host memory already and stay as they are
-    /// (the recompute still skips both products when the outputs are parked).
+    /// kernels; see `g4ft_ops::HostOffload`), and with more than [`Parked::Inputs`] so does what
+    /// spares the recompute part of its work (the block outputs, the attention state). The
+    /// device holds one layer's parked tensors in flight. The gradients are the same bits. On the
+    /// CPU the tensors are in host memory already and stay as they are (the recompute still
+    /// skips what they spare).
     pub fn set_offload_checkpoints(&mut self, parked: Option<Parked>) -> Result<()> {
         self.offload = match parked {
             Some(parked) => Some(Offload {

@@ -203,6 +203,17 @@ impl Attention {
             lse: Stash::default(),
         })
     }
+
+    /// What the backward reads of this forward, with its log-sum-exp `lse`.
+    fn saved(self, lse: Tensor) -> AttentionSaved {
+        AttentionSaved {
+            n: self.n,
+            plan: self.plan,
+            mask: self.mask,
+            seq_start: self.seq_start,
+            lse,
+        }
+    }
 }
 
 /// Backward op on `q` → packed `[dq (b, nh, t, d), dk (b, nkv, t, d), dv (b, nkv, t, d)]`.
@@ -449,13 +460,7 @@ impl AttentionSaved {
                 lse.dtype()
             );
         }
-        Ok(AttentionSaved {
-            n,
-            plan: op.plan,
-            mask: op.mask,
-            seq_start: op.seq_start,
-            lse,
-        })
+        Ok(op.saved(lse))
     }
 
     /// The forward's per-row log-sum-exp, `(b, nh, t)` fp32.
@@ -661,14 +666,7 @@ pub fn attention_saved(
         .contiguous()?
         .apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
     let lse = op.lse.get("attention")?;
-    let saved = AttentionSaved {
-        n: op.n,
-        plan: op.plan,
-        mask: op.mask,
-        seq_start: op.seq_start,
-        lse,
-    };
-    Ok((o, saved))
+    Ok((o, op.saved(lse)))
 }
 
 /// Composite attention with a dense additive mask: `softmax(scale·q·kᵀ + mask)·v` with fp32

@@ -126,7 +126,8 @@ impl DecoderLayer {
 
     /// Recomputes the layer on `x (b, t, h)` without a graph and keeps its tape (the output itself
     /// is not computed): the backward walk's recompute of a layer that saved its input, and
-    /// perhaps its [`BlockOutputs`] (then `o_proj` and `down_proj` keep only their saved state).
+    /// perhaps its [`BlockOutputs`] (then `o_proj` and `down_proj` keep only their saved state,
+    /// and with the attention state q/k/v too, and the attention kernel does not run).
     /// `shared`: the producer's K/V for a KV-sharing consumer.
     pub(crate) fn forward_saved(
         &self,
