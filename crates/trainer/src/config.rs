@@ -312,8 +312,9 @@ pub struct TrainConfig {
     pub memory_budget_gb: Option<f64>,
     /// Keep the recomputed layers' inputs in host memory from the forward to their backward
     /// instead of on the GPU (copied out and back beside the kernels), with their attention and
-    /// MLP outputs, which spare the recompute two frozen products: one layer's three tensors on
-    /// the device instead of one input per recomputed layer, the same gradients.
+    /// MLP outputs and attention state, which spare the recompute all but the MLP's gate and up
+    /// products (less where the host's RAM holds less): one layer's tensors on the device
+    /// instead of one input per recomputed layer, the same gradients.
     #[arg(long, help_heading = section::MEMORY)]
     pub offload_checkpoints: bool,
     /// Dense bf16 peak TFLOP/s of one device, for MFU (unset: look the GPU up in a table).

@@ -200,8 +200,8 @@ pub struct ShapeArgs {
     /// (unset: as train_ddp, from the device's free memory).
     #[arg(long, value_name = "GB")]
     pub memory_budget_gb: Option<f64>,
-    /// Keep the recomputed layers' inputs and block outputs in host memory between the forward
-    /// and their backward (as train_ddp).
+    /// Keep the recomputed layers' inputs, block outputs and attention state in host memory
+    /// between the forward and their backward, as much as the host's RAM holds (as train_ddp).
     #[arg(long)]
     pub offload_checkpoints: bool,
 }
