@@ -145,7 +145,11 @@ mod cuda_impl {
         fn new(len: usize) -> Result<Self> {
             // SAFETY: a plain allocation in the bound context; every byte read back was first
             // written by a device → host copy.
-            let ptr = unsafe { result::malloc_host(len.max(1), 0) }.w()?;
+            let ptr = unsafe { result::malloc_host(len.max(1), 0) }.map_err(|e| {
+                candle_core::Error::Msg(format!(
+                    "host offload: page-locked host memory of {len} bytes could not be allocated ({e}); the host's RAM (or its locked-memory limit, `ulimit -l`) holds less than the parked tensors"
+                ))
+            })?;
             Ok(Pinned {
                 ptr: ptr.cast(),
                 len,
