@@ -486,7 +486,7 @@ impl fmt::Display for RecomputePlan {
         if let Some(parked) = self.parked {
             write!(
                 f,
-                "; the recomputed layers' {} in host memory ({:.3} GB)",
+                "; the recomputed layers' {} in host memory ({:.3} GB, page-locked at the first micro-batch)",
                 parked.describe(),
                 self.host_parked as f64 / GB
             )?;
@@ -738,7 +738,7 @@ mod tests {
         assert_eq!(long.host_parked, 91_000 * 368_640);
         assert!(
             long.to_string()
-                .ends_with("the recomputed layers' inputs in host memory (33.546 GB)"),
+                .ends_with("the recomputed layers' inputs in host memory (33.546 GB, page-locked at the first micro-batch)"),
             "{long}"
         );
         assert!(plan(272_000).is_none());
