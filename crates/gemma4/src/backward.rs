@@ -4,8 +4,8 @@
 //!
 //! 1. Forward without a graph (`decoder_layer/explicit.rs`), saving each recomputed layer's input
 //!    (with offloaded checkpoints, [`Gemma4Model::set_offload_checkpoints`], parked in host memory,
-//!    perhaps with the layer's attention and MLP outputs, which spare the recompute the `o_proj`
-//!    and `down_proj` frozen products),
+//!    perhaps with the layer's attention and MLP outputs and its attention state, which spare the
+//!    recompute all its frozen products but the MLP's gate and up, and the attention kernel),
 //!    each kept layer's tape (which holds its input), and the K/V each KV producer lends its
 //!    consumers.
 //! 2. Head + loss on the final hidden state (a `Var`), backward → d(hidden).
@@ -65,7 +65,7 @@ enum Saved {
 
 /// Host-offload slots per layer: the input, the attention and MLP outputs, and the attention
 /// state's raw q, raw k, raw v, output and log-sum-exp (layer `i` has `SLOTS * i ..`).
-const SLOTS: usize = 8;
+const SLOTS: usize = Parked::MOST.tensors_per_layer();
 
 /// The host offload of one forward + backward (locked for the call) and what it parks per layer.
 struct Parking<'a> {

@@ -64,7 +64,7 @@ impl Parked {
 
     /// Tensors parked per recomputed layer, at most (the input, the two block outputs, the raw
     /// q, k and v, the attention output and its log-sum-exp).
-    pub fn tensors_per_layer(self) -> usize {
+    pub const fn tensors_per_layer(self) -> usize {
         match self {
             Parked::Inputs => 1,
             Parked::InputsAndOutputs => 3,
