@@ -14,9 +14,9 @@
 //! ```
 //! `--longest-within-gb` prints, instead of the budget, the longest sequence (a multiple of 1,024
 //! tokens) whose step is predicted to fit that many GB under the recompute policy.
-//! `--offload-checkpoints` parks each recomputed layer's input and block outputs in host memory;
-//! with `--host-memory-gb` they must fit that much host RAM, and a step whose outputs do not parks
-//! its inputs alone, as `train_ddp` does.
+//! `--offload-checkpoints` parks each recomputed layer's input, block outputs and attention state
+//! in host memory; with `--host-memory-gb` they must fit that much host RAM, and a step where they
+//! do not parks less (`g4ft_gemma4::Parked`), as `train_ddp` does.
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -41,7 +41,7 @@ struct Args {
     #[arg(long, value_name = "GB")]
     longest_within_gb: Option<f64>,
     /// With --offload-checkpoints: the parked tensors must fit this many GB of host RAM (per
-    /// rank); the inputs alone are parked where their outputs too would not fit.
+    /// rank); less is parked where the most would not fit.
     #[arg(long, value_name = "GB")]
     host_memory_gb: Option<f64>,
 }
@@ -213,12 +213,13 @@ fn main() -> Result<()> {
     };
     row("saved layer inputs (checkpointing)", saved, on_device);
     if let Some(parked) = plan.parked {
+        let outputs = format!("{inputs} × 3 (input, attention and MLP outputs)");
         let what = match parked {
             Parked::Inputs => inputs.clone(),
-            Parked::InputsAndOutputs => format!("{inputs} × 3 (input, attention and MLP outputs)"),
-            Parked::InputsOutputsAndAttention => format!(
-                "{inputs} × 3 (input, attention and MLP outputs) + raw q/k/v, attention output and log-sum-exp"
-            ),
+            Parked::InputsAndOutputs => outputs,
+            Parked::InputsOutputsAndAttention => {
+                format!("{outputs} + raw q/k/v, attention output and log-sum-exp")
+            }
         };
         row(
             "offloaded checkpoints (host memory)",

@@ -204,17 +204,17 @@ impl MemoryModel {
             .collect();
         // The trainable parameters shared out over the layers as their adapted shapes are.
         let adapter_params: u64 = elements.iter().map(|e| e.adapter_params).sum();
+        let layer_input = bt * h * w;
         let layers = elements
             .iter()
             .map(|e| {
                 let copies = shape.trainable * e.adapter_params / adapter_params.max(1);
-                let input = bt * h * w;
                 let parked = match shape.parked {
                     None => 0,
-                    Some(Parked::Inputs) => input,
-                    Some(Parked::InputsAndOutputs) => 3 * input,
+                    Some(Parked::Inputs) => layer_input,
+                    Some(Parked::InputsAndOutputs) => 3 * layer_input,
                     Some(Parked::InputsOutputsAndAttention) => {
-                        3 * input + e.attention_state * w + e.attention_lse * 4
+                        3 * layer_input + e.attention_state * w + e.attention_lse * 4
                     }
                 };
                 LayerMemory {
@@ -233,7 +233,6 @@ impl MemoryModel {
             .map(|d| 2 * bt * d as u64)
             .sum();
         let ple = bt * (cfg.num_hidden_layers * cfg.hidden_size_per_layer_input) as u64;
-        let layer_input = bt * h * w;
         MemoryModel {
             shape,
             n_params,

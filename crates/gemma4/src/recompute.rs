@@ -72,6 +72,20 @@ impl Parked {
         }
     }
 
+    /// Whether a recompute at this level takes the output of the projection at `path` (a
+    /// checkpoint module path ending in `self_attn.q_proj` ... `mlp.down_proj`) from the parked
+    /// tensors instead of running its frozen product.
+    pub fn reuses_projection(self, path: &str) -> bool {
+        let ends = |names: &[&str]| names.iter().any(|n| path.ends_with(n));
+        (self.outputs() && ends(&[".self_attn.o_proj", ".mlp.down_proj"]))
+            || (self.attention()
+                && ends(&[
+                    ".self_attn.q_proj",
+                    ".self_attn.k_proj",
+                    ".self_attn.v_proj",
+                ]))
+    }
+
     /// Whether the block outputs are parked (the recompute skips `o_proj` and `down_proj`).
     pub fn outputs(self) -> bool {
         self >= Parked::InputsAndOutputs

@@ -315,26 +315,16 @@ pub fn flops_model(model: &Gemma4Model) -> FlopsModel {
         let sizes = shapes.iter().filter(|s| which(s));
         sizes.map(|s| (s.in_features * s.out_features) as u64).sum()
     };
-    // The products whose outputs the parked tensors hold.
     let parked = model.offloaded_checkpoints();
-    let reused = |path: &str| {
-        let output = [".self_attn.o_proj", ".mlp.down_proj"];
-        let attention = [
-            ".self_attn.q_proj",
-            ".self_attn.k_proj",
-            ".self_attn.v_proj",
-        ];
-        (parked.is_some_and(Parked::outputs) && output.iter().any(|p| path.ends_with(p)))
-            || (parked.is_some_and(Parked::attention)
-                && attention.iter().any(|p| path.ends_with(p)))
-    };
     let layers = cfg
         .layers
         .iter()
         .enumerate()
         .map(|(i, l)| LayerFlops {
             n_linear: elements(&|s| s.layer == i),
-            n_reused: elements(&|s| s.layer == i && reused(&s.path)),
+            n_reused: elements(&|s| {
+                s.layer == i && parked.is_some_and(|p| p.reuses_projection(&s.path))
+            }),
             attention_reused: parked.is_some_and(Parked::attention),
             n_routed: per_layer_moe + per_layer_ple,
             attention: AttnLayer {

@@ -64,10 +64,9 @@ pub fn recompute_policy(
 /// for its training step of `micro_batch` samples of `seq` tokens (the longest the run sees) with
 /// the model's adapters, and sets the model's keep mask to it. With offload on a GPU the parked
 /// tensors must fit `host_room()` (bytes of RAM for this rank, read only then): each recomputed
-/// layer parks its input and block outputs, or its input alone when only that fits (the step
-/// then recomputes the `o_proj` and `down_proj` products too); an error when not even the inputs
-/// fit. Returns the plan (print it: the choice and the predicted peak) and, when the outputs did
-/// not fit, a note that says why they are not parked.
+/// layer parks the most ([`Parked::MOST`]), or the largest smaller level that fits (the step then
+/// recomputes more); an error when not even the inputs fit. Returns the plan (print it: the
+/// choice and the predicted peak) and, when it parks less than the most, a note that says why.
 pub fn apply_recompute(
     model: &mut Gemma4Model,
     policy: Recompute,
@@ -80,8 +79,9 @@ pub fn apply_recompute(
     model.set_offload_checkpoints(asked)?;
     let shape = StepShape::of_model(model, micro_batch, seq);
     let (plan, note) = plan_within_host_room(model.config(), shape, policy, host_room)?;
-    if let Some(parked) = plan.parked {
-        model.set_offload_checkpoints(Some(parked))?;
+    // A smaller level than asked: the parking is set up again for it.
+    if plan.parked.is_some_and(|parked| Some(parked) != asked) {
+        model.set_offload_checkpoints(plan.parked)?;
     }
     model.set_keep_mask(plan.keep.clone())?;
     Ok((plan, note))
@@ -100,35 +100,37 @@ pub fn plan_within_host_room(
         return Ok((wanted, None));
     };
     let available = host_room().context("--offload-checkpoints: the host memory available")?;
-    let gb = |bytes: u64| bytes as f64 / GB;
-    match MemoryModel::plan_within_host(cfg, shape, policy, available) {
-        Some(plan) if plan.parked == Some(asked) => Ok((plan, None)),
-        Some(plan) => {
-            let note = format!(
-                "note: --offload-checkpoints parks the recomputed layers' {} alone: their {} would take {:.3} GB of host memory per rank, and {:.3} GB is available",
-                plan.parked.map_or("", Parked::describe),
-                asked.describe(),
-                gb(wanted.host_parked),
-                gb(available)
-            );
-            Ok((plan, Some(note)))
-        }
-        None => {
-            let least = MemoryModel::new(
-                cfg,
-                StepShape {
-                    parked: Some(Parked::Inputs),
-                    ..shape
-                },
-            )
-            .plan(policy);
-            bail!(
-                "--offload-checkpoints: the recomputed layers' inputs alone need {:.3} GB of host memory per rank, and {:.3} GB is available (MemAvailable shared by the ranks of this node); drop --offload-checkpoints, or lower --micro-batch or the sequence length",
-                gb(least.host_parked),
-                gb(available)
-            )
-        }
+    if wanted.host_parked <= available {
+        return Ok((wanted, None));
     }
+    let gb = |bytes: u64| bytes as f64 / GB;
+    // The largest smaller level that fits.
+    let smaller = asked.smaller().and_then(|parked| {
+        let shape = StepShape {
+            parked: Some(parked),
+            ..shape
+        };
+        MemoryModel::plan_within_host(cfg, shape, policy, available)
+    });
+    let Some(plan) = smaller else {
+        let least = StepShape {
+            parked: Some(Parked::Inputs),
+            ..shape
+        };
+        bail!(
+            "--offload-checkpoints: the recomputed layers' inputs alone need {:.3} GB of host memory per rank, and {:.3} GB is available (MemAvailable shared by the ranks of this node); drop --offload-checkpoints, or lower --micro-batch or the sequence length",
+            gb(MemoryModel::new(cfg, least).plan(policy).host_parked),
+            gb(available)
+        )
+    };
+    let note = format!(
+        "note: --offload-checkpoints parks the recomputed layers' {} alone: their {} would take {:.3} GB of host memory per rank, and {:.3} GB is available",
+        plan.parked.map_or("", Parked::describe),
+        asked.describe(),
+        gb(wanted.host_parked),
+        gb(available)
+    );
+    Ok((plan, Some(note)))
 }
 
 /// The RAM this node has available (`MemAvailable`) shared by its `local_world_size` ranks: the
