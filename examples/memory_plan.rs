@@ -208,8 +208,8 @@ fn main() -> Result<()> {
         l - kept
     );
     let on_device = match a.offload_checkpoints {
-        true => "on the device: the shared K/V (+ one layer's in flight, in the peak)".into(),
-        false => format!("{inputs} (+ shared K/V)"),
+        true => "on the device: the adapters' down products, the shared K/V (+ one layer's in flight, in the peak)".into(),
+        false => format!("{inputs} (+ the adapters' down products, shared K/V)"),
     };
     row("saved layer inputs (checkpointing)", saved, on_device);
     if let Some(parked) = plan.parked {

@@ -3,9 +3,11 @@
 //! handed to DDP — while earlier layers are still pending.
 //!
 //! 1. Forward without a graph (`decoder_layer/explicit.rs`), saving each recomputed layer's input
-//!    (with offloaded checkpoints, [`Gemma4Model::set_offload_checkpoints`], parked in host memory,
-//!    perhaps with the layer's attention and MLP outputs and its attention state, which spare the
-//!    recompute all its frozen products but the MLP's gate and up, and the attention kernel),
+//!    and its adapters' down products (`tokens × r` each, which spare the recompute the adapters'
+//!    down kernels; with offloaded checkpoints, [`Gemma4Model::set_offload_checkpoints`], the input
+//!    is parked in host memory, perhaps with the layer's attention and MLP outputs and its
+//!    attention state, which spare the recompute all its frozen products but the MLP's gate and
+//!    up, and the attention kernel),
 //!    each kept layer's tape (which holds its input), and the K/V each KV producer lends its
 //!    consumers.
 //! 2. Head + loss on the final hidden state (a `Var`), backward → d(hidden).
@@ -31,7 +33,7 @@ use g4ft_ops::HostOffload;
 use crate::attention::explicit::AttentionState;
 use crate::attention::KvPair;
 use crate::config::KvSharing;
-use crate::decoder_layer::explicit::{BlockOutputs, LayerTape};
+use crate::decoder_layer::explicit::{BlockOutputs, LayerLows, LayerRecall, LayerTape};
 use crate::error::Error;
 use crate::model::{shift_labels, Gemma4Model, Prepared, TokenBatch};
 use crate::recompute::Parked;
@@ -54,11 +56,11 @@ impl LossStats {
 
 /// What the forward keeps of one layer for the backward walk.
 enum Saved {
-    /// A recomputed layer: its input.
-    Input(candle_core::Tensor),
+    /// A recomputed layer: its input and its adapters' down products.
+    Input(candle_core::Tensor, LayerLows),
     /// A recomputed layer whose input (and perhaps [`BlockOutputs`]) wait in host memory, in the
-    /// slots of this mask ([`Parking`]).
-    Parked(u8),
+    /// slots of this mask ([`Parking`]), and its adapters' down products (on the device).
+    Parked(u8, LayerLows),
     /// A layer that keeps its activations: its tape (which holds its input).
     Tape(Box<LayerTape>),
 }
@@ -113,7 +115,7 @@ impl Parking<'_> {
     /// `j`'s), so that it arrives while the layer above runs its backward.
     fn prefetch_next(&mut self, saved: &[Saved]) -> Result<(), Error> {
         let below = saved.iter().enumerate().rev().find_map(|(j, s)| match s {
-            Saved::Parked(mask) => Some((j, *mask)),
+            Saved::Parked(mask, _) => Some((j, *mask)),
             _ => None,
         });
         if let Some((j, mask)) = below {
@@ -222,10 +224,11 @@ impl Gemma4Model {
                 if let Some(park) = offload.as_mut() {
                     park.park_input(i, &h)?;
                 }
-                let (out, kv, outputs) = layer.forward_graph_free(&h, shared, &inputs, &fwd_ctx)?;
+                let (out, kv, outputs, lows) =
+                    layer.forward_graph_free(&h, shared, &inputs, &fwd_ctx)?;
                 let held = match offload.as_mut() {
-                    Some(park) => Saved::Parked(park.park_outputs(i, outputs)?),
-                    None => Saved::Input(h),
+                    Some(park) => Saved::Parked(park.park_outputs(i, outputs)?, lows),
+                    None => Saved::Input(h, lows),
                 };
                 (out, kv, held)
             };
@@ -260,10 +263,15 @@ impl Gemma4Model {
         for i in (0..n_layers).rev() {
             let layer = &self.layers[i];
             let producer = layer.producer();
-            let recompute = |input: &candle_core::Tensor, known: Option<&BlockOutputs>| {
-                let shared = producer.map(|p| &stored[&p]);
-                layer.forward_saved(input, known, shared, &inputs, &bwd_ctx)
-            };
+            let recompute =
+                |input: &candle_core::Tensor, outputs: Option<&BlockOutputs>, lows: &LayerLows| {
+                    let shared = producer.map(|p| &stored[&p]);
+                    let recall = LayerRecall {
+                        outputs,
+                        lows: Some(lows),
+                    };
+                    layer.forward_saved(input, recall, shared, &inputs, &bwd_ctx)
+                };
             let tape = match saved.pop().expect("one saved input or tape per layer") {
                 Saved::Tape(tape) => {
                     if let Some(park) = offload.as_mut() {
@@ -271,12 +279,12 @@ impl Gemma4Model {
                     }
                     *tape
                 }
-                Saved::Input(input) => recompute(&input, None)?,
-                Saved::Parked(mask) => {
+                Saved::Input(input, lows) => recompute(&input, None, &lows)?,
+                Saved::Parked(mask, lows) => {
                     let park = offload.as_mut().expect("parked only with offload");
                     let (input, outputs) = park.fetch(i, mask)?;
                     park.prefetch_next(&saved)?;
-                    recompute(&input, outputs.as_ref())?
+                    recompute(&input, outputs.as_ref(), &lows)?
                 }
             };
             if layer.config().kv_sharing == KvSharing::Store {

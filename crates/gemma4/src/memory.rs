@@ -9,7 +9,8 @@
 //! - LoRA state: fp32 parameters + AdamW `m` and `v` (12 B/param), and DDP's flat fp32 gradient
 //!   buckets, the only copy of the gradients (4 B/param);
 //! - per layer, held from the forward to its backward ([`LayerMemory`]): a recomputed layer its
-//!   input `b·t·H·w` (plus the K/V a KV producer lends its consumers), a layer that keeps its
+//!   input `b·t·H·w` and its adapters' down products (`b·t·r·w` per adapted projection; plus the
+//!   K/V a KV producer lends its consumers), a layer that keeps its
 //!   activations its explicit-backward tape (which holds the input and the lent K/V), and its
 //!   adapters' copies in the activation dtype (`w` B/param: each layer casts them at its forward,
 //!   `DecoderLayer::hold_adapter_copies`, and the tape keeps them for the backward);
@@ -97,8 +98,8 @@ impl StepShape {
 /// The bytes one decoder layer holds and needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerMemory {
-    /// Held from the forward to its backward when recomputed: its input, plus the K/V of a KV
-    /// producer (kept for its consumers).
+    /// Held from the forward to its backward when recomputed: its input and its adapters' down
+    /// products, plus the K/V of a KV producer (kept for its consumers).
     pub saved: u64,
     /// Held from the forward to its backward when it keeps its activations, and built by the
     /// recompute otherwise: the explicit-backward tape (`decoder_layer/explicit.rs`): layer input,
@@ -552,8 +553,10 @@ fn layer_elements(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> LayerElemen
     } else {
         0
     };
+    // The adapters' down products a recomputed layer keeps: q, o, gate, up, down and its K/V's.
+    let lows = bt * r * (5 + n_kv);
     LayerElements {
-        saved: bt * h + lent,
+        saved: bt * h + lows + lent,
         tape: dense + if p > 0 { ple } else { 0 } + moe_tape,
         backward: bt * h + DROPOUT_CHUNK.min(bt * im) + moe_backward,
         adapter_params: r * ((h + q) + n_kv * (h + kvd) + (q + h) + 2 * (h + im) + (im + h)),

@@ -39,9 +39,18 @@ impl Mlp {
     /// explicit layer backward: `(gate, up, act)`, each `(b, t, intermediate)`, and the two
     /// projections' saved state. Same values as [`Mlp::forward`]'s; with adapters on both, their
     /// up products are added in the GeGLU's pass ([`g4ft_ops::gelu_tanh_mul_lora_up`]).
-    pub(crate) fn gate_up_saved(&self, x: &Tensor, ctx: &LoraContext) -> Result<GateUpSaved> {
-        let (gate, gate_proj, gate_term) = self.gate_proj.forward_saved_deferred(x, ctx)?;
-        let (up, up_proj, up_term) = self.up_proj.forward_saved_deferred(x, ctx)?;
+    /// `kept_lows`: gate's and up's adapter down products from an earlier forward on `x`
+    /// ([`LoraLinear::forward_saved`]'s `kept_low`).
+    pub(crate) fn gate_up_saved(
+        &self,
+        x: &Tensor,
+        kept_lows: [Option<&Tensor>; 2],
+        ctx: &LoraContext,
+    ) -> Result<GateUpSaved> {
+        let [gate_low, up_low] = kept_lows;
+        let (gate, gate_proj, gate_term) =
+            self.gate_proj.forward_saved_deferred(x, gate_low, ctx)?;
+        let (up, up_proj, up_term) = self.up_proj.forward_saved_deferred(x, up_low, ctx)?;
         let (gate, up, act) = match (gate_term, up_term) {
             (Some(gt), Some(ut)) => gelu_tanh_mul_lora_up(gate, up, &gt, &ut)?,
             (gt, ut) => {

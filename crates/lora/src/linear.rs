@@ -155,13 +155,16 @@ impl LoraLinear {
 
     /// [`LoraLinear::forward`] without a graph, for explicit backward passes: the output and what
     /// [`ProjectionSaved::backward`] needs. Same numerics and dropout masks as `forward` with the
-    /// same context (`ctx.track_grad` is ignored).
+    /// same context (`ctx.track_grad` is ignored). `kept_low`: [`ProjectionSaved::low`] of an
+    /// earlier call on the same `x` and context, taken instead of running the adapter's down
+    /// product again (ignored without an adapter).
     pub fn forward_saved(
         &self,
         x: &Tensor,
+        kept_low: Option<&Tensor>,
         ctx: &LoraContext,
     ) -> Result<(Tensor, ProjectionSaved)> {
-        let (y, saved, _) = self.saved_forward(x, ctx, Output::Whole)?;
+        let (y, saved, _) = self.saved_forward(x, kept_low, ctx, Output::Whole)?;
         Ok((y.expect("asked for the output"), saved))
     }
 
@@ -171,22 +174,29 @@ impl LoraLinear {
     pub fn forward_saved_deferred(
         &self,
         x: &Tensor,
+        kept_low: Option<&Tensor>,
         ctx: &LoraContext,
     ) -> Result<(Tensor, ProjectionSaved, Option<LoraUp>)> {
-        let (y, saved, up) = self.saved_forward(x, ctx, Output::WithoutUp)?;
+        let (y, saved, up) = self.saved_forward(x, kept_low, ctx, Output::WithoutUp)?;
         Ok((y.expect("asked for the output"), saved, up))
     }
 
     /// What [`LoraLinear::forward_saved`] keeps, without its output, for a recompute that holds the
     /// output already: neither the frozen product nor the adapter's up product runs
-    /// ([`g4ft_ops::lora_linear_saved_state`]: the same saved bits).
-    pub fn forward_saved_state(&self, x: &Tensor, ctx: &LoraContext) -> Result<ProjectionSaved> {
-        Ok(self.saved_forward(x, ctx, Output::StateOnly)?.1)
+    /// ([`g4ft_ops::lora_linear_saved_state`]: the same saved bits; with `kept_low` nothing runs).
+    pub fn forward_saved_state(
+        &self,
+        x: &Tensor,
+        kept_low: Option<&Tensor>,
+        ctx: &LoraContext,
+    ) -> Result<ProjectionSaved> {
+        Ok(self.saved_forward(x, kept_low, ctx, Output::StateOnly)?.1)
     }
 
     fn saved_forward(
         &self,
         x: &Tensor,
+        kept_low: Option<&Tensor>,
         ctx: &LoraContext,
         output: Output,
     ) -> Result<(Option<Tensor>, ProjectionSaved, Option<LoraUp>)> {
@@ -204,16 +214,19 @@ impl LoraLinear {
         let w = &self.weight;
         let (y, saved, up) = match output {
             Output::Whole => {
-                let (y, saved) = g4ft_ops::lora_linear_saved(x, w, operands, ad.scale, dropout)?;
+                let (y, saved) =
+                    g4ft_ops::lora_linear_saved(x, w, operands, ad.scale, dropout, kept_low)?;
                 (Some(y), saved, None)
             }
             Output::WithoutUp => {
-                let (y, saved, up) =
-                    g4ft_ops::lora_linear_saved_deferred(x, w, operands, ad.scale, dropout)?;
+                let (y, saved, up) = g4ft_ops::lora_linear_saved_deferred(
+                    x, w, operands, ad.scale, dropout, kept_low,
+                )?;
                 (Some(y), saved, Some(up))
             }
             Output::StateOnly => {
-                let saved = g4ft_ops::lora_linear_saved_state(x, w, operands, ad.scale, dropout)?;
+                let saved =
+                    g4ft_ops::lora_linear_saved_state(x, w, operands, ad.scale, dropout, kept_low)?;
                 (None, saved, None)
             }
         };
@@ -308,6 +321,15 @@ pub enum ProjectionSaved {
 }
 
 impl ProjectionSaved {
+    /// The adapter's `low = drop(x)·Aᵀ` of the forward (`None` without an adapter), for a later
+    /// forward on the same input to take (`kept_low` of [`LoraLinear::forward_saved`]).
+    pub fn low(&self) -> Option<&Tensor> {
+        match self {
+            ProjectionSaved::Frozen(_) => None,
+            ProjectionSaved::Lora { saved, .. } => Some(saved.low()),
+        }
+    }
+
     /// `dx` from the forward's input `x` and the output gradient `g`; the adapter's `dA`/`dB`
     /// (fp32) go into `grads`.
     pub fn backward(&self, x: &Tensor, g: &Tensor, grads: &mut AdapterGrads) -> Result<Tensor> {

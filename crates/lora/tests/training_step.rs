@@ -186,7 +186,7 @@ fn held_copies_are_what_the_forward_reads_until_released() {
     }));
     let x = Tensor::ones((1, 4), DType::BF16, &dev).unwrap();
     let y = |proj: &LoraLinear| -> f32 {
-        let (y, _) = proj.forward_saved(&x, &LoraContext::EVAL).unwrap();
+        let (y, _) = proj.forward_saved(&x, None, &LoraContext::EVAL).unwrap();
         y.to_dtype(DType::F32)
             .unwrap()
             .flatten_all()

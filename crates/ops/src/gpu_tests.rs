@@ -353,12 +353,20 @@ fn gpu_kernels_table() -> Result<()> {
                 "x (600, 15360) w (64, 15360) r16",
                 &move |x| {
                     let ops = AdapterOperands::new(&x[2], &x[3]);
-                    let (y, saved) = lora_linear_saved(&x[0], &x[1], ops, 2.0, dropout)?;
+                    let (y, saved) = lora_linear_saved(&x[0], &x[1], ops, 2.0, dropout, None)?;
                     let (dx, da, db) = saved.backward_acc(&x[0], &x[4], x[5].copy()?)?;
                     let (dx_over, da_over, _) = saved.backward_over_input(x[0].copy()?, &x[4])?;
-                    let state = lora_linear_saved_state(&x[0], &x[1], ops, 2.0, dropout)?;
+                    let state = lora_linear_saved_state(&x[0], &x[1], ops, 2.0, dropout, None)?;
                     let (_, da_state, db_state) = state.backward(&x[0], &x[4])?;
-                    Ok(vec![y, dx, da, db, dx_over, da_over, da_state, db_state])
+                    // With the forward's low kept: the same output and state, no down product.
+                    let kept = Some(saved.low());
+                    let (y_kept, _) = lora_linear_saved(&x[0], &x[1], ops, 2.0, dropout, kept)?;
+                    let kept_state =
+                        lora_linear_saved_state(&x[0], &x[1], ops, 2.0, dropout, kept)?;
+                    let (_, da_kept, _) = kept_state.backward(&x[0], &x[4])?;
+                    Ok(vec![
+                        y, dx, da, db, dx_over, da_over, da_state, db_state, y_kept, da_kept,
+                    ])
                 },
                 &[
                     r(&[600, 15360], dtype, 1)?,
@@ -891,8 +899,8 @@ fn gpu_lora_up_geglu_against_the_projection() -> Result<()> {
     for b_scale in [1e-5, 0.05] {
         let b = (r(&[n, rank], f32_, 4)? * b_scale)?.to_device(&gpu)?;
         let ops = AdapterOperands::new(&a, &b);
-        let (want, _) = lora_linear_saved(&x, &w, ops, 2.0, drop)?;
-        let (base, _, term) = lora_linear_saved_deferred(&x, &w, ops, 2.0, drop)?;
+        let (want, _) = lora_linear_saved(&x, &w, ops, 2.0, drop, None)?;
+        let (base, _, term) = lora_linear_saved_deferred(&x, &w, ops, 2.0, drop, None)?;
         let exact_rows = base.narrow(0, 0, 256)?;
         let base_h = host(&exact_rows)?;
         let (low_h, b_h) = (host(&term.low)?, host(&term.b.to_dtype(f32_)?)?);

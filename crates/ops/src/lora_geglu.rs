@@ -197,9 +197,9 @@ mod tests {
             let key = crate::dropout_key(3, 1, "mlp");
             let run = |(w, a, b): &(Tensor, Tensor, Tensor), scale| {
                 let ops = AdapterOperands::new(a, b);
-                let (y, _) = lora_linear_saved(&x, w, ops, scale, Some((0.25, key)))?;
+                let (y, _) = lora_linear_saved(&x, w, ops, scale, Some((0.25, key)), None)?;
                 let (base, _, term) =
-                    lora_linear_saved_deferred(&x, w, ops, scale, Some((0.25, key)))?;
+                    lora_linear_saved_deferred(&x, w, ops, scale, Some((0.25, key)), None)?;
                 Ok::<_, candle_core::Error>((y, base, term))
             };
             let (gate, gate_base, gate_term) = run(&gp, 2.0)?;

@@ -62,6 +62,9 @@ impl<'a> AdapterOperands<'a> {
 struct LoraLinearOp {
     parts: LoraParts,
     low: Stash,
+    /// `low` of an earlier forward on the same `x` (contiguous `(m, r)`), taken instead of
+    /// computing it.
+    kept: Option<Tensor>,
 }
 
 /// The operands both directions read: frozen `w`, the adapter copies in `x`'s dtype, scale, dropout.
@@ -86,9 +89,12 @@ fn dropped(x: &Tensor, dropout: Option<LoraDropout>) -> Result<Tensor> {
 }
 
 /// The composite forward on detached 2-D tensors: `(y, low)` (`y` without the adapter term when
-/// `p.defer_up`).
-fn forward_composite(x: &Tensor, p: &LoraParts) -> Result<(Tensor, Tensor)> {
-    let low = low_composite(x, p)?;
+/// `p.defer_up`; `low` the `kept` one if given).
+fn forward_composite(x: &Tensor, p: &LoraParts, kept: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+    let low = match kept {
+        Some(low) => low.clone(),
+        None => low_composite(x, p)?,
+    };
     let base = x.matmul(&p.w.t()?)?;
     let y = match p.defer_up {
         true => base,
@@ -148,7 +154,7 @@ impl CustomOp3 for LoraLinearOp {
     ) -> Result<(CpuStorage, Shape)> {
         let _ = (s2, l2, s3, l3); // the GEMMs read the cast copies a_x, b_x
         let x = cpu_tensor(s1, l1, "x")?;
-        let (y, low) = forward_composite(&x, &self.parts)?;
+        let (y, low) = forward_composite(&x, &self.parts, self.kept.as_ref())?;
         self.low.put(low);
         Ok((cpu_storage(&y)?, y.shape().clone()))
     }
@@ -164,12 +170,15 @@ impl CustomOp3 for LoraLinearOp {
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let _ = (s2, l2, s3, l3); // the GEMMs read the cast copies a_x, b_x
-        let (y, low) = cuda_impl::forward(&self.parts, (s1, l1))?;
+        let (y, low) = cuda_impl::forward(&self.parts, (s1, l1), self.kept.as_ref())?;
         let (m, out) = (l1.dims()[0], self.parts.w.dim(0)?);
-        self.low.put(crate::util::tensor_from_storage(
-            candle_core::Storage::Cuda(low),
-            &[m, self.parts.a_x.dim(0)?],
-        ));
+        self.low.put(match low {
+            Some(low) => crate::util::tensor_from_storage(
+                candle_core::Storage::Cuda(low),
+                &[m, self.parts.a_x.dim(0)?],
+            ),
+            None => self.kept.clone().expect("no new low only with a kept one"),
+        });
         Ok((y, Shape::from((m, out))))
     }
 
@@ -281,7 +290,7 @@ pub fn lora_linear(
     scale: f64,
     dropout: Option<LoraDropout>,
 ) -> Result<Tensor> {
-    let (op, x2, out_dims) = prepare(x, w, adapter, scale, dropout, false)?;
+    let (op, x2, out_dims) = prepare(x, w, adapter, scale, dropout, false, None)?;
     x2.apply_op3(&adapter.a.contiguous()?, &adapter.b.contiguous()?, op)?
         .reshape(out_dims)
 }
@@ -295,6 +304,12 @@ pub struct LoraLinearSaved {
 }
 
 impl LoraLinearSaved {
+    /// `low = drop(x)·Aᵀ (m, r)` of the forward, for a later forward on the same input to take
+    /// (`kept_low` of [`lora_linear_saved`]).
+    pub fn low(&self) -> &Tensor {
+        &self.low
+    }
+
     /// `(dx, dA, dB)` from the forward's input `x` and the output gradient `g` (the GEMMs autograd
     /// runs): `dx` in `x`'s shape and dtype, `dA`/`dB` in `a`/`b`'s dtype. Records no graph.
     pub fn backward(&self, x: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
@@ -359,29 +374,33 @@ impl LoraLinearSaved {
 
 /// [`lora_linear`] without a graph, for explicit backward passes: the output and what
 /// [`LoraLinearSaved::backward`] needs with the same input (same arguments and numerics as
-/// [`lora_linear`]).
+/// [`lora_linear`]). `kept_low`: [`LoraLinearSaved::low`] of an earlier call on the same `x`
+/// with the same arguments, taken instead of running the adapter's down product again (the same
+/// bits).
 pub fn lora_linear_saved(
     x: &Tensor,
     w: &Tensor,
     adapter: AdapterOperands<'_>,
     scale: f64,
     dropout: Option<LoraDropout>,
+    kept_low: Option<&Tensor>,
 ) -> Result<(Tensor, LoraLinearSaved)> {
-    saved_forward(x, w, adapter, scale, dropout, false)
+    saved_forward(x, w, adapter, scale, dropout, false, kept_low)
 }
 
 /// [`lora_linear_saved`] whose output leaves out the adapter's up product: `(x·Wᵀ, saved, up)`
 /// with `up` the term `scale·low·Bᵀ` for the consumer of the output to add
 /// ([`crate::gelu_tanh_mul_lora_up`] adds two in the GeGLU's pass, [`LoraUp::add_to`] one alone).
-/// The saved state and the backward are [`lora_linear_saved`]'s.
+/// The saved state, `kept_low` and the backward are [`lora_linear_saved`]'s.
 pub fn lora_linear_saved_deferred(
     x: &Tensor,
     w: &Tensor,
     adapter: AdapterOperands<'_>,
     scale: f64,
     dropout: Option<LoraDropout>,
+    kept_low: Option<&Tensor>,
 ) -> Result<(Tensor, LoraLinearSaved, LoraUp)> {
-    let (y, saved) = saved_forward(x, w, adapter, scale, dropout, true)?;
+    let (y, saved) = saved_forward(x, w, adapter, scale, dropout, true, kept_low)?;
     let up = LoraUp {
         low: saved.low.clone(),
         b: saved.parts.b_x.clone(),
@@ -392,15 +411,23 @@ pub fn lora_linear_saved_deferred(
 
 /// What [`lora_linear_saved`] keeps for the backward, without its output: `low = drop(x)·Aᵀ`
 /// alone, the same bits, for a recompute that already holds the output (the frozen product and
-/// the adapter's up product are skipped).
+/// the adapter's up product are skipped; with `kept_low` nothing runs).
 pub fn lora_linear_saved_state(
     x: &Tensor,
     w: &Tensor,
     adapter: AdapterOperands<'_>,
     scale: f64,
     dropout: Option<LoraDropout>,
+    kept_low: Option<&Tensor>,
 ) -> Result<LoraLinearSaved> {
-    let (op, x2, _) = prepare(x, w, adapter, scale, dropout, false)?;
+    let (op, x2, _) = prepare(x, w, adapter, scale, dropout, false, kept_low)?;
+    if let Some(low) = op.kept {
+        return Ok(LoraLinearSaved {
+            low,
+            parts: op.parts,
+            grad_dtype: (adapter.a.dtype(), adapter.b.dtype()),
+        });
+    }
     #[cfg(feature = "cuda")]
     let low = if x2.device().is_cuda() {
         let (m, r) = (x2.dim(0)?, op.parts.a_x.dim(0)?);
@@ -430,9 +457,10 @@ fn saved_forward(
     scale: f64,
     dropout: Option<LoraDropout>,
     defer_up: bool,
+    kept_low: Option<&Tensor>,
 ) -> Result<(Tensor, LoraLinearSaved)> {
     let (a, b) = (adapter.a, adapter.b);
-    let (op, x2, out_dims) = prepare(x, w, adapter, scale, dropout, defer_up)?;
+    let (op, x2, out_dims) = prepare(x, w, adapter, scale, dropout, defer_up, kept_low)?;
     let y = x2
         .apply_op3_no_bwd(&a.detach().contiguous()?, &b.detach().contiguous()?, &op)?
         .reshape(out_dims)?;
@@ -444,8 +472,8 @@ fn saved_forward(
     Ok((y, saved))
 }
 
-/// Checks the operands of [`lora_linear`]; returns the op, `x` as a contiguous `(m, in)` tensor
-/// and the output dims.
+/// Checks the operands of [`lora_linear`] (and a kept `low`); returns the op, `x` as a contiguous
+/// `(m, in)` tensor and the output dims.
 fn prepare(
     x: &Tensor,
     w: &Tensor,
@@ -453,6 +481,7 @@ fn prepare(
     scale: f64,
     dropout: Option<LoraDropout>,
     defer_up: bool,
+    kept_low: Option<&Tensor>,
 ) -> Result<(LoraLinearOp, Tensor, Vec<usize>)> {
     let (a, b) = (adapter.a, adapter.b);
     let (out, inf) = w.dims2()?;
@@ -485,6 +514,16 @@ fn prepare(
         }
     }
     let m: usize = lead.iter().product();
+    if let Some(low) = kept_low {
+        if low.dims() != [m, r] || low.dtype() != x.dtype() {
+            bail!(
+                "lora_linear: the kept low {:?} {:?} must be ({m}, {r}) in x's dtype {:?}",
+                low.dims(),
+                low.dtype(),
+                x.dtype()
+            );
+        }
+    }
     let (a_x, b_x) = match adapter.copies {
         Some((a_x, b_x)) => {
             if a_x.dims() != a.dims()
@@ -520,6 +559,7 @@ fn prepare(
             defer_up,
         },
         low: Stash::default(),
+        kept: kept_low.map(|low| low.detach().contiguous()).transpose()?,
     };
     let mut out_dims = lead.to_vec();
     out_dims.push(out);
@@ -600,11 +640,12 @@ pub(crate) mod cuda_impl {
         }
     }
 
-    /// `(y (m, out), low (m, r))`.
+    /// `(y (m, out), low (m, r))`, `low` `None` when `kept` is given (then the up term reads it).
     pub(super) fn forward(
         op: &LoraParts,
         (s1, l1): (&CudaStorage, &Layout),
-    ) -> Result<(CudaStorage, CudaStorage)> {
+        kept: Option<&Tensor>,
+    ) -> Result<(CudaStorage, Option<CudaStorage>)> {
         let name = "lora-linear";
         let dev = s1.device().clone();
         let stream = dev.cuda_stream();
@@ -618,8 +659,14 @@ pub(crate) mod cuda_impl {
             let y = unsafe { dev.alloc::<T>(m * out)? };
             let yp = y.device_ptr(&stream).0;
             gemm(&dev, (m, out, inf), (false, true), (1.0, 0.0), (mat(x, inf, dt), mat(w, inf, dt), mat(yp, out, dt)))?;
-            let low = low(op, (s1, l1))?;
-            let lowp = low.as_cuda_slice::<T>()?.device_ptr(&stream).0;
+            let (low, lowp) = match kept {
+                Some(kept) => (None, cuda::addr::<T>(kept, name, "kept low")?),
+                None => {
+                    let new = low(op, (s1, l1))?;
+                    let p = new.as_cuda_slice::<T>()?.device_ptr(&stream).0;
+                    (Some(new), p)
+                }
+            };
             if !op.defer_up {
                 let term = UpTerm { low: lowp, b, scale: op.scale as f32 };
                 // SAFETY: y holds m·out elements, low m·r and b out·r, all of `dt`, alive here.
@@ -888,8 +935,8 @@ mod tests {
             Ok(())
         };
         let g = randn(&[2, 5, 7], bf16, 9, &dev)?;
-        let (y1, s1) = lora_linear_saved(&x, &w, plain, 2.0, Some((0.25, key)))?;
-        let (y2, s2) = lora_linear_saved(&x, &w, held, 2.0, Some((0.25, key)))?;
+        let (y1, s1) = lora_linear_saved(&x, &w, plain, 2.0, Some((0.25, key)), None)?;
+        let (y2, s2) = lora_linear_saved(&x, &w, held, 2.0, Some((0.25, key)), None)?;
         same(&y1, &y2)?;
         let (d1, d2) = (s1.backward(&x, &g)?, s2.backward(&x, &g)?);
         for (p, q) in [(&d1.0, &d2.0), (&d1.1, &d2.1), (&d1.2, &d2.2)] {

@@ -162,7 +162,8 @@ fn lora_linear_saved_matches_autograd_and_accumulates() -> Result<()> {
         let f =
             |t: &[Tensor]| lora_linear(&t[0], &w, AdapterOperands::new(&t[1], &t[2]), 2.0, dropout);
         let want = autograd(f, &[x.clone(), a.clone(), b.clone()], &g)?;
-        let (y, saved) = lora_linear_saved(&x, &w, AdapterOperands::new(&a, &b), 2.0, dropout)?;
+        let ops = AdapterOperands::new(&a, &b);
+        let (y, saved) = lora_linear_saved(&x, &w, ops, 2.0, dropout, None)?;
         assert_same(
             "forward",
             &y,
@@ -178,11 +179,27 @@ fn lora_linear_saved_matches_autograd_and_accumulates() -> Result<()> {
         assert_same("dx over input", &dx_over, &want[0])?;
         assert_same("dA over input", &da_over, &want[1])?;
         // The saved state alone (no output computed) gives the same backward.
-        let state = lora_linear_saved_state(&x, &w, AdapterOperands::new(&a, &b), 2.0, dropout)?;
+        let state = lora_linear_saved_state(&x, &w, ops, 2.0, dropout, None)?;
         let (dx_state, da_state, db_state) = state.backward(&x, &g)?;
         assert_same("dx from the saved state", &dx_state, &want[0])?;
         assert_same("dA from the saved state", &da_state, &want[1])?;
         assert_same("dB from the saved state", &db_state, &want[2])?;
+        // A kept low stands for the down product: the same output, deferred term and backward.
+        let kept = Some(saved.low());
+        let (y_kept, kept_saved) = lora_linear_saved(&x, &w, ops, 2.0, dropout, kept)?;
+        assert_same("forward with the kept low", &y_kept, &y)?;
+        let (base, _, up) = lora_linear_saved_deferred(&x, &w, ops, 2.0, dropout, kept)?;
+        assert_same("deferred output + term", &up.add_to(base)?, &y)?;
+        let kept_state = lora_linear_saved_state(&x, &w, ops, 2.0, dropout, kept)?;
+        for s in [&kept_saved, &kept_state] {
+            let (dx_kept, da_kept, db_kept) = s.backward(&x, &g)?;
+            assert_same("dx from the kept low", &dx_kept, &want[0])?;
+            assert_same("dA from the kept low", &da_kept, &want[1])?;
+            assert_same("dB from the kept low", &db_kept, &want[2])?;
+        }
+        let wrong = saved.low().narrow(0, 0, 9)?;
+        let err = lora_linear_saved_state(&x, &w, ops, 2.0, dropout, Some(&wrong));
+        assert!(err.is_err(), "a kept low of the wrong shape");
         assert!(
             saved.backward(&x, &g.narrow(1, 0, 4)?).is_err(),
             "wrong grad shape"

@@ -61,6 +61,17 @@ impl AttentionTape {
         }
     }
 
+    /// The adapters' down products of the block's projections (share storage with the tape).
+    pub(crate) fn lows(&self) -> AttentionLows {
+        let own = self.own.as_ref();
+        AttentionLows {
+            q: self.q_proj.low().cloned(),
+            k: own.and_then(|own| own.k_proj.low().cloned()),
+            v: own.and_then(|own| own.v_proj.as_ref()?.low().cloned()),
+            o: self.o_proj.low().cloned(),
+        }
+    }
+
     /// The part of the tape a recompute can take instead of computing it (shares storage).
     pub(crate) fn state(&self) -> AttentionState {
         AttentionState {
@@ -96,12 +107,26 @@ pub(crate) struct AttentionState {
     pub(crate) lse: Option<Tensor>,
 }
 
-/// What a recompute of the attention block takes from its first forward.
+/// The adapters' down products `low = drop(x)·Aᵀ` of the attention block's projections, from its
+/// first forward (`None` for a projection without an adapter, or without the projection: a
+/// KV-sharing consumer's k and v, v with `attention_k_eq_v`).
+#[derive(Default)]
+pub(crate) struct AttentionLows {
+    pub(crate) q: Option<Tensor>,
+    pub(crate) k: Option<Tensor>,
+    pub(crate) v: Option<Tensor>,
+    pub(crate) o: Option<Tensor>,
+}
+
+/// What a recompute of the attention block takes from its first forward (nothing by default).
+#[derive(Default, Clone, Copy)]
 pub(crate) struct AttentionRecall<'a> {
-    /// `o_proj`'s output, the block's output.
-    pub(crate) out: &'a Tensor,
+    /// `o_proj`'s output, the block's output (then `o_proj` keeps only its saved state).
+    pub(crate) out: Option<&'a Tensor>,
     /// The tape's raw projections, output and log-sum-exp, if they were kept too.
     pub(crate) state: Option<&'a AttentionState>,
+    /// The adapters' down products, taken instead of running them again.
+    pub(crate) lows: Option<&'a AttentionLows>,
 }
 
 /// What the attention backward returns besides d(normed input).
@@ -121,9 +146,10 @@ impl Attention {
 
     /// The attention output `(b, t, h)` of the normed input `x` and its tape. `shared`: the
     /// producer's K/V for a KV-sharing consumer (`None` for a block with its own). `recall`: what
-    /// an earlier forward on the same input kept (a recompute): its output, returned as it is
-    /// (`o_proj` then keeps only its saved state), and perhaps its [`AttentionState`], taken
-    /// instead of running the q/k/v frozen products and the attention kernel. Records no graph.
+    /// an earlier forward on the same input kept (a recompute): perhaps its output, returned as it
+    /// is (`o_proj` then keeps only its saved state), its [`AttentionState`], taken instead of
+    /// running the q/k/v frozen products and the attention kernel, and its adapters' down
+    /// products. Records no graph.
     pub(crate) fn forward_saved(
         &self,
         x: &Tensor,
@@ -131,50 +157,54 @@ impl Attention {
         rope_t: &RopeTable,
         scores: Scores,
         ctx: &LoraContext,
-        recall: Option<AttentionRecall>,
+        recall: AttentionRecall,
     ) -> Result<(Tensor, AttentionTape)> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let state = recall.as_ref().and_then(|r| r.state);
+        let state = recall.state;
+        let lows = recall.lows;
         // A projection's raw output `(b, t, n, d)` and saved state: computed, or the kept output
-        // with the LoRA state alone.
-        let project = |proj: &LoraLinear, kept: Option<&Tensor>, n: usize| match kept {
-            Some(raw) => Ok::<_, Error>((raw.clone(), proj.forward_saved_state(x, ctx)?)),
+        // with the LoRA state alone (from the kept down product, if any).
+        let project = |proj: &LoraLinear, kept: Option<&Tensor>, low: Option<&Tensor>, n| match kept
+        {
+            Some(raw) => Ok::<_, Error>((raw.clone(), proj.forward_saved_state(x, low, ctx)?)),
             None => {
-                let (raw, saved) = proj.forward_saved(x, ctx)?;
+                let (raw, saved) = proj.forward_saved(x, low, ctx)?;
                 Ok((raw.reshape((b, t, n, d))?, saved))
             }
         };
-        let (q_raw, q_proj) = project(&self.q_proj, state.map(|s| &s.q_raw), nh)?;
-        let (own, k, v) =
-            match (&self.k_proj, &self.k_norm, shared) {
-                (Some(k_proj), Some(k_norm), None) => {
-                    let kept = state.and_then(|s| s.own_raw.as_ref());
-                    let (k_raw, k_proj) = project(k_proj, kept.map(|(k, _)| k), nkv)?;
-                    let (v_raw, v_proj) = match &self.v_proj {
-                        Some(v_proj) => {
-                            let kept_v = kept.and_then(|(_, v)| v.as_ref());
-                            let (v_raw, saved) = project(v_proj, kept_v, nkv)?;
-                            (v_raw, Some(saved))
-                        }
-                        None => (k_raw.clone(), None),
-                    };
-                    let k = self.roped(&k_raw, k_norm, rope_t)?;
-                    let v = heads_norm_rope(&v_raw, None, None, self.eps)?;
-                    let own = OwnKv {
-                        k_proj,
-                        v_proj,
-                        k_raw,
-                        v_raw,
-                    };
-                    (Some(own), k, v)
-                }
-                (None, None, Some(kv)) => (None, kv.k.clone(), kv.v.clone()),
-                _ => return Err(Error::batch(
+        let low = |pick: fn(&AttentionLows) -> &Option<Tensor>| lows.and_then(|l| pick(l).as_ref());
+        let (q_raw, q_proj) = project(&self.q_proj, state.map(|s| &s.q_raw), low(|l| &l.q), nh)?;
+        let (own, k, v) = match (&self.k_proj, &self.k_norm, shared) {
+            (Some(k_proj), Some(k_norm), None) => {
+                let kept = state.and_then(|s| s.own_raw.as_ref());
+                let (k_raw, k_proj) = project(k_proj, kept.map(|(k, _)| k), low(|l| &l.k), nkv)?;
+                let (v_raw, v_proj) = match &self.v_proj {
+                    Some(v_proj) => {
+                        let kept_v = kept.and_then(|(_, v)| v.as_ref());
+                        let (v_raw, saved) = project(v_proj, kept_v, low(|l| &l.v), nkv)?;
+                        (v_raw, Some(saved))
+                    }
+                    None => (k_raw.clone(), None),
+                };
+                let k = self.roped(&k_raw, k_norm, rope_t)?;
+                let v = heads_norm_rope(&v_raw, None, None, self.eps)?;
+                let own = OwnKv {
+                    k_proj,
+                    v_proj,
+                    k_raw,
+                    v_raw,
+                };
+                (Some(own), k, v)
+            }
+            (None, None, Some(kv)) => (None, kv.k.clone(), kv.v.clone()),
+            _ => {
+                return Err(Error::batch(
                     "shared_kv",
                     "K/V must come from exactly one of the block's own projections or its producer",
-                )),
-            };
+                ))
+            }
+        };
         let (o, core) = match (state, scores) {
             (Some(state), Scores::Causal { key_mask, window }) => {
                 let lse = state.lse.clone().ok_or_else(|| {
@@ -205,9 +235,13 @@ impl Attention {
             }
         };
         let flat = swap_dims12(&o)?.reshape((b, t, nh * d))?;
-        let (out, o_proj) = match recall {
-            Some(r) => (r.out.clone(), self.o_proj.forward_saved_state(&flat, ctx)?),
-            None => self.o_proj.forward_saved(&flat, ctx)?,
+        let o_low = low(|l| &l.o);
+        let (out, o_proj) = match recall.out {
+            Some(out) => (
+                out.clone(),
+                self.o_proj.forward_saved_state(&flat, o_low, ctx)?,
+            ),
+            None => self.o_proj.forward_saved(&flat, o_low, ctx)?,
         };
         let tape = AttentionTape {
             q_proj,

@@ -22,7 +22,7 @@ use g4ft_ops::{
 };
 
 use super::{DecoderLayer, LayerInputs, LayerMoe, LayerPle};
-use crate::attention::explicit::{AttentionRecall, AttentionState, AttentionTape};
+use crate::attention::explicit::{AttentionLows, AttentionRecall, AttentionState, AttentionTape};
 use crate::attention::KvPair;
 use crate::config::LayerType;
 use crate::error::Result;
@@ -96,6 +96,28 @@ pub(crate) struct BlockOutputs {
     pub(crate) attention: Option<AttentionState>,
 }
 
+/// The adapters' down products `low = drop(x)·Aᵀ` (`tokens × r` each) of a recomputed layer's
+/// projections, kept on the device from its first forward (`r` elements per token per adapted
+/// projection): the recompute takes them instead of running the adapters' down kernels again,
+/// the same bits. `None` for a projection without an adapter.
+#[derive(Default)]
+pub(crate) struct LayerLows {
+    pub(crate) attention: AttentionLows,
+    pub(crate) gate: Option<Tensor>,
+    pub(crate) up: Option<Tensor>,
+    pub(crate) down: Option<Tensor>,
+}
+
+/// What a recompute of a layer takes from its first forward instead of computing it again
+/// (nothing by default).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct LayerRecall<'a> {
+    /// The block outputs (and perhaps the attention state), parked by offloaded checkpoints.
+    pub(crate) outputs: Option<&'a BlockOutputs>,
+    /// The adapters' down products.
+    pub(crate) lows: Option<&'a LayerLows>,
+}
+
 /// What a layer's backward hands back: d(layer input), and for a KV-sharing consumer the
 /// gradient of the producer's K/V it attended to.
 pub(crate) struct LayerGrads {
@@ -125,19 +147,19 @@ impl DecoderLayer {
     }
 
     /// Recomputes the layer on `x (b, t, h)` without a graph and keeps its tape (the output itself
-    /// is not computed): the backward walk's recompute of a layer that saved its input, and
-    /// perhaps its [`BlockOutputs`] (then `o_proj` and `down_proj` keep only their saved state,
-    /// and with the attention state q/k/v too, and the attention kernel does not run).
-    /// `shared`: the producer's K/V for a KV-sharing consumer.
+    /// is not computed): the backward walk's recompute of a layer that saved its input, its
+    /// [`LayerLows`] and perhaps its [`BlockOutputs`] (then `o_proj` and `down_proj` keep only
+    /// their saved state, and with the attention state q/k/v too, and the attention kernel does
+    /// not run). `shared`: the producer's K/V for a KV-sharing consumer.
     pub(crate) fn forward_saved(
         &self,
         x: &Tensor,
-        known: Option<&BlockOutputs>,
+        recall: LayerRecall,
         shared: Option<&KvPair>,
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<LayerTape> {
-        Ok(self.run(x, known, shared, inputs, ctx, false)?.0)
+        Ok(self.run(x, recall, shared, inputs, ctx, false)?.0)
     }
 
     /// The layer output without a graph and the tape [`DecoderLayer::forward_saved`] would keep,
@@ -150,43 +172,52 @@ impl DecoderLayer {
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<(LayerTape, Tensor)> {
-        let (tape, out) = self.run(x, None, shared, inputs, ctx, true)?;
+        let (tape, out) = self.run(x, LayerRecall::default(), shared, inputs, ctx, true)?;
         Ok((tape, out.expect("run computes the output when asked")))
     }
 
     /// The layer output without a graph, through the same fused ops as
     /// [`DecoderLayer::forward_saved`]: the first, checkpointing forward of a layer that is
     /// recomputed later. Also the K/V the layer attended to (what a KV producer lends its
-    /// consumers) and the layer's [`BlockOutputs`], for the caller to keep or drop; the rest of
-    /// the tape is dropped.
+    /// consumers), the layer's [`BlockOutputs`], for the caller to keep or drop, and its
+    /// [`LayerLows`]; the rest of the tape is dropped.
     pub(crate) fn forward_graph_free(
         &self,
         x: &Tensor,
         shared: Option<&KvPair>,
         inputs: &LayerInputs,
         ctx: &LoraContext,
-    ) -> Result<(Tensor, KvPair, BlockOutputs)> {
+    ) -> Result<(Tensor, KvPair, BlockOutputs, LayerLows)> {
         let (tape, out) = self.forward_with_tape(x, shared, inputs, ctx)?;
         let outputs = BlockOutputs {
             attn: tape.a.clone(),
             mlp: tape.mlp.m.clone(),
             attention: Some(tape.attn.state()),
         };
-        Ok((out, tape.kv(), outputs))
+        let mlp = &tape.mlp;
+        let lows = LayerLows {
+            attention: tape.attn.lows(),
+            gate: mlp.gate_proj.low().cloned(),
+            up: mlp.up_proj.low().cloned(),
+            down: mlp.down_proj.low().cloned(),
+        };
+        Ok((out, tape.kv(), outputs, lows))
     }
 
-    /// The graph-free forward: the tape, and the output if `with_output`; `known`: the block
-    /// outputs of an earlier forward on `x`, taken instead of running their projections.
+    /// The graph-free forward: the tape, and the output if `with_output`; `recall`: what an
+    /// earlier forward on `x` kept, taken instead of computing it.
     fn run(
         &self,
         x: &Tensor,
-        known: Option<&BlockOutputs>,
+        recall: LayerRecall,
         shared: Option<&KvPair>,
         inputs: &LayerInputs,
         ctx: &LoraContext,
         with_output: bool,
     ) -> Result<(LayerTape, Option<Tensor>)> {
         let _copies = self.hold_adapter_copies(x.dtype())?;
+        let (known, lows) = (recall.outputs, recall.lows);
+        let low = |pick: fn(&LayerLows) -> &Option<Tensor>| lows.and_then(|l| pick(l).as_ref());
         let eps = self.eps;
         let xn = rms_norm(x, Some(&self.input_layernorm), eps)?;
         let (a, attn) = self.self_attn.forward_saved(
@@ -195,10 +226,11 @@ impl DecoderLayer {
             self.rope_table(inputs),
             self.scores(inputs),
             ctx,
-            known.map(|k| AttentionRecall {
-                out: &k.attn,
-                state: k.attention.as_ref(),
-            }),
+            AttentionRecall {
+                out: known.map(|k| &k.attn),
+                state: known.and_then(|k| k.attention.as_ref()),
+                lows: lows.map(|l| &l.attention),
+            },
         )?;
         drop(xn);
         let h1 = rms_norm_add(&a, Some(&self.post_attention_layernorm), eps, x)?;
@@ -210,11 +242,15 @@ impl DecoderLayer {
             act,
             gate_proj,
             up_proj,
-        } = mlp.gate_up_saved(&hn, ctx)?;
+        } = mlp.gate_up_saved(&hn, [low(|l| &l.gate), low(|l| &l.up)], ctx)?;
         drop(hn);
+        let down_low = low(|l| &l.down);
         let (m, down_proj) = match known {
-            Some(k) => (k.mlp.clone(), mlp.down_proj.forward_saved_state(&act, ctx)?),
-            None => mlp.down_proj.forward_saved(&act, ctx)?,
+            Some(k) => (
+                k.mlp.clone(),
+                mlp.down_proj.forward_saved_state(&act, down_low, ctx)?,
+            ),
+            None => mlp.down_proj.forward_saved(&act, down_low, ctx)?,
         };
         let moe = match &self.moe {
             Some(branch) => Some(self.moe_forward(branch, &m, &h1)?),
