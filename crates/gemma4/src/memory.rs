@@ -272,7 +272,7 @@ impl MemoryModel {
     }
 
     /// Bytes the forward leaves held on the device for the backward under `keep`: (recomputed
-    /// layers' saved inputs and lent K/V, kept layers' tapes).
+    /// layers' saved inputs, down products and lent K/V, kept layers' tapes).
     pub fn held_by_kind(&self, keep: &KeepMask) -> (u64, u64) {
         (0..self.layers.len()).fold((0, 0), |(saved, tapes), i| {
             if keep.keeps(i) {
