@@ -421,32 +421,31 @@ pub fn lora_linear_saved_state(
     kept_low: Option<&Tensor>,
 ) -> Result<LoraLinearSaved> {
     let (op, x2, _) = prepare(x, w, adapter, scale, dropout, false, kept_low)?;
-    if let Some(low) = op.kept {
-        return Ok(LoraLinearSaved {
-            low,
-            parts: op.parts,
-            grad_dtype: (adapter.a.dtype(), adapter.b.dtype()),
-        });
-    }
-    #[cfg(feature = "cuda")]
-    let low = if x2.device().is_cuda() {
-        let (m, r) = (x2.dim(0)?, op.parts.a_x.dim(0)?);
-        let (s, l) = x2.storage_and_layout();
-        let low = cuda_impl::low(
-            &op.parts,
-            (crate::cuda::cuda_of(&s, "lora-linear", "x")?, l),
-        )?;
-        crate::util::tensor_from_storage(candle_core::Storage::Cuda(low), &[m, r])
-    } else {
-        low_composite(&x2, &op.parts)?
+    let low = match op.kept {
+        Some(low) => low,
+        None => down_product(&x2, &op.parts)?,
     };
-    #[cfg(not(feature = "cuda"))]
-    let low = low_composite(&x2, &op.parts)?;
     Ok(LoraLinearSaved {
         low,
         parts: op.parts,
         grad_dtype: (adapter.a.dtype(), adapter.b.dtype()),
     })
+}
+
+/// `low = drop(x)·Aᵀ` of the contiguous 2-D `x` alone (the down kernel on CUDA, the composite on the
+/// CPU).
+fn down_product(x2: &Tensor, parts: &LoraParts) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x2.device().is_cuda() {
+        let (m, r) = (x2.dim(0)?, parts.a_x.dim(0)?);
+        let (s, l) = x2.storage_and_layout();
+        let low = cuda_impl::low(parts, (crate::cuda::cuda_of(&s, "lora-linear", "x")?, l))?;
+        return Ok(crate::util::tensor_from_storage(
+            candle_core::Storage::Cuda(low),
+            &[m, r],
+        ));
+    }
+    low_composite(x2, parts)
 }
 
 /// [`lora_linear_saved`], with the adapter term left out of `y` when `defer_up`.
