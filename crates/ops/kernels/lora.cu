@@ -3,9 +3,10 @@
 // reads from the dropout key (dropout_keep.cuh, the bits of kernels/dropout.cu) and rounds the kept
 // ones, scaled, to T exactly as the dropout kernel does.
 //   lora_down:      low = drop(x)·Aᵀ          (m × r; the forward's adapter input product)
-//   lora_da_part:   dA = dlowᵀ·drop(x) summed over one split of the rows (fp32, r × in per split);
+//   lora_dx_da:     one pass over x for the backward's adapter terms, the mask drawn once for both:
+//                   dA = dlowᵀ·drop(x) summed over one split of the rows (fp32, r × in per split),
+//                   and drop'(dlow·A) written over dx (dx may be x's memory) or added to it
 //   lora_da_finish: the splits added in order and stored in the gradient's dtype
-//   lora_dx_acc:    dx += drop'(dlow·A)        (the adapter path of the input gradient)
 //   lora_up_add:    y = r(y + scale·(low·Bᵀ))    (the forward's adapter term, in place)
 //   lora_up_geglu:  the same for the MLP's gate and up, and act = geglu(gate, up) in that pass
 // x, A (r × in), dlow (m × r) and dx row-major in T (bf16 / f16); in % 8 == 0, r % 8 == 0, r <= 64,
@@ -15,19 +16,31 @@
 #include "geglu_elem.cuh"
 #include "mma.cuh"
 
-// 8 elements of x at flat index i (i % 8 == 0, so they are element pairs i/2 .. i/2 + 3) with the
-// dropout applied: kept ones r(v·scale), dropped ones 0.
-template <typename T>
-__device__ __forceinline__ uint4 dropped8(uint4 raw, size_t i, uint64_t kk, uint32_t thresh, float scale) {
-    T* e = reinterpret_cast<T*>(&raw);
+// The keep bits of the 8 elements at flat index i (i % 8 == 0, so they are element pairs i/2 ..
+// i/2 + 3): bit e for element i + e.
+__device__ __forceinline__ uint32_t keep8(size_t i, uint64_t kk, uint32_t thresh) {
+    uint32_t bits = 0;
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
         bool k0, k1;
         keep_pair(kk, i / 2 + p, thresh, k0, k1);
-        e[2 * p] = from_f32<T>(k0 ? to_f32(e[2 * p]) * scale : 0.f);
-        e[2 * p + 1] = from_f32<T>(k1 ? to_f32(e[2 * p + 1]) * scale : 0.f);
+        bits |= (uint32_t)k0 << (2 * p) | (uint32_t)k1 << (2 * p + 1);
     }
+    return bits;
+}
+
+// 8 elements with the dropout applied by their keep bits: kept ones r(v·scale), dropped ones 0.
+template <typename T> __device__ __forceinline__ uint4 masked8(uint4 raw, uint32_t bits, float scale) {
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) e[k] = from_f32<T>((bits >> k) & 1 ? to_f32(e[k]) * scale : 0.f);
     return raw;
+}
+
+// 8 elements of x at flat index i (i % 8 == 0) with the dropout applied.
+template <typename T>
+__device__ __forceinline__ uint4 dropped8(uint4 raw, size_t i, uint64_t kk, uint32_t thresh, float scale) {
+    return masked8<T>(raw, keep8(i, kk, thresh), scale);
 }
 
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0, 0, 0, 0); }
@@ -93,87 +106,6 @@ __device__ void lora_down(const T* x, const T* a, T* low, int m, int in, int r, 
     }
 }
 
-// dA's partial sums: part[s][n][c] = Σ over the rows of split s of dlow[row][n]·drop(x)[row][c].
-// Block (4 warps): 64 columns of one split, in stages of 128 rows: the stage's dropped x tile and
-// dlow rows go to shared memory (row strides of 72 and MT·16 + 8 elements: the 8 rows an ldmatrix
-// reads in distinct banks), the next stage's x loads are issued (8 × 16 bytes per thread), then
-// warp w multiplies dlowᵀ (MT m-tiles of 16 ranks, from ldmatrix.trans) by its 16 columns
-// (ldmatrix.trans of the row-major x tile) over the stage's rows.
-constexpr int DA_ROWS = 128, DA_COLS = 64, DA_LD = 72, DA_THREADS = 128;
-template <typename T, int MT>
-__device__ void lora_da_part(const T* x, const T* dlow, float* part, int m, int in, int r, int split_rows,
-                             uint64_t kk, uint32_t thresh, float scale) {
-    __shared__ __align__(16) T xs[DA_ROWS][DA_LD];
-    __shared__ __align__(16) T ds[DA_ROWS][MT * 16 + 8];
-    constexpr int CHUNKS = DA_ROWS * DA_COLS / 8 / DA_THREADS;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int c0 = blockIdx.x * DA_COLS;
-    const int rb = blockIdx.y * split_rows, re = min(m, rb + split_rows);
-    float acc[MT][2][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
-    // Chunk q of a stage: row (tid + q·256) / 8 of the stage, columns 8·(tid % 8)..+8 of the tile.
-    const int cc = 8 * (tid % 8), c = c0 + cc;
-    uint4 raw[CHUNKS];
-    auto fetch = [&](int r0) {
-#pragma unroll
-        for (int q = 0; q < CHUNKS; ++q) {
-            const int row = r0 + (tid + q * DA_THREADS) / 8;
-            raw[q] = row < re && c < in ? *reinterpret_cast<const uint4*>(x + (size_t)row * in + c) : zero4();
-        }
-    };
-    fetch(rb);
-    for (int r0 = rb; r0 < re; r0 += DA_ROWS) {
-#pragma unroll
-        for (int q = 0; q < CHUNKS; ++q) {
-            const int rr = (tid + q * DA_THREADS) / 8, row = r0 + rr;
-            uint4 v = raw[q];
-            if (row < re && c < in) v = dropped8<T>(v, (size_t)row * in + c, kk, thresh, scale);
-            *reinterpret_cast<uint4*>(&xs[rr][cc]) = v;
-        }
-        for (int e = tid; e < DA_ROWS * MT * 2; e += DA_THREADS) {
-            const int rr = e / (MT * 2), nc = 8 * (e % (MT * 2)), row = r0 + rr;
-            const uint4 v =
-                (row < re && nc < r) ? *reinterpret_cast<const uint4*>(dlow + (size_t)row * r + nc) : zero4();
-            *reinterpret_cast<uint4*>(&ds[rr][nc]) = v;
-        }
-        __syncthreads();
-        if (r0 + DA_ROWS < re) fetch(r0 + DA_ROWS);
-#pragma unroll
-        for (int k0 = 0; k0 < DA_ROWS; k0 += 32) {
-            uint32_t b[2][4]; // per n-tile: b0, b1 of the steps at rows k0 and k0 + 16
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-                mma16::ldsm4_trans(b[nt], &xs[k0 + lane % 8 + 8 * (lane / 8)][warp * 16 + nt * 8]);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int s = 0; s < 2; ++s) {
-                    uint32_t af[4];
-                    mma16::ldsm4_trans(af, &ds[k0 + 16 * s + lane % 8 + 8 * (lane / 16)][mt * 16 + 8 * ((lane / 8) % 2)]);
-                    mma16::mma<T>(acc[mt][0], af, b[0][2 * s], b[0][2 * s + 1]);
-                    mma16::mma<T>(acc[mt][1], af, b[1][2 * s], b[1][2 * s + 1]);
-                }
-        }
-        __syncthreads();
-    }
-    const int g = lane / 4, t = lane % 4;
-    float* out = part + (size_t)blockIdx.y * r * in;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int n = mt * 16 + g + 8 * h, col = c0 + warp * 16 + nt * 8 + 2 * t;
-                if (col < in && n < r)
-                    *reinterpret_cast<float2*>(out + (size_t)n * in + col) =
-                        make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-            }
-}
-
 // out[i] = Σ_s part[s·n + i] in split order, rounded to O.
 template <typename O> __device__ void lora_da_finish(const float* part, O* out, int splits, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -197,65 +129,134 @@ __device__ __forceinline__ void rank_rows_a(uint32_t (*af)[4], const T* p, int m
         }
 }
 
-// dx += drop'(dlow·A): dx = r(dx + (dlow·A)·scale) where the mask keeps the element (one fp32 fma,
-// one rounding), dx unchanged where it drops it. Block (4 warps): 64 rows × 64 columns, warp w rows
-// 16w..16w+16 and the 8 n-tiles; KS k-steps of 16 ranks (r <= 16·KS). A's 64 columns are staged in
-// shared memory (rank rows, stride 72) for ldmatrix.trans; the A fragments are dlow's rows, read
-// straight from global memory. Each warp then stages its 16 × 64 product in shared memory, so
-// that every thread updates whole 16-byte chunks of dx rows (4 rows × 128 bytes per access).
 constexpr int DX_ROWS = 64, DX_COLS = 64, DX_LD = 72, DX_STAGE_LD = DX_COLS + 4;
-template <typename T, int KS>
-__device__ void lora_dx_acc(const T* dlow, const T* a, T* dx, int m, int in, int r, uint64_t kk, uint32_t thresh,
-                            float scale) {
+
+// The backward's adapter terms in one pass over x, the mask drawn once for both: dA's partial sums
+// part[s][n][c] = Σ over the rows of split s of dlow[row][n]·drop(x)[row][c], and the input
+// gradient's term drop'(dlow·A): where the mask keeps an element, dx = r(dx + (dlow·A)·scale) (ACC)
+// or r((dlow·A)·scale) (!ACC); where it drops it, dx unchanged (ACC) or 0 (!ACC). Without ACC dx
+// may be x's memory: each thread writes only the chunks of x it has read.
+// Block (4 warps): 64 columns of one split, in stages of 64 rows. Per stage, thread (w, lane) loads
+// the chunks of 8 elements at rows 16w + lane/8 + 4q (q < 4), columns 8·(lane % 8), and draws their
+// keep bits; the dropped x goes to shared memory (row stride 72) with the stage's dlow rows (stride
+// KS·16 + 8: the 8 rows an ldmatrix reads in distinct banks) for dA, where warp w multiplies dlowᵀ
+// (KS m-tiles of 16 ranks, ldmatrix.trans) by its 16 columns (ldmatrix.trans of the x tile) over
+// the stage's rows; warp w's 16 rows of dlow·A (A's 64 columns staged once, rank rows) go through
+// its fp32 staging rows to the same chunks and keep bits.
+template <typename T, int KS, bool ACC>
+__device__ void lora_dx_da(const T* x, const T* dlow, const T* a, T* dx, float* part, int m, int in, int r,
+                           int split_rows, uint64_t kk, uint32_t thresh, float scale) {
     __shared__ __align__(16) T as[KS * 16][DX_LD];
+    __shared__ __align__(16) T xs[DX_ROWS][DX_LD];
+    __shared__ __align__(16) T ds[DX_ROWS][KS * 16 + 8];
     __shared__ __align__(16) float stage[DX_ROWS][DX_STAGE_LD];
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int c0 = blockIdx.x * DX_COLS, row0 = blockIdx.y * DX_ROWS + warp * 16;
+    const int c0 = blockIdx.x * DX_COLS, cc = 8 * (lane % 8), c = c0 + cc;
+    const int rb = blockIdx.y * split_rows, re = min(m, rb + split_rows);
     for (int e = tid; e < KS * 16 * 8; e += blockDim.x) {
-        const int n = e / 8, cc = 8 * (e % 8);
-        *reinterpret_cast<uint4*>(&as[n][cc]) =
-            n < r && c0 + cc < in ? *reinterpret_cast<const uint4*>(a + (size_t)n * in + c0 + cc) : zero4();
+        const int n = e / 8, ac = 8 * (e % 8);
+        *reinterpret_cast<uint4*>(&as[n][ac]) =
+            n < r && c0 + ac < in ? *reinterpret_cast<const uint4*>(a + (size_t)n * in + c0 + ac) : zero4();
     }
-    uint32_t af[KS][4];
-    rank_rows_a<T, KS>(af, dlow, m, r, row0);
-    __syncthreads();
-    float acc[8][4];
+    float da[KS][2][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    for (int mt = 0; mt < KS; ++mt)
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-            uint32_t b[4];
-            mma16::ldsm4_trans(b, &as[ks * 16 + lane % 8 + 8 * ((lane / 8) % 2)][np * 16 + 8 * (lane / 16)]);
-            mma16::mma<T>(acc[2 * np], af[ks], b[0], b[1]);
-            mma16::mma<T>(acc[2 * np + 1], af[ks], b[2], b[3]);
-        }
+        for (int nt = 0; nt < 2; ++nt) da[mt][nt][0] = da[mt][nt][1] = da[mt][nt][2] = da[mt][nt][3] = 0.f;
     float(*st)[DX_STAGE_LD] = stage + warp * 16;
+    for (int r0 = rb; r0 < re; r0 += DX_ROWS) {
+        const int wrow = r0 + warp * 16;
+        uint4 xv[4], dv[4];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            *reinterpret_cast<float2*>(&st[g + 8 * h][nt * 8 + 2 * t]) = make_float2(acc[nt][2 * h], acc[nt][2 * h + 1]);
-    __syncwarp();
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        const int rr = lane / 8 + 4 * q, cc = 8 * (lane % 8), row = row0 + rr, c = c0 + cc;
-        if (row >= m || c >= in) continue;
-        const size_t i = (size_t)row * in + c;
-        float v[8];
-        load_n<T, 8>(dx + i, v);
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            bool k0, k1;
-            keep_pair(kk, i / 2 + p, thresh, k0, k1);
-            if (k0) v[2 * p] = fmaf(st[rr][cc + 2 * p], scale, v[2 * p]);
-            if (k1) v[2 * p + 1] = fmaf(st[rr][cc + 2 * p + 1], scale, v[2 * p + 1]);
+        for (int q = 0; q < 4; ++q) {
+            const int row = wrow + lane / 8 + 4 * q;
+            const bool ok = row < re && c < in;
+            const size_t i = (size_t)row * in + c;
+            xv[q] = ok ? *reinterpret_cast<const uint4*>(x + i) : zero4();
+            dv[q] = ACC && ok ? *reinterpret_cast<const uint4*>(dx + i) : zero4();
         }
-        store_n<T, 8>(dx + i, v);
+        uint32_t af[KS][4];
+        rank_rows_a<T, KS>(af, dlow, re, r, wrow);
+        for (int e = tid; e < DX_ROWS * KS * 2; e += blockDim.x) {
+            const int rr = e / (KS * 2), nc = 8 * (e % (KS * 2)), row = r0 + rr;
+            *reinterpret_cast<uint4*>(&ds[rr][nc]) =
+                row < re && nc < r ? *reinterpret_cast<const uint4*>(dlow + (size_t)row * r + nc) : zero4();
+        }
+        uint32_t keep[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int rr = warp * 16 + lane / 8 + 4 * q, row = r0 + rr;
+            keep[q] = row < re && c < in ? keep8((size_t)row * in + c, kk, thresh) : 0u;
+            *reinterpret_cast<uint4*>(&xs[rr][cc]) = masked8<T>(xv[q], keep[q], scale);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k0 = 0; k0 < DX_ROWS; k0 += 32) {
+            uint32_t b[2][4]; // per n-tile: b0, b1 of the steps at rows k0 and k0 + 16
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+                mma16::ldsm4_trans(b[nt], &xs[k0 + lane % 8 + 8 * (lane / 8)][warp * 16 + nt * 8]);
+#pragma unroll
+            for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+                for (int s = 0; s < 2; ++s) {
+                    uint32_t fa[4];
+                    mma16::ldsm4_trans(fa, &ds[k0 + 16 * s + lane % 8 + 8 * (lane / 16)][mt * 16 + 8 * ((lane / 8) % 2)]);
+                    mma16::mma<T>(da[mt][0], fa, b[0][2 * s], b[0][2 * s + 1]);
+                    mma16::mma<T>(da[mt][1], fa, b[1][2 * s], b[1][2 * s + 1]);
+                }
+        }
+        float acc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+                uint32_t b[4];
+                mma16::ldsm4_trans(b, &as[ks * 16 + lane % 8 + 8 * ((lane / 8) % 2)][np * 16 + 8 * (lane / 16)]);
+                mma16::mma<T>(acc[2 * np], af[ks], b[0], b[1]);
+                mma16::mma<T>(acc[2 * np + 1], af[ks], b[2], b[3]);
+            }
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<float2*>(&st[g + 8 * h][nt * 8 + 2 * t]) =
+                    make_float2(acc[nt][2 * h], acc[nt][2 * h + 1]);
+        __syncwarp();
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int rr = lane / 8 + 4 * q, row = wrow + rr;
+            if (row >= re || c >= in) continue;
+            float v[8];
+            load_n<T, 8>(reinterpret_cast<const T*>(&dv[q]), v);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const bool kept = (keep[q] >> e) & 1;
+                if constexpr (ACC) {
+                    if (kept) v[e] = fmaf(st[rr][cc + e], scale, v[e]);
+                } else {
+                    v[e] = kept ? st[rr][cc + e] * scale : 0.f;
+                }
+            }
+            store_n<T, 8>(dx + (size_t)row * in + c, v);
+        }
+        __syncthreads();
     }
+    float* out = part + (size_t)blockIdx.y * r * in;
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int n = mt * 16 + g + 8 * h, col = c0 + warp * 16 + nt * 8 + 2 * t;
+                if (col < in && n < r)
+                    *reinterpret_cast<float2*>(out + (size_t)n * in + col) =
+                        make_float2(da[mt][nt][2 * h], da[mt][nt][2 * h + 1]);
+            }
 }
-
 // The adapter's up product scale·(low·Bᵀ) added to a projection output y (m × n) in place, with
 // one fp32 fma onto the rounded output and one rounding: r(y + scale·(low·Bᵀ)), low (m × r) and
 // B (n × r) row-major. lora_up_add does only that (the projection's own output); lora_up_geglu does
@@ -354,18 +355,14 @@ __device__ void lora_up(T* y0, T* y1, T* act, const T* low0, const T* b0, const 
                                uint32_t thresh, float scale) {                                            \
         lora_down<T, NT, WARPS>(x, a, low, m, in, r, kk, thresh, scale);                                  \
     }
-#define DA_INST(T, S, MT)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(DA_THREADS)                                              \
-        lora_da_part_mt##MT##_##S(const T* x, const T* dlow, float* part, int m, int in, int r,           \
-                                  int split_rows, uint64_t kk, uint32_t thresh, float scale) {            \
-        lora_da_part<T, MT>(x, dlow, part, m, in, r, split_rows, kk, thresh, scale);                      \
-    }
-#define DX_INST(T, S, KS)                                                                                 \
+#define DXDA_INST(T, S, KS, ACC, NAME)                                                                    \
     extern "C" __global__ void __launch_bounds__(128)                                                     \
-        lora_dx_acc_ks##KS##_##S(const T* dlow, const T* a, T* dx, int m, int in, int r, uint64_t kk,     \
-                                 uint32_t thresh, float scale) {                                          \
-        lora_dx_acc<T, KS>(dlow, a, dx, m, in, r, kk, thresh, scale);                                     \
+        lora_dx_da_ks##KS##_##NAME##_##S(const T* x, const T* dlow, const T* a, T* dx, float* part, int m,    \
+                                         int in, int r, int split_rows, uint64_t kk, uint32_t thresh,     \
+                                         float scale) {                                                   \
+        lora_dx_da<T, KS, ACC>(x, dlow, a, dx, part, m, in, r, split_rows, kk, thresh, scale);            \
     }
+#define DXDA_BOTH(T, S, KS) DXDA_INST(T, S, KS, false, set) DXDA_INST(T, S, KS, true, add)
 #define UP_ADD_INST(T, S, KS)                                                                             \
     extern "C" __global__ void __launch_bounds__(128)                                                     \
         lora_up_add_ks##KS##_##S(T* y, const T* low, const T* b, int m, int n, int r, float scale) {      \
@@ -380,8 +377,7 @@ __device__ void lora_up(T* y0, T* y1, T* act, const T* low0, const T* b0, const 
 // Warps per lora_down block: 32 / 32 / 16 / 8 for NT = 1 / 2 / 4 / 8 (64 / 64 / 80 / 138 registers).
 #define LORA_INST(T, S)                                                                                   \
     DOWN_INST(T, S, 1, 32) DOWN_INST(T, S, 2, 32) DOWN_INST(T, S, 4, 16) DOWN_INST(T, S, 8, 8)            \
-    DA_INST(T, S, 1) DA_INST(T, S, 2) DA_INST(T, S, 4)                                                    \
-    DX_INST(T, S, 1) DX_INST(T, S, 2) DX_INST(T, S, 3) DX_INST(T, S, 4)                                    \
+    DXDA_BOTH(T, S, 1) DXDA_BOTH(T, S, 2) DXDA_BOTH(T, S, 3) DXDA_BOTH(T, S, 4)                            \
     UP_ADD_INST(T, S, 1) UP_ADD_INST(T, S, 2) UP_ADD_INST(T, S, 3) UP_ADD_INST(T, S, 4)                    \
     UP_GEGLU_INST(T, S, 1) UP_GEGLU_INST(T, S, 2) UP_GEGLU_INST(T, S, 3) UP_GEGLU_INST(T, S, 4)
 LORA_INST(__nv_bfloat16, bf16)

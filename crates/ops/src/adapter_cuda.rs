@@ -1,16 +1,18 @@
 //! The LoRA adapter's products with its input dropout fused in, on CUDA (`kernels/lora.cu`): the
-//! forward's `low = drop(x)·Aᵀ`, and in the backward `dA = dlowᵀ·drop(x)` and
-//! `dx += drop'(dlow·A)`. Each is one pass over `x` (or `dx`) that regenerates the dropout mask of
-//! the elements it reads ([`crate::dropout`]'s bits), where the unfused path writes `drop(x)` to a
-//! temporary with the dropout kernel and reads it back in a cuBLAS GEMM (forward and `dA`), or
-//! writes `dlow·A` and adds it through the mask with a second kernel (`dx`): at the 12B's shapes
-//! that path moves about three times the bytes of `x` per product.
+//! forward's `low = drop(x)·Aᵀ`, and in the backward `dA = dlowᵀ·drop(x)` together with `dx`'s
+//! adapter term `drop'(dlow·A)`. Each is one pass over `x` that regenerates the dropout mask of the
+//! elements it reads ([`crate::dropout`]'s bits; the backward draws it once for both of its
+//! products), where the unfused path writes `drop(x)` to a temporary with the dropout kernel and
+//! reads it back in a cuBLAS GEMM (forward and `dA`), and writes `dlow·A` and adds it through the
+//! mask with a second kernel (`dx`): at the 12B's shapes that path moves about three times the
+//! bytes of `x` per product.
 //!
 //! [`crate::lora_linear`] takes this path for bf16 / f16 activations when [`applies`] holds;
 //! other shapes and f32 keep the dropout kernel + cuBLAS path (f32 because the kernels multiply
 //! on the bf16 / f16 tensor cores). Numerics: fp32 accumulation and one rounding per output, as
-//! the GEMMs; `dx`'s adapter term is added in fp32 (the unfused path rounds it to the element
-//! dtype first).
+//! the GEMMs. The backward writes `dx`'s adapter term first, rounded to the element dtype (as the
+//! unfused path), or adds it in fp32 to a gradient already accumulated there; the `dx` GEMM then
+//! adds `g·W` (`beta = 1`), so `x`'s memory can take `dx` once the kernel has read it.
 
 use crate::cuda::{self, cuda_module, Module};
 use crate::dropout::Keep;
@@ -22,15 +24,11 @@ use candle_core::{CudaStorage, DType, Result};
 
 const MODULE: Module = cuda_module!("lora");
 
-/// Columns, rows per stage and threads of a `lora_da_part` block (as the kernel).
-const DA_COLS: usize = 64;
-const DA_ROWS: usize = 128;
-const DA_THREADS: u32 = 128;
-/// `lora_da_part` blocks to aim for when splitting the rows: four per SM of an H100 / H200.
-const DA_BLOCKS_TARGET: usize = 528;
-/// Rows and columns of a `lora_dx_acc` block (as the kernel; 4 warps).
+/// Rows and columns of a `lora_dx_da` stage and of an up-product block (as the kernels; 4 warps).
 const DX_ROWS: usize = 64;
 const DX_COLS: usize = 64;
+/// `lora_dx_da` blocks to aim for when splitting the rows: four per SM of an H100 / H200.
+const DXDA_BLOCKS_TARGET: usize = 528;
 
 /// The shape of one adapted projection: `m` rows of `inf` input features, rank `r`.
 #[derive(Debug, Clone, Copy)]
@@ -50,9 +48,9 @@ pub(crate) fn applies(dtype: DType, d: Dims, ptrs: &[u64]) -> bool {
         && ptrs.iter().all(|p| p.is_multiple_of(16))
 }
 
-/// Launches `root` (instance for `dtype`) on candle's stream with the arguments every kernel of
-/// `lora.cu` but the split sum takes: three operand addresses, `m`, `inf`, `r`, the row split
-/// (`lora_da_part` only) and the mask.
+/// Launches `root` (instance for `dtype`) on candle's stream with the arguments of `lora_down` and
+/// `lora_dx_da`: the operand addresses, `m`, `inf`, `r`, the row split (`lora_dx_da` only) and the
+/// mask.
 ///
 /// # Safety
 /// The operands must hold what the kernel reads and writes for `d` (see each caller) and stay
@@ -61,7 +59,7 @@ unsafe fn launch(
     dev: &CudaDevice,
     (root, dtype): (&str, DType),
     cfg: LaunchConfig,
-    ptrs: [u64; 3],
+    ptrs: &[u64],
     d: Dims,
     split_rows: Option<i32>,
     keep: Keep,
@@ -70,7 +68,9 @@ unsafe fn launch(
     let stream = dev.cuda_stream();
     let mut b = stream.launch_builder(&f);
     let (m, inf, r) = (d.m as i32, d.inf as i32, d.r as i32);
-    b.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]);
+    for p in ptrs {
+        b.arg(p);
+    }
     b.arg(&m).arg(&inf).arg(&r);
     if let Some(rows) = &split_rows {
         b.arg(rows);
@@ -101,47 +101,48 @@ pub(crate) fn down(
     let root = format!("lora_down_nt{nt}");
     // SAFETY: x holds m·inf elements, a r·inf, low m·r, all of `dtype` (the caller's shapes); the
     // grid covers every 16-row tile and each block writes only its rows of low.
-    unsafe { launch(dev, (&root, dtype), cfg, [x, a, low], d, None, keep) }
+    unsafe { launch(dev, (&root, dtype), cfg, &[x, a, low], d, None, keep) }
 }
 
-/// `da (r, inf) = dlowᵀ·drop(x)` in `da_dtype` (f32 or `dtype`) for `x (m, inf)` and
-/// `dlow (m, r)` in `dtype`: partial sums over row splits in fp32, then their sum in split order
-/// (deterministic, no atomics).
-pub(crate) fn grad_a(
+/// The backward's adapter terms for `x (m, inf)`, `dlow (m, r)` and `a (r, inf)` in `dtype`, in one
+/// pass over `x`: `da (r, inf) = dlowᵀ·drop(x)` in `da_dtype` (f32 or `dtype`; partial sums over row
+/// splits in fp32, then their sum in split order: deterministic, no atomics), and `dx (m, inf)`'s
+/// term `drop'(dlow·A)`, added to `dx` when `accumulate` (`dx = r(dx + (dlow·A)·1/(1−p))` where the
+/// mask keeps an element, unchanged elsewhere), else written over it (`r((dlow·A)·1/(1−p))` where
+/// kept, 0 elsewhere; `dx` may then be `x`'s memory).
+pub(crate) fn grad_x_and_a(
     dev: &CudaDevice,
-    (x, dlow, da): (u64, u64, u64),
+    (x, dlow, a, dx, da): (u64, u64, u64, u64, u64),
     d: Dims,
     (dtype, da_dtype): (DType, DType),
     keep: Keep,
+    accumulate: bool,
 ) -> Result<()> {
-    let tiles = d.inf.div_ceil(DA_COLS);
-    let stages = d.m.div_ceil(DA_ROWS).max(1);
-    let want = DA_BLOCKS_TARGET.div_ceil(tiles).clamp(1, stages);
-    let split_rows = stages.div_ceil(want) * DA_ROWS;
+    let tiles = d.inf.div_ceil(DX_COLS);
+    let stages = d.m.div_ceil(DX_ROWS).max(1);
+    let want = DXDA_BLOCKS_TARGET.div_ceil(tiles).clamp(1, stages);
+    let split_rows = stages.div_ceil(want) * DX_ROWS;
     let splits = d.m.div_ceil(split_rows).max(1);
     // SAFETY: every split's r × inf slice is written whole by its blocks before the sum reads it.
     let part = unsafe { dev.alloc::<f32>(splits * d.r * d.inf)? };
     let stream = dev.cuda_stream();
     let part_ptr = part.device_ptr(&stream).0;
-    let mt = match d.r.div_ceil(16) {
-        1 => 1,
-        2 => 2,
-        _ => 4,
-    };
     let cfg = LaunchConfig {
         grid_dim: (tiles as u32, splits as u32, 1),
-        block_dim: (DA_THREADS, 1, 1),
+        block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    let root = format!("lora_da_part_mt{mt}");
-    // SAFETY: x holds m·inf elements and dlow m·r of `dtype`, part splits·r·inf floats; block
-    // (tile, split) writes the columns of its tile in its split's slice.
+    let mode = if accumulate { "add" } else { "set" };
+    let root = format!("lora_dx_da_ks{}_{mode}", d.r.div_ceil(16));
+    // SAFETY: x and dx hold m·inf elements, dlow m·r and a r·inf of `dtype`, part splits·r·inf
+    // floats; block (tile, split) writes the columns of its tile in its split's slice and its rows
+    // of dx, each element after reading x's.
     unsafe {
         launch(
             dev,
             (&root, dtype),
             cfg,
-            [x, dlow, part_ptr],
+            &[x, dlow, a, dx, part_ptr],
             d,
             Some(split_rows as i32),
             keep,
@@ -155,33 +156,6 @@ pub(crate) fn grad_a(
     // SAFETY: part holds splits·n floats, da n elements of `da_dtype`.
     unsafe { b.launch(cuda::elementwise(n)) }.w()?;
     Ok(())
-}
-
-/// `dx (m, inf) += drop'(dlow·A)` for `dlow (m, r)` and `a (r, inf)`, all in `dtype`: where the
-/// mask keeps an element, `dx = r(dx + (dlow·A)·1/(1−p))`; elsewhere `dx` is unchanged.
-pub(crate) fn grad_x_acc(
-    dev: &CudaDevice,
-    (dlow, a, dx): (u64, u64, u64),
-    d: Dims,
-    dtype: DType,
-    keep: Keep,
-) -> Result<()> {
-    if d.m == 0 {
-        return Ok(());
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (
-            d.inf.div_ceil(DX_COLS) as u32,
-            d.m.div_ceil(DX_ROWS) as u32,
-            1,
-        ),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let root = format!("lora_dx_acc_ks{}", d.r.div_ceil(16));
-    // SAFETY: dlow holds m·r elements, a r·inf, dx m·inf of `dtype`; each thread updates its own
-    // element pairs of dx.
-    unsafe { launch(dev, (&root, dtype), cfg, [dlow, a, dx], d, None, keep) }
 }
 
 /// One adapter's up product `scale·low·Bᵀ` for `lora_up_add` / `lora_up_geglu`: the device

@@ -803,8 +803,8 @@ pub(crate) mod cuda_impl {
             // d(low) = scale·g·B; dB = scale·gᵀ·low (accumulated in fp32, stored in gdt).
             gemm(&dev, (m, r, out), (false, false), (scale, 0.0), (mat(g, out, dt), mat(b, r, dt), mat(dlow, r, dt)))?;
             gemm(&dev, (out, r, m), (true, false), (scale, 0.0), (mat(g, out, dt), mat(low, r, dt), mat(db, r, gdt)))?;
-            // dA = d(low)ᵀ·drop(x), before dx is written (dx may take x's memory); then
-            // dx (+)= g·W and dx += drop'(d(low)·A).
+            // dA = d(low)ᵀ·drop(x) before dx is written (dx may take x's memory), and
+            // dx (+)= g·W + drop'(d(low)·A).
             match p.dropout {
                 None => {
                     gemm(&dev, (r, inf, m), (true, false), (1.0, 0.0), (mat(dlow, r, dt), mat(x, inf, dt), mat(da, inf, gdt)))?;
@@ -812,10 +812,11 @@ pub(crate) mod cuda_impl {
                     gemm(&dev, (m, inf, r), (false, false), (1.0, 1.0), (mat(dlow, r, dt), mat(a, inf, dt), mat(dx, inf, dt)))?;
                 }
                 Some((pr, key)) if adapter_cuda::applies(dt, Dims { m, inf, r }, &[x, a, dlow, dx]) => {
+                    // One pass over x for dA and dx's adapter term (written over dx, or added to
+                    // the accumulated one), then the frozen product added by the GEMM.
                     let (dims, keep) = (Dims { m, inf, r }, Keep::new(pr, key)?);
-                    adapter_cuda::grad_a(&dev, (x, dlow, da), dims, (dt, gdt), keep)?;
-                    gemm(&dev, (m, inf, out), (false, false), (1.0, dx_beta), (mat(g, out, dt), mat(w, inf, dt), mat(dx, inf, dt)))?;
-                    adapter_cuda::grad_x_acc(&dev, (dlow, a, dx), dims, dt, keep)?;
+                    adapter_cuda::grad_x_and_a(&dev, (x, dlow, a, dx, da), dims, (dt, gdt), keep, dx_beta != 0.0)?;
+                    gemm(&dev, (m, inf, out), (false, false), (1.0, 1.0), (mat(g, out, dt), mat(w, inf, dt), mat(dx, inf, dt)))?;
                 }
                 Some((pr, key)) => {
                     // Chunks of rows through one temporary t (fp32 accumulation of dA across them).
