@@ -81,6 +81,12 @@ fn profiler_and_overlap_probe_observe_one_step() -> anyhow::Result<()> {
     assert_eq!(calls("forward"), ACCUM);
     assert_eq!(table.micro, ACCUM);
     assert!(table.render().contains("step wall (synchronised)"));
+    assert!(table.note.contains("the forward probe"), "{}", table.note);
+    let sum: f64 = table.rows.iter().map(|r| r.total_s).sum();
+    assert!(
+        sum > 0.0 && sum <= table.wall_s * 1.5,
+        "the rows split the measured step"
+    );
     assert_eq!(table.json()["rows"].as_array().map(Vec::len), Some(9));
 
     let mut probe = OverlapProbe::new(&dev, ACCUM);

@@ -5,9 +5,10 @@
 //! - [`Profiler`] synchronises at every [`StepEvent`] and charges the time since the previous one
 //!   to the phase that just ended: recompute + backward per layer type (the time between the
 //!   layer callbacks of `forward_backward`), gradient accumulation into DDP's buckets, DDP's
-//!   finish, and (through [`StepObserver::mark`]) the grad norm and AdamW. Forward and loss head
-//!   run before the first layer callback, so [`Probes`] times them separately on the same shapes
-//!   and the last layer's backward is the remainder. [`Profiler::finish`] gives the [`Table`].
+//!   finish, and (through [`StepObserver::mark`]) the grad norm and AdamW. Forward, loss head and
+//!   the last layer's backward run before the first layer callback: [`Probes`] times the head (and
+//!   a bare forward) separately on the same shapes, the last layer is charged its kind's mean, and
+//!   the forward is the rest. [`Profiler::finish`] gives the [`Table`].
 //! - [`OverlapProbe`] synchronises only at micro-batch boundaries: the time `ddp.finish()` still
 //!   waits after the synchronised micro-batch's compute has finished is the communication the
 //!   backward did not hide. [`CommAlone`] is the same buckets all-reduced with nothing else
@@ -271,24 +272,37 @@ impl<'a> Profiler<'a> {
         Ok(())
     }
 
-    /// The table, with the forward and the head taken from `probes` (per micro-batch) and the
-    /// last layer's backward as the remainder of each micro-batch's first interval.
+    /// The table. Each micro-batch's first interval (its forward, the loss head and layer
+    /// `L−1`'s recompute + backward) is split with the head probe and, for layer `L−1`, the mean
+    /// of the measured intervals of its kind (the probes' remainder when no other layer has its
+    /// kind); the forward is the rest, so it includes what the step's forward saves or parks for
+    /// the backward, which the forward probe (`loss()`) does not (a note gives both).
     pub fn finish(&self, probes: &Probes, norm_s: f64, optim_s: f64, wall_s: f64) -> Table {
         let micro = self.first.len();
         let last_kind = self.kind.last().copied().unwrap_or(0);
+        let last_s = match self.backward[last_kind] {
+            (total, n) if n > 0 => total / n as f64,
+            _ => {
+                let rest: f64 = self
+                    .first
+                    .iter()
+                    .map(|f| f - probes.forward_s - probes.head_s)
+                    .sum();
+                rest / micro.max(1) as f64
+            }
+        };
         let mut backward = self.backward;
-        for f in &self.first {
-            backward[last_kind].0 += f - probes.forward_s - probes.head_s;
-            backward[last_kind].1 += 1;
-        }
+        backward[last_kind].0 += last_s * micro as f64;
+        backward[last_kind].1 += micro;
+        let forward_s: f64 = self.first.iter().map(|f| f - probes.head_s - last_s).sum();
         let n_kind = |k: usize| self.kind.iter().filter(|&&x| x == k).count();
         let rows = vec![
             Row::new(
                 format!(
-                    "forward: embedding + {} layers (probe: loss() - head fwd)",
+                    "forward: embedding + {} layers (see the note)",
                     self.kind.len()
                 ),
-                probes.forward_s * micro as f64,
+                forward_s,
                 micro,
             ),
             Row::new(
@@ -316,10 +330,20 @@ impl<'a> Profiler<'a> {
             Row::new("AdamW over buckets".into(), optim_s, 1),
             Row::new("other (between phases)".into(), self.other, 1),
         ];
+        let kind = ["sliding", "full"][last_kind];
+        let note = format!(
+            "note: the forward row is each micro-batch's first interval (forward, head, layer {}'s \
+             backward) less the head probe and the mean {kind} layer's backward ({:.3} ms); the \
+             forward probe, loss() saving and parking nothing, took {:.3} ms per micro-batch",
+            self.kind.len().saturating_sub(1),
+            last_s * 1e3,
+            probes.forward_s * 1e3
+        );
         Table {
             rows,
             wall_s,
             micro,
+            note,
         }
     }
 }
@@ -456,6 +480,8 @@ pub struct Table {
     pub wall_s: f64,
     /// Micro-batches in the step.
     pub micro: usize,
+    /// How the rows before the first layer callback were split.
+    pub note: String,
 }
 
 impl Table {
@@ -483,9 +509,8 @@ impl Table {
             "step wall (synchronised)",
             self.wall_s * 1e3
         );
-        out += "note: forward is not split per layer type (no per-layer forward hook in \
-                forward_backward); the last layer's backward = first callback interval - \
-                forward probe - head probe\n";
+        out += &self.note;
+        out.push('\n');
         out
     }
 
@@ -496,6 +521,6 @@ impl Table {
             .iter()
             .map(|r| serde_json::json!({"phase": r.name, "total_s": r.total_s, "calls": r.calls}))
             .collect();
-        serde_json::json!({"micro_batches": self.micro, "wall_s": self.wall_s, "rows": rows})
+        serde_json::json!({"micro_batches": self.micro, "wall_s": self.wall_s, "rows": rows, "note": self.note})
     }
 }
