@@ -280,6 +280,7 @@ impl<'a> Profiler<'a> {
     pub fn finish(&self, probes: &Probes, norm_s: f64, optim_s: f64, wall_s: f64) -> Table {
         let micro = self.first.len();
         let last_kind = self.kind.last().copied().unwrap_or(0);
+        let measured = self.backward[last_kind].1 > 0;
         let last_s = match self.backward[last_kind] {
             (total, n) if n > 0 => total / n as f64,
             _ => {
@@ -331,9 +332,14 @@ impl<'a> Profiler<'a> {
             Row::new("other (between phases)".into(), self.other, 1),
         ];
         let kind = ["sliding", "full"][last_kind];
+        let last_from = if measured {
+            format!("the mean {kind} layer's backward")
+        } else {
+            format!("the remainder after the forward probe (no other {kind} layer)")
+        };
         let note = format!(
             "note: the forward row is each micro-batch's first interval (forward, head, layer {}'s \
-             backward) less the head probe and the mean {kind} layer's backward ({:.3} ms); the \
+             backward) less the head probe and, for that layer, {last_from} ({:.3} ms); the \
              forward probe, loss() saving and parking nothing, took {:.3} ms per micro-batch",
             self.kind.len().saturating_sub(1),
             last_s * 1e3,
