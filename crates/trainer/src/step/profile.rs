@@ -280,17 +280,13 @@ impl<'a> Profiler<'a> {
     pub fn finish(&self, probes: &Probes, norm_s: f64, optim_s: f64, wall_s: f64) -> Table {
         let micro = self.first.len();
         let last_kind = self.kind.last().copied().unwrap_or(0);
-        let measured = self.backward[last_kind].1 > 0;
-        let last_s = match self.backward[last_kind] {
-            (total, n) if n > 0 => total / n as f64,
-            _ => {
-                let rest: f64 = self
-                    .first
-                    .iter()
-                    .map(|f| f - probes.forward_s - probes.head_s)
-                    .sum();
-                rest / micro.max(1) as f64
-            }
+        let (total, n) = self.backward[last_kind];
+        let measured = n > 0;
+        let last_s = if measured {
+            total / n as f64
+        } else {
+            let mean_first = self.first.iter().sum::<f64>() / micro.max(1) as f64;
+            mean_first - probes.forward_s - probes.head_s
         };
         let mut backward = self.backward;
         backward[last_kind].0 += last_s * micro as f64;
