@@ -12,8 +12,7 @@ set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 LAYERS="${LAYERS:-6}"; SEQ="${SEQ:-2048}"
 CONFIG="${CONFIG:-crates/gemma4/tests/configs/gemma-4-12B-it.json}"
-(cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
-source tools/cuda/device_env.sh
+source tools/gpu/machine_setup.sh
 NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
 cfg="$OUT/config_${LAYERS}_layers.json"
 python3 - "$cfg" "$LAYERS" "$CONFIG" <<'PY'

@@ -32,8 +32,7 @@ with open(sys.argv[3], "w") as out:
         out.write(json.dumps(row) + "\n")
 PYEOF
 if [ -d .gpu ]; then
-  (cd .gpu && for f in *.xz; do [ -e "$f" ] && xz -dkf "$f"; done; chmod +x ./* 2>/dev/null)
-  source tools/cuda/device_env.sh
+  source tools/gpu/machine_setup.sh
 fi
 TRAIN="${TRAIN_DDP:-.gpu/train_ddp}"
 [ -x "$TRAIN" ] || { echo "missing $TRAIN (run tools/gpu/build.sh here and carry .gpu)" >&2; exit 2; }

@@ -7,10 +7,7 @@
 # the verdict lines. Set PARTS to run a subset ("checks nccl multi scaling").
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
-(cd .gpu && for f in *.xz; do [ -e "$f" ] && xz -dkf "$f"; done; chmod +x ./* 2>/dev/null)
-source tools/cuda/device_env.sh
-# The test binaries read their fixtures through the path of the checkout they were built in.
-if [ -f .gpu/source_dir ]; then src=$(cat .gpu/source_dir); [ -e "$src" ] || { mkdir -p "$(dirname "$src")" && ln -sfn "$PWD" "$src"; }; fi
+source tools/gpu/machine_setup.sh
 NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 PARTS="${PARTS:-checks nccl multi scaling}"
 has() { [[ " $PARTS " == *" $1 "* ]]; }

@@ -5,10 +5,7 @@
 # --max-len 1024 and 256. Logs go to $OUT.
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
-(cd .gpu && xz -dkf bench_batching.xz && chmod +x bench_batching)
-source tools/cuda/device_env.sh
-# The tool reads the bundled sample data and tokenizer through the build checkout's path.
-if [ -f .gpu/source_dir ]; then src=$(cat .gpu/source_dir); [ -e "$src" ] || { mkdir -p "$(dirname "$src")" && ln -sfn "$PWD" "$src"; }; fi
+source tools/gpu/machine_setup.sh
 CONFIG="${CONFIG:-crates/gemma4/tests/configs/gemma-4-12B-it.json}"
 for len in 1024 256; do
   echo; echo "=== bench_batching, $(basename "$CONFIG"), --max-len $len"

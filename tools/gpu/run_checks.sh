@@ -4,10 +4,7 @@
 # Logs go to $OUT (the device tool's output folder) or ./out/gpu.
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
-(cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
-source tools/cuda/device_env.sh
-# The test binaries read their fixtures through the path of the checkout they were built in.
-if [ -f .gpu/source_dir ]; then src=$(cat .gpu/source_dir); [ -e "$src" ] || { mkdir -p "$(dirname "$src")" && ln -sfn "$PWD" "$src"; }; fi
+source tools/gpu/machine_setup.sh
 step() { echo; echo "=== $*"; }
 step gpu; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 step parity; G4FT_TEST_DEVICE=cuda .gpu/gemma4_parity --nocapture --test-threads 1 2>&1 | tee "$OUT/parity.log" | grep -E "^(==|test |  )|max|FAIL|result" | head -80

@@ -6,10 +6,7 @@
 # LORA (0: no adapter; e.g. 16 for an unmerged rank-16 adapter on the seven projections).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
-(cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
-source tools/cuda/device_env.sh
-# The test binaries read their fixtures through the path of the checkout they were built in.
-if [ -f .gpu/source_dir ]; then src=$(cat .gpu/source_dir); [ -e "$src" ] || { mkdir -p "$(dirname "$src")" && ln -sfn "$PWD" "$src"; }; fi
+source tools/gpu/machine_setup.sh
 export PYTHONUNBUFFERED=1
 CFG=crates/gemma4/tests/configs/gemma-4-12B-it.json
 step() { echo; echo "=== $*"; }

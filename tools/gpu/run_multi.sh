@@ -21,8 +21,7 @@
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 if [ "${DEVICE:-cuda}" = cuda ] && [ -d .gpu ]; then
-  (cd .gpu && for f in *.xz; do [ -e "$f" ] && xz -dkf "$f"; done; chmod +x ./* 2>/dev/null)
-  source tools/cuda/device_env.sh
+  source tools/gpu/machine_setup.sh
 fi
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 NGPU="${NGPU:-$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)}"

@@ -10,8 +10,7 @@
 # SKIP_W1=1 leaves out the world-1 runs (done on one-GPU machines) when the machine has several GPUs.
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
-(cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
-source tools/cuda/device_env.sh
+source tools/gpu/machine_setup.sh
 export CRITERION_HOME="${CRITERION_HOME:-/tmp/g4ft-criterion}"
 NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 fail=0

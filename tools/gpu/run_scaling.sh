@@ -14,8 +14,7 @@
 # leaves out the PyTorch runs (the table then has ours only).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
-(cd .gpu && for f in *.xz; do [ -e "$f" ] && xz -dkf "$f"; done; chmod +x ./* 2>/dev/null)
-source tools/cuda/device_env.sh
+source tools/gpu/machine_setup.sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 WORLDS="${WORLDS:-1 $NGPU}"
@@ -23,8 +22,7 @@ LARGEST=$(echo "$WORLDS" | tr ' ' '\n' | sort -n | tail -1)
 step() { echo; echo "=== $*"; }
 step "gpus and topology"; nvidia-smi -L; nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 step "bf16 matmul ceiling"
-python3 tools/gpu/matmul_ceiling.py /tmp/peak_tflops 2>&1 | tail -1
-P=$(cat /tmp/peak_tflops)
+measure_peak_tflops
 for n in $WORLDS; do
   step "ours: bench_train, 12B shape, world $n"
   extra=(); [ "$n" = "$LARGEST" ] && extra=(--overlap)

@@ -8,11 +8,9 @@
 # GPU machine hands back a limited number of files; KEEP_LOGS=1 leaves them unpacked beside it).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
-(cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
-source tools/cuda/device_env.sh
+source tools/gpu/machine_setup.sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 tools/gpu/matmul_ceiling.py /tmp/peak_tflops 2>&1 | tail -1
-P=$(cat /tmp/peak_tflops)
+measure_peak_tflops
 declare -A OURS=([E2B]=gemma-4-E2B-it [E4B]=gemma-4-E4B-it [12B]=gemma-4-12B-it [26B-A4B]=gemma-4-26B-A4B-it [31B]=gemma-4-31B-it)
 declare -A REF=([E2B]=e2b_text [E4B]=e4b_text [12B]=12b_text [26B-A4B]=26b_a4b_text [31B]=31b_text)
 for size in ${SIZES:-E2B E4B 12B 26B-A4B 31B}; do

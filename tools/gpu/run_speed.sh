@@ -17,16 +17,14 @@
 # leaves room for its ten.
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
-(cd .gpu && for f in *.xz; do xz -dkf "$f"; done && chmod +x ./*)
-source tools/cuda/device_env.sh
+source tools/gpu/machine_setup.sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 CFG=crates/gemma4/tests/configs/gemma-4-12B-it.json
 REF=.gpu/bench/pytorch-reference
 SEQ=${SEQ:-2048}; MICRO=${MICRO:-1}; ACCUM=$(( 16384 / (SEQ * MICRO) > 0 ? 16384 / (SEQ * MICRO) : 1 ))
 step() { echo; echo "=== $*"; }
 step "bf16 matmul ceiling"
-python3 tools/gpu/matmul_ceiling.py /tmp/peak_tflops 2>&1 | tail -1
-P=$(cat /tmp/peak_tflops)
+measure_peak_tflops
 for policy in ${POLICIES-all none auto}; do
   step "ours: bench_train, 12B shape, seq $SEQ, micro-batch $MICRO, accum $ACCUM, --recompute $policy"
   prof=(); [ "$policy" = "${PROFILE:-all}" ] && prof=(--profile)

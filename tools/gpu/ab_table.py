@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""The table of an A/B call (tools/gpu/ab.sh) from its logs, OUT/ab_<setting>_<a|b>_<round>.log.
+
+    python3 tools/gpu/ab_table.py OUT
+
+One row per setting: each run's tokens/s in round order, the ratio of the two builds' mean tokens/s,
+peak GB with the memory model's prediction in brackets, and whether the builds logged the same loss
+at every step (else the largest difference and its step). A run without a SUMMARY line reads
+"failed" (its log says why). Exits 1 when a run failed or no log was found.
+"""
+import pathlib
+import re
+import statistics
+import sys
+
+LOG = re.compile(r"^ab_(?P<setting>.+)_(?P<side>[ab])_(?P<round>\d+)\.log$")
+FIELD = re.compile(r"(\w+)=(\S+)")
+STEP = re.compile(r"^step=(\d+) loss=(\S+)")
+
+
+def read_run(path):
+    """(summary fields or None, {step: loss}) of one bench_train log."""
+    summary, losses = None, {}
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("SUMMARY "):
+            summary = dict(FIELD.findall(line))
+        elif m := STEP.match(line):
+            losses[int(m[1])] = float(m[2])
+    return summary, losses
+
+
+def loss_verdict(a_runs, b_runs):
+    """Whether every run of both builds logged the same losses, else the largest A-B gap."""
+    a = [losses for _, losses in a_runs if losses]
+    b = [losses for _, losses in b_runs if losses]
+    if not a or not b:
+        return "no losses logged"
+    if all(run == a[0] for run in a + b):
+        return "the same at every step"
+    gap, at = max(
+        (abs(x[s] - y[s]), s) for x in a for y in b for s in x.keys() & y.keys()
+    )
+    return f"differ: up to {gap:.4g} (step {at})"
+
+
+def side_cells(runs):
+    """(tokens/s of each run, their mean or None, peak GB (predicted) of the last good run)."""
+    rates = [float(s["tokens_per_s"]) if s else None for s, _ in runs]
+    good = [s for s, _ in runs if s]
+    text = ", ".join("failed" if r is None else f"{r:,.0f}" for r in rates)
+    mean = statistics.mean(r for r in rates if r is not None) if good else None
+    peak = f"{good[-1]['peak_gb']} ({good[-1]['predicted_peak_gb']})" if good else "-"
+    return text, mean, peak
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    runs = {}
+    for path in sorted(pathlib.Path(sys.argv[1]).glob("ab_*.log")):
+        if m := LOG.match(path.name):
+            side = runs.setdefault(m["setting"], {"a": {}, "b": {}})[m["side"]]
+            side[int(m["round"])] = read_run(path)
+    if not runs:
+        sys.exit(f"no ab_<setting>_<a|b>_<round>.log in {sys.argv[1]}")
+    print("| setting | A tokens/s | B tokens/s | A / B | A peak GB (predicted) | B peak GB (predicted) | losses |")
+    print("|---|---|---|---|---|---|---|")
+    failed = False
+    for setting, sides in runs.items():
+        a_runs = [sides["a"][r] for r in sorted(sides["a"])]
+        b_runs = [sides["b"][r] for r in sorted(sides["b"])]
+        a_text, a_mean, a_peak = side_cells(a_runs)
+        b_text, b_mean, b_peak = side_cells(b_runs)
+        ratio = f"{a_mean / b_mean:.3f}" if a_mean and b_mean else "-"
+        failed |= "failed" in a_text + b_text or not a_runs or not b_runs
+        print(f"| {setting} | {a_text} | {b_text} | {ratio} | {a_peak} | {b_peak} | {loss_verdict(a_runs, b_runs)} |")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
