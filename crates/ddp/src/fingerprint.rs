@@ -4,7 +4,7 @@
 //! `#[track_caller]`). The CPU backend carries it in every frame and compares it with the
 //! neighbour's; the NCCL backend (whose kernels cannot carry it) agrees on it through the store
 //! ([`Ledger::agree`]): before enqueueing for blocking collectives; for queued all-reduces on a
-//! background thread ([`Agreer`]) whose result `Work::wait` checks, so that DDP's bucket launches
+//! background thread (`Agreer`) whose result `Work::wait` checks, so that DDP's bucket launches
 //! never wait for the other ranks' hosts. Every rank also announces its current collective under
 //! `ddp/progress/<rank>` (a SET has no reply, so this costs one small write), so that a timeout can
 //! name the ranks that never arrived and where they were last seen ([`Ledger::diagnose`]).

@@ -143,7 +143,7 @@ fn packed_sequence_starts(
 ///
 /// `attention_mask`: `(b, t)` row-major 1 = token, 0 = padding (`None` = all tokens);
 /// `position_ids`: `(b, t)` (used only for packing detection, and only without attention mask:
-/// [`packed_sequence_starts`]);
+/// `packed_sequence_starts`);
 /// `window`: sliding window `W`; `causal`: `false` for `use_bidirectional_attention = "all"`.
 pub fn build_masks(
     (b, t): (usize, usize),

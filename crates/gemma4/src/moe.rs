@@ -8,7 +8,7 @@
 //! weights are frozen (never LoRA targets).
 //!
 //! Two forwards with the same numerics: [`Moe::forward`] (differentiable by Candle's autograd, one
-//! matmul per expert over its rows: the reference) and [`Moe::forward_saved`] + [`Moe::backward_saved`]
+//! matmul per expert over its rows: the reference) and `Moe::forward_saved` + `Moe::backward_saved`
 //! (the training path: routing, grouping and the expert matmuls as device ops of `g4ft-ops`, a
 //! handful of launches per layer whatever the number of experts, no host copy). The decoder
 //! layer's graph forward uses the second whenever no adapter gradient is tracked (evaluation,

@@ -73,7 +73,7 @@ pub struct Args {
 pub const MAX_NPROC: usize = 1024;
 
 impl Args {
-    /// `--nproc-per-node` resolved to a count: at least 1, at most [`MAX_NPROC`] and what the
+    /// `--nproc-per-node` resolved to a count: at least 1, at most `MAX_NPROC` and what the
     /// open-file limit allows (each worker holds two pipes in the launcher).
     pub fn nproc(&self) -> Result<usize> {
         let bad = |reason: String| DdpError::Env {
