@@ -7,8 +7,8 @@
 #   A=.gpu/bench_train B=.gpu/bench_train_base ROUNDS=2 bash tools/gpu/ab.sh \
 #     none_m1 "--micro-batch 1 --accum 8 --recompute none" \
 #     offload_m2 "--micro-batch 2 --accum 4 --recompute all --offload-checkpoints"
-# B is usually the build of the commit before the change: check it out (or `git stash`), run
-# tools/gpu/build.sh, `mv .gpu/bench_train.xz .gpu/bench_train_base.xz`, and go back.
+# B is usually the build of the commit before the change: `bash tools/gpu/build_base.sh REV`
+# writes it as .gpu/bench_train_base.xz.
 # Every run gets --config CFG (the 12B's) --device DEVICE (cuda) --dtype DTYPE (bf16) --seq SEQ
 # (2048) --steps STEPS (4) --warmup-discard 1 and, on CUDA, the measured matmul ceiling as
 # --peak-tflops; a setting's arguments come after these and may override them. Logs go to
