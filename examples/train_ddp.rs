@@ -56,8 +56,8 @@ use g4ft::trainer::TrainConfig;
 
 fn main() -> ExitCode {
     let matches = cli::command().get_matches();
-    let rank = std::env::var("RANK").unwrap_or_else(|_| "0".into());
-    cli::exit_code(&format!("[rank {rank}] "), train(&matches))
+    let prefix = g4ft::ddp::env::message_prefix(|k| std::env::var(k).ok());
+    cli::exit_code(&prefix, train(&matches))
 }
 
 fn train(matches: &ArgMatches) -> Result<()> {

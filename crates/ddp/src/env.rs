@@ -6,6 +6,20 @@
 
 use crate::error::{DdpError, Result};
 
+/// Set to `1` by `ddprun` in its workers' environment: it prefixes every line they print with
+/// `[rank N] `, so their own messages need not name their rank.
+pub const LINES_PREFIXED_ENV: &str = "G4FT_LINES_PREFIXED";
+
+/// The prefix of a worker's own messages (e.g. its last line, the error that ends it), read
+/// through `get`: `[rank N] ` (`RANK`, 0 when unset) under torchrun or alone, nothing under
+/// `ddprun` ([`LINES_PREFIXED_ENV`]), whose prefix would otherwise come twice.
+pub fn message_prefix(get: impl Fn(&str) -> Option<String>) -> String {
+    if get(LINES_PREFIXED_ENV).as_deref() == Some("1") {
+        return String::new();
+    }
+    format!("[rank {}] ", get("RANK").unwrap_or_else(|| "0".into()))
+}
+
 /// Where a worker is in the job, read from the torchrun environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DistEnv {
@@ -146,6 +160,14 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn own_messages_name_the_rank_unless_the_launcher_prefixes_every_line() {
+        assert_eq!(message_prefix(lookup(&[])), "[rank 0] ");
+        assert_eq!(message_prefix(lookup(&[("RANK", "3")])), "[rank 3] ");
+        let ddprun = [("RANK", "3"), (LINES_PREFIXED_ENV, "1")];
+        assert_eq!(message_prefix(lookup(&ddprun)), "");
     }
 
     #[test]

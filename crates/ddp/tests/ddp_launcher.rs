@@ -30,10 +30,10 @@ fn standalone_prints_both_ranks() {
 fn torchrun_environment_is_complete() {
     let o = sh(
         &["--standalone", "--nproc_per_node=1"],
-        "echo $TORCHELASTIC_USE_AGENT_STORE $TORCHELASTIC_RESTART_COUNT $GROUP_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR",
+        "echo $TORCHELASTIC_USE_AGENT_STORE $TORCHELASTIC_RESTART_COUNT $GROUP_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $G4FT_LINES_PREFIXED",
     );
     let t = text(&o);
-    assert!(t.contains("[rank 0] True 0 0 1 127.0.0.1"), "{t}");
+    assert!(t.contains("[rank 0] True 0 0 1 127.0.0.1 1"), "{t}");
 }
 
 #[test]

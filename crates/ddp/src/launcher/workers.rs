@@ -41,6 +41,7 @@ pub fn worker_env(l: &Layout, attempt: u32, max_restarts: u32) -> Vec<(String, S
         ("TORCHELASTIC_MAX_RESTARTS", max_restarts.to_string()),
         ("TORCHELASTIC_RUN_ID", l.run_id.clone()),
         ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
+        (crate::env::LINES_PREFIXED_ENV, "1".into()),
         (
             "TORCHELASTIC_SIGNALS_TO_HANDLE",
             "SIGTERM,SIGINT,SIGHUP,SIGQUIT".into(),
