@@ -50,15 +50,16 @@ pub fn run(args: &Args) -> Result<GgufReport> {
     )?)
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let report = run(&args)?;
-    let line = serde_json::json!({
-        "gguf": args.gguf.display().to_string(),
-        "tensors": report.tensors,
-        "alpha": report.alpha,
-        "folded": report.folded,
+    let result = run(&args).map(|report| {
+        let line = serde_json::json!({
+            "gguf": args.gguf.display().to_string(),
+            "tensors": report.tensors,
+            "alpha": report.alpha,
+            "folded": report.folded,
+        });
+        println!("{line}");
     });
-    println!("{line}");
-    Ok(())
+    g4ft::trainer::config::cli::exit_code("", result)
 }

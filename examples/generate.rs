@@ -355,11 +355,12 @@ fn interactive(s: &Session, input: &mut dyn BufRead, out: &mut dyn Write) -> Res
     Ok(())
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    run(
+    let result = run(
         &args,
         &mut std::io::stdin().lock(),
         &mut std::io::stdout().lock(),
-    )
+    );
+    g4ft::trainer::config::cli::exit_code("", result)
 }

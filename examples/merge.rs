@@ -72,15 +72,16 @@ pub fn run(args: &Args) -> Result<MergeReport> {
         .with_context(|| format!("merging {} into {}", args.adapter.display(), base.display()))
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let report = run(&args)?;
-    let line = serde_json::json!({
-        "out": args.out.display().to_string(),
-        "shards": report.shards.len(),
-        "merged": report.merged,
-        "bytes": report.total_bytes,
+    let result = run(&args).map(|report| {
+        let line = serde_json::json!({
+            "out": args.out.display().to_string(),
+            "shards": report.shards.len(),
+            "merged": report.merged,
+            "bytes": report.total_bytes,
+        });
+        println!("{line}");
     });
-    println!("{line}");
-    Ok(())
+    g4ft::trainer::config::cli::exit_code("", result)
 }

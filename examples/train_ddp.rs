@@ -97,7 +97,11 @@ fn train(matches: &ArgMatches) -> Result<()> {
         Err(e) => {
             let follows_peer = DdpError::chain_may_follow_peer_exit(e.as_ref());
             let linger = FAILURE_LINGER.min(timeout);
-            Err(anyhow!(group.fail(&format!("{e:#}"), follows_peer, linger)))
+            Err(anyhow!(group.fail(
+                &cli::error_text(&e),
+                follows_peer,
+                linger
+            )))
         }
     }
 }

@@ -356,6 +356,24 @@ fn tensorboard_event_files_hold_the_logged_scalars() {
     );
 }
 
+/// The stderr of the tool `name` run with `args` and `RUST_BACKTRACE=1`, which must fail with one
+/// line (an ordinary error is not a crash: no backtrace).
+fn one_error_line(name: &str, args: &[&std::ffi::OsStr]) -> String {
+    let o = std::process::Command::new(example(name))
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{name} should fail: {err}");
+    assert_eq!(
+        err.lines().count(),
+        1,
+        "{name}: one line, no backtrace: {err}"
+    );
+    err
+}
+
 #[test]
 fn prepare_refuses_to_overwrite_its_input_and_tools_print_one_error_line() {
     let dir = tmp("prepare");
@@ -364,48 +382,55 @@ fn prepare_refuses_to_overwrite_its_input_and_tools_print_one_error_line() {
     std::fs::copy(Path::new(ROOT).join("assets/sample/chat.jsonl"), &chats).unwrap();
     let before = std::fs::read(&chats).unwrap();
     let model = Path::new(ROOT).join("assets/tiny");
+    let (model, chats_arg) = (model.as_os_str(), chats.as_os_str());
     // The same file by another spelling.
     let same = dir.join(".").join("chat.jsonl");
-    let o = std::process::Command::new(example("prepare"))
-        .args([
+    let err = one_error_line(
+        "prepare",
+        &[
             "--model".as_ref(),
-            model.as_os_str(),
+            model,
             "--data".as_ref(),
-            chats.as_os_str(),
-        ])
-        .args(["--out".as_ref(), same.as_os_str()])
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success());
+            chats_arg,
+            "--out".as_ref(),
+            same.as_os_str(),
+        ],
+    );
     assert!(
         err.starts_with("error: --out") && err.contains("choose another --out"),
         "{err}"
     );
-    assert_eq!(err.lines().count(), 1, "one line, no backtrace: {err}");
     assert_eq!(
         std::fs::read(&chats).unwrap(),
         before,
         "the chats are untouched"
     );
 
-    // score: an ordinary error is one line even with RUST_BACKTRACE set.
-    let o = std::process::Command::new(example("score"))
-        .args([
-            "--model".as_ref(),
-            model.as_os_str(),
-            "--data".as_ref(),
-            chats.as_os_str(),
-        ])
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success());
+    let err = one_error_line(
+        "score",
+        &["--model".as_ref(), model, "--data".as_ref(), chats_arg],
+    );
     assert!(
         err.starts_with("error: ") && err.contains("chat.jsonl:1: invalid row"),
         "{err}"
     );
-    assert_eq!(err.lines().count(), 1, "{err}");
+
+    // The OS error once, though its error type prints it in its own message.
+    let (missing, out) = (dir.join("no-adapter"), dir.join("merged"));
+    let err = one_error_line(
+        "merge",
+        &[
+            "--model".as_ref(),
+            model,
+            "--adapter".as_ref(),
+            missing.as_os_str(),
+            "--out".as_ref(),
+            out.as_os_str(),
+        ],
+    );
+    assert!(
+        err.starts_with("error: merging") && err.contains("adapter_config.json"),
+        "{err}"
+    );
+    assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
 }

@@ -153,9 +153,28 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// `e` and its causes joined by `: `, as anyhow's `{:#}` prints them, less each cause whose text
+/// ends the message before it: error types that print their source in their own message (most
+/// of ours, many of our dependencies') would otherwise show it twice.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let message = cause.to_string();
+        if text.ends_with(&message) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&message);
+    }
+    text
+}
+
 /// How a binary ends: success, or one `error: …` line on stderr (the error and its causes,
-/// `prefix` first, e.g. `[rank 1] `) and a failure exit code. The backtrace is added only when
-/// asked for twice: `RUST_BACKTRACE` set and `G4FT_DEBUG=1` (an ordinary error is not a crash).
+/// [`error_text`], `prefix` first, e.g. `[rank 1] `) and a failure exit code. The backtrace is
+/// added only when asked for twice: `RUST_BACKTRACE` set and `G4FT_DEBUG=1` (an ordinary error is
+/// not a crash).
 pub fn exit_code(prefix: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -165,7 +184,7 @@ pub fn exit_code(prefix: &str, result: anyhow::Result<()>) -> std::process::Exit
             if debug {
                 eprintln!("{prefix}error: {e:?}");
             } else {
-                eprintln!("{prefix}error: {e:#}");
+                eprintln!("{prefix}error: {}", error_text(&e));
             }
             std::process::ExitCode::FAILURE
         }
@@ -244,6 +263,26 @@ mod tests {
     use super::*;
     use crate::config::{DTypeKind, DeviceKind, LabelsKind};
     use crate::step::schedule::LrSchedulerKind;
+
+    #[test]
+    fn error_text_shows_each_cause_once() {
+        let read = || crate::Error::ConfigRead {
+            path: "run.toml".into(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+        };
+        // The variant prints its source itself: the chain's copy is left out.
+        let e = anyhow::Error::new(read()).context("loading the settings");
+        assert_eq!(
+            error_text(&e),
+            "loading the settings: config run.toml: cannot read: no such file"
+        );
+        assert!(format!("{e:#}").ends_with("no such file: no such file"));
+        // Causes that their parents do not print stay.
+        let e = anyhow::anyhow!("no such file")
+            .context("step 3")
+            .context("resume");
+        assert_eq!(error_text(&e), "resume: step 3: no such file");
+    }
 
     fn repo_config(name: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
