@@ -50,6 +50,25 @@ fn failed_worker_stops_the_others_and_fails_the_launch() {
 }
 
 #[test]
+fn a_worker_program_that_does_not_exist_is_one_error_line() {
+    let o = Command::new(DDPRUN)
+        .args(["--standalone", "--", "/nonexistent/worker"])
+        .output()
+        .expect("run ddprun");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.starts_with("ddprun: start worker 0: [\"/nonexistent/worker\"]: "),
+        "{t}"
+    );
+    assert_eq!(
+        (t.lines().count(), t.matches("ddprun").count()),
+        (1, 1),
+        "{t}"
+    );
+}
+
+#[test]
 fn restart_increments_restart_count() {
     let o = sh(
         &["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"],

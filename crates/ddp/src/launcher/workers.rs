@@ -92,7 +92,7 @@ impl WorkerSet {
                 Err(e) => {
                     set.stop();
                     return Err(DdpError::io(
-                        format!("ddprun: start worker {rank}: {:?}", command),
+                        format!("start worker {rank}: {:?}", command),
                         e,
                     ));
                 }
@@ -133,7 +133,7 @@ impl WorkerSet {
                     if let Some(status) = w
                         .child
                         .try_wait()
-                        .map_err(|e| DdpError::io("ddprun: wait for worker", e))?
+                        .map_err(|e| DdpError::io("wait for worker", e))?
                     {
                         let code = status.code().unwrap_or_else(|| 128 + signal_of(&status));
                         w.exit = Some(code);
