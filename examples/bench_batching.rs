@@ -75,8 +75,11 @@ impl GradSink for Discard {
     }
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+fn main() -> std::process::ExitCode {
+    g4ft::trainer::config::cli::exit_code("", run(&Args::parse()))
+}
+
+fn run(args: &Args) -> Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     std::fs::create_dir_all(&args.work)?;
     let data = args.work.join("long_tail.jsonl");
@@ -105,8 +108,7 @@ fn main() -> Result<()> {
             "tiny".to_string(),
         ),
         Some(path) => {
-            let cfg =
-                Config::from_file(path).with_context(|| format!("reading {}", path.display()))?;
+            let cfg = Config::from_file(path)?;
             let name = path.file_stem().map_or_else(
                 || path.display().to_string(),
                 |s| s.to_string_lossy().into_owned(),

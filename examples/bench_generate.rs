@@ -69,8 +69,11 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+fn main() -> std::process::ExitCode {
+    g4ft::trainer::config::cli::exit_code("", run(&Args::parse()))
+}
+
+fn run(args: &Args) -> Result<()> {
     if args.new_tokens < 2 || args.prompt_len == 0 || args.iters == 0 {
         bail!("--new-tokens must be >= 2, --prompt-len and --iters >= 1");
     }

@@ -45,7 +45,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use candle_core::{Device, Var};
 use clap::Parser;
 use g4ft_data::Batch;
@@ -201,8 +201,12 @@ fn random_batch(seed: u64, micro: u64, b: usize, t: usize, vocab: usize) -> Batc
     Batch::full_rows(input_ids, b, t)
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+fn main() -> std::process::ExitCode {
+    let prefix = g4ft::ddp::env::message_prefix(|k| std::env::var(k).ok());
+    g4ft::trainer::config::cli::exit_code(&prefix, run(&Args::parse()))
+}
+
+fn run(args: &Args) -> Result<()> {
     let shape = &args.shape;
     if args.steps == 0 || args.accum == 0 || shape.micro_batch == 0 || shape.seq < 2 {
         bail!("--steps, --accum, --micro-batch must be >= 1 and --seq >= 2");
@@ -226,8 +230,7 @@ fn main() -> Result<()> {
         },
     )?;
     let (rank, world) = (group.rank(), group.world_size());
-    let cfg = Config::from_file(&shape.config)
-        .with_context(|| format!("reading {}", shape.config.display()))?;
+    let cfg = Config::from_file(&shape.config)?;
 
     let free_at_start = memory::free_memory(&device, group.env().local_world_size);
     let t0 = Instant::now();

@@ -49,15 +49,17 @@ struct Args {
 /// Steps of the `--longest-within-gb` search, tokens.
 const LONGEST_STEP: usize = 1024;
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+fn main() -> std::process::ExitCode {
+    g4ft::trainer::config::cli::exit_code("", run(&Args::parse()))
+}
+
+fn run(args: &Args) -> Result<()> {
     let (a, world) = (&args.shape, args.world);
     if world == 0 || a.micro_batch == 0 || a.seq == 0 || a.lora_r == 0 {
         bail!("--seq, --micro-batch, --lora-r and --world must be >= 1");
     }
     let dtype = a.dtype()?;
-    let cfg =
-        Config::from_file(&a.config).with_context(|| format!("reading {}", a.config.display()))?;
+    let cfg = Config::from_file(&a.config)?;
     let lcfg = LoraConfig::new(
         a.lora_r,
         2.0 * a.lora_r as f64,
