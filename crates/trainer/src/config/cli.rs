@@ -154,7 +154,7 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 }
 
 /// `e` and its causes joined by `: `, as anyhow's `{:#}` prints them, less each cause whose text
-/// ends the message before it: error types that print their source in their own message (most
+/// ends the message before it: error types that print their source in their own message (some
 /// of ours, many of our dependencies') would otherwise show it twice.
 pub fn error_text(e: &anyhow::Error) -> String {
     let mut text = String::new();
