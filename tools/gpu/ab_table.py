@@ -3,9 +3,9 @@
 
     python3 tools/gpu/ab_table.py OUT
 
-One row per setting: each run's tokens/s in round order, the ratio of the two builds' mean tokens/s,
+One row per setting, from each run's RESULT_JSON and its `step=` lines: tokens/s in round order, the ratio of the two builds' mean tokens/s,
 peak GB with the memory model's prediction in brackets, and whether the builds logged the same loss
-at every step (else the largest difference and its step). A run without a SUMMARY line reads
+at every step (else the largest difference and its step). A run without a RESULT_JSON line reads
 "failed" (its log says why). Exits 1 when a run failed or no log was found.
 """
 import pathlib
@@ -13,20 +13,19 @@ import re
 import statistics
 import sys
 
+from result_json import result_json
+
 LOG = re.compile(r"^ab_(?P<setting>.+)_(?P<side>[ab])_(?P<round>\d+)\.log$")
-FIELD = re.compile(r"(\w+)=(\S+)")
 STEP = re.compile(r"^step=(\d+) loss=(\S+)")
 
 
 def read_run(path):
-    """(summary fields or None, {step: loss}) of one bench_train log."""
-    summary, losses = None, {}
+    """(RESULT_JSON object or None, {step: loss}) of one bench_train log."""
+    losses = {}
     for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("SUMMARY "):
-            summary = dict(FIELD.findall(line))
-        elif m := STEP.match(line):
+        if m := STEP.match(line):
             losses[int(m[1])] = float(m[2])
-    return summary, losses
+    return result_json(path), losses
 
 
 def loss_verdict(a_runs, b_runs):
@@ -45,11 +44,11 @@ def loss_verdict(a_runs, b_runs):
 
 def side_cells(runs):
     """(tokens/s of each run, their mean or None, peak GB (predicted) of the last good run)."""
-    rates = [float(s["tokens_per_s"]) if s else None for s, _ in runs]
+    rates = [s["tokens_per_s"] if s else None for s, _ in runs]
     good = [s for s, _ in runs if s]
     text = ", ".join("failed" if r is None else f"{r:,.0f}" for r in rates)
     mean = statistics.mean(r for r in rates if r is not None) if good else None
-    peak = f"{good[-1]['peak_gb']} ({good[-1]['predicted_peak_gb']})" if good else "-"
+    peak = f"{good[-1]['peak_GB']:.2f} ({good[-1]['predicted_peak_GB']:.2f})" if good else "-"
     return text, mean, peak
 
 

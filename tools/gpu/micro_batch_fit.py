@@ -8,18 +8,11 @@ under one GRAD_CKPT (`anchor_ckpt<N>` in the log's name) or Unsloth under one UN
 (`unsloth_gc<mode>_` or `unsloth_gc<mode>.log`). Logs from different calls mix the calls' speeds.
 Usage: python3 tools/gpu/micro_batch_fit.py LOG [LOG ...]"""
 import collections
-import json
 import pathlib
 import re
 import sys
 
-
-def result(path):
-    """The log's RESULT_JSON object, or None."""
-    for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("RESULT_JSON "):
-            return json.loads(line.split(" ", 1)[1])
-    return None
+from result_json import result_json
 
 
 def system(path, res):
@@ -53,7 +46,7 @@ def main():
     seqs = set()
     for arg in sys.argv[1:]:
         path = pathlib.Path(arg)
-        res = result(path)
+        res = result_json(path)
         if res is None:
             print(f"{path}: no RESULT_JSON (failed run?), left out", file=sys.stderr)
             continue

@@ -6,21 +6,10 @@ Reads the RESULT_JSON line of OUT_DIR/ours_w<N>.log and OUT_DIR/anchor_w<N>.log 
 size and prints a markdown table: tokens/s, s/step, peak GB per GPU, MFU, the scaling efficiency
 tokens_per_s(N) / (N x tokens_per_s(1)) and ours / PyTorch at each N.
 """
-import json
 import os
 import sys
 
-
-def result(path):
-    try:
-        with open(path) as f:
-            for line in f:
-                i = line.find("RESULT_JSON ")
-                if i >= 0:
-                    return json.loads(line[i + len("RESULT_JSON "):])
-    except OSError:
-        pass
-    return None
+from result_json import result_json
 
 
 def main():
@@ -28,7 +17,7 @@ def main():
     rows = {}
     for who, prefix in (("ours", "ours_w"), ("PyTorch", "anchor_w")):
         for n in worlds:
-            rows[(who, n)] = result(os.path.join(out, f"{prefix}{n}.log"))
+            rows[(who, n)] = result_json(os.path.join(out, f"{prefix}{n}.log"))
     print("| run | GPUs | tokens/s | s/step | peak GB/GPU | MFU | scaling efficiency | ours / PyTorch |")
     print("|---|---|---|---|---|---|---|---|")
     for who in ("ours", "PyTorch"):
