@@ -71,7 +71,12 @@ const MAX_GRAD_NORM: f64 = 1.0;
 
 /// Command line.
 #[derive(Debug, Parser)]
-#[command(about = "Benchmark the LoRA training step on a random-weight Gemma 4")]
+/// An option given twice takes its last value, so that a script's settings can override its
+/// defaults (`tools/gpu/ab.sh`).
+#[command(
+    about = "Benchmark the LoRA training step on a random-weight Gemma 4",
+    args_override_self = true
+)]
 struct Args {
     /// Config, sequence length (every sample is exactly this long), micro-batch, LoRA rank, dtype.
     #[command(flatten)]

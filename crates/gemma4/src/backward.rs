@@ -35,24 +35,8 @@ use crate::attention::KvPair;
 use crate::config::KvSharing;
 use crate::decoder_layer::explicit::{BlockOutputs, LayerLows, LayerRecall, LayerTape};
 use crate::error::Error;
-use crate::model::{shift_labels, Gemma4Model, Prepared, TokenBatch};
+use crate::model::{shift_labels, Gemma4Model, LossOutput, Prepared, TokenBatch};
 use crate::recompute::Parked;
-
-/// What a layer-wise forward/backward measured.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LossStats {
-    /// Σ of the token NLLs (fp32 sum, unscaled).
-    pub loss_sum: f64,
-    /// Number of valid (shifted, non-ignored) targets.
-    pub n_tokens: usize,
-}
-
-impl LossStats {
-    /// transformers' `outputs.loss` (NaN when there is no valid target, as in PyTorch).
-    pub fn mean(&self) -> f64 {
-        self.loss_sum / self.n_tokens as f64
-    }
-}
 
 /// What the forward keeps of one layer for the backward walk.
 enum Saved {
@@ -109,6 +93,13 @@ impl Parking<'_> {
         let [input, outputs @ ..] = slots;
         let input = input.expect("a parked layer parks its input");
         Ok((input, from_slots(outputs)))
+    }
+
+    /// Before the backward walk: the last layers' copies out end before their device memory goes
+    /// back, so the walk starts with none of it held, as the memory model counts (the host may
+    /// be far ahead of the device here; nothing waits for it).
+    fn settle(&mut self) -> Result<(), Error> {
+        Ok(self.host.settle()?)
     }
 
     /// Starts bringing back what the highest parked layer of `saved` parked (`saved[j]` is layer
@@ -174,6 +165,7 @@ impl Gemma4Model {
     /// (no graph is recorded; the recompute keeps what the backward reads); dropout replays because
     /// both passes use the same `seed`/`micro_step`. Layers in [`Gemma4Model::keep_mask`] keep
     /// their tape from the forward and are not recomputed; the gradients are the same bits.
+    /// Returns the loss still on the device ([`LossOutput`] says when to read it).
     pub fn forward_backward<F, E>(
         &self,
         batch: &TokenBatch,
@@ -181,7 +173,7 @@ impl Gemma4Model {
         ctx: &LoraContext,
         loss_scale: f64,
         mut on_layer: F,
-    ) -> std::result::Result<LossStats, E>
+    ) -> std::result::Result<LossOutput, E>
     where
         F: FnMut(usize, &AdapterGrads) -> std::result::Result<(), E>,
         E: From<Error>,
@@ -242,7 +234,9 @@ impl Gemma4Model {
         // 2. Head and loss → d(final hidden).
         let hv = Var::from_tensor(&h).map_err(Error::from)?;
         let loss_sum = self.head_loss(hv.as_tensor(), &targets)?;
-        let loss_value = loss_sum.to_scalar::<f32>().map_err(Error::from)? as f64;
+        // Read by the caller, after the backward is queued: a read here would hold the host
+        // until the forward has run, leaving the GPU idle while it queues the first layers.
+        let sum = loss_sum.detach();
         let factor = if n_tokens > 0 {
             loss_scale / n_tokens as f64
         } else {
@@ -257,6 +251,9 @@ impl Gemma4Model {
             None => h.zeros_like().map_err(Error::from)?,
         };
         drop((grads, hv, h));
+        if let Some(park) = offload.as_mut() {
+            park.settle()?;
+        }
 
         // 3. Walk the layers backwards, recomputing those that saved only their input.
         let mut lent: HashMap<usize, KvPair> = HashMap::new();
@@ -305,9 +302,6 @@ impl Gemma4Model {
             on_layer(i, &grads)?;
             g = out.dx;
         }
-        Ok(LossStats {
-            loss_sum: loss_value,
-            n_tokens,
-        })
+        Ok(LossOutput { sum, n_tokens })
     }
 }

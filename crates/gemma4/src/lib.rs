@@ -35,7 +35,6 @@ pub mod recompute;
 pub mod rope;
 pub mod weights;
 
-pub use backward::LossStats;
 pub use config::{
     Config, KvSharing, LayerConfig, LayerType, MoeConfig, ProjectionShape, RopeParams, RopeType,
 };

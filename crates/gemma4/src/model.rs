@@ -91,12 +91,32 @@ impl TokenBatch<'_> {
 }
 
 /// Summed token loss of a batch and the number of tokens it sums over.
+///
+/// The sum stays on the model's device until [`LossOutput::sum_value`] or [`LossOutput::mean`]
+/// reads it: a read waits for every kernel queued before it, so a training loop reads its losses
+/// once per optimizer step, not between a micro-batch's forward and backward.
 #[derive(Debug, Clone)]
 pub struct LossOutput {
     /// Σ of the token NLLs (scalar f32; part of the graph when the forward tracked gradients).
     pub sum: Tensor,
     /// Number of non-ignored (shifted) targets.
     pub n_tokens: usize,
+}
+
+impl LossOutput {
+    /// The sum on the host (waits for the device).
+    pub fn sum_value(&self) -> Result<f64> {
+        Ok(self
+            .sum
+            .to_dtype(candle_core::DType::F32)?
+            .to_scalar::<f32>()? as f64)
+    }
+
+    /// transformers' `outputs.loss`: the sum over the valid targets (NaN when there is none, as
+    /// in PyTorch). Waits for the device.
+    pub fn mean(&self) -> Result<f64> {
+        Ok(self.sum_value()? / self.n_tokens as f64)
+    }
 }
 
 /// Shifted targets for the loss: `target[b, t] = labels[b, t+1]`, the last column ignored;

@@ -97,6 +97,17 @@ impl HostOffload {
         }
     }
 
+    /// Lets go of every parked tensor still being copied out: the compute stream waits for the
+    /// copies, and the device memory goes back to the pool at this point of its order, however
+    /// far ahead of the device the host runs. Nothing to do on the CPU.
+    pub fn settle(&mut self) -> Result<()> {
+        match &mut self.inner {
+            Inner::Host(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            Inner::Cuda(c) => c.settle(),
+        }
+    }
+
     /// Bytes of host memory the parked tensors take (on CUDA: the page-locked buffers, which stay
     /// allocated for the next parks).
     pub fn host_bytes(&self) -> usize {
@@ -311,6 +322,14 @@ mod cuda_impl {
                 .expect("prefetch leaves the slot arriving");
             self.compute.wait(&done).w()?;
             Ok(t)
+        }
+
+        pub(super) fn settle(&mut self) -> Result<()> {
+            self.compute.context().bind_to_thread().w()?;
+            for (t, done) in std::mem::take(&mut self.leaving) {
+                self.release(t, &done)?;
+            }
+            Ok(())
         }
 
         pub(super) fn host_bytes(&self) -> usize {

@@ -29,7 +29,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
 use g4ft_data::{Batch, DataLoader};
 use g4ft_ddp::{DdpError, DistributedDataParallel, NoSync, ProcessGroup, ReduceOp};
-use g4ft_gemma4::{Gemma4Model, LayerType, LossStats, Parked, ProjectionShape, TokenBatch};
+use g4ft_gemma4::{Gemma4Model, LayerType, LossOutput, Parked, ProjectionShape, TokenBatch};
 use g4ft_lora::{AdapterGrads, LoraContext};
 
 use crate::metrics::mfu::{AttnLayer, FlopsModel, LayerFlops};
@@ -112,12 +112,13 @@ impl LossWeighting {
 }
 
 /// This micro-batch's share of the logged step loss before the cross-rank sum: `scale · mean /
-/// world_size` (0 for a batch without targets, whose gradient is zero too).
-pub fn loss_share(stats: &LossStats, scale: f64, world_size: usize) -> f64 {
+/// world_size` (0 for a batch without targets, whose gradient is zero too). Reads the loss, so
+/// it waits for the device.
+pub fn loss_share(stats: &LossOutput, scale: f64, world_size: usize) -> Result<f64> {
     if stats.n_tokens == 0 {
-        return 0.0;
+        return Ok(0.0);
     }
-    stats.mean() * scale / world_size as f64
+    Ok(stats.mean()? * scale / world_size as f64)
 }
 
 /// A point in [`accumulate_window`] (for a profiler: synchronise the device and read a clock).
@@ -169,7 +170,7 @@ pub fn backward(
     batch: &Batch,
     ctx: &LoraContext,
     loss_scale: f64,
-) -> Result<LossStats> {
+) -> Result<LossOutput> {
     backward_observed(model, sink, batch, ctx, loss_scale, &mut NoObserver)
 }
 
@@ -182,7 +183,7 @@ pub fn backward_observed(
     ctx: &LoraContext,
     loss_scale: f64,
     obs: &mut impl StepObserver,
-) -> Result<LossStats> {
+) -> Result<LossOutput> {
     model.forward_backward(
         &token_batch(batch),
         &batch.labels,
@@ -212,7 +213,8 @@ pub fn accumulate_window(
     obs: &mut impl StepObserver,
 ) -> Result<f64> {
     let (rank, world_size) = (ddp.group().rank(), ddp.group().world_size());
-    let mut share = 0.0;
+    // The losses are read after the window is queued: reading one waits for the device.
+    let mut losses = Vec::with_capacity(window.len());
     for (k, batch) in window.iter().enumerate() {
         obs.event(StepEvent::MicroBatchStart(k))?;
         let ctx = train_context(seed, rank, *micro_step);
@@ -224,11 +226,15 @@ pub fn accumulate_window(
         } else {
             backward_observed(model, ddp, batch, &ctx, scale, obs)?
         };
-        share += loss_share(&stats, scale, world_size);
+        losses.push((stats, scale));
         obs.event(StepEvent::MicroBatchEnd(k))?;
     }
     ddp.finish()?; // every bucket reduced: the buffers hold the rank-averaged gradients
     obs.event(StepEvent::Finished)?;
+    let mut share = 0.0;
+    for (stats, scale) in &losses {
+        share += loss_share(stats, *scale, world_size)?;
+    }
     Ok(share)
 }
 
@@ -290,7 +296,7 @@ pub fn evaluate(
     for batch in loader.epoch(0, 0) {
         let batch = batch?;
         let out = model.loss(&token_batch(&batch), &batch.labels, &LoraContext::EVAL)?;
-        loss_sum += out.sum.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        loss_sum += out.sum_value()?;
         tokens += out.n_tokens as f64;
     }
     let total = all_reduce_sum(group, &[loss_sum, tokens], model.device())?;

@@ -113,12 +113,12 @@ fn train(env: DistEnv) -> Result<()> {
         ddp.finish()?; // the buckets hold the gradients averaged over the ranks
         let norm = grad_norm(&bucket_grads(&ddp)?)?;
         adamw_step(&mut opt, &ddp, 1e-2, clip_coef(norm, 1.0))?;
+        let loss = stats.mean()?;
         println!(
-            "[rank {rank}] step {} loss {:.4} grad_norm {norm:.4}",
-            step + 1,
-            stats.mean()
+            "[rank {rank}] step {} loss {loss:.4} grad_norm {norm:.4}",
+            step + 1
         );
-        losses.push(stats.mean());
+        losses.push(loss);
     }
     if losses[STEPS as usize - 1] >= losses[0] {
         bail!("[rank {rank}] the loss did not go down: {losses:?}");
