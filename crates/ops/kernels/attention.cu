@@ -95,11 +95,15 @@ __device__ void attn_ds_rows(const float* s, const float* dp, const T* o, const 
     }
 }
 
-// The fp32 dK / dV accumulators rounded to T.
+// The fp32 dK / dV accumulators rounded to T: the sum of `parts` partials of n floats each, added
+// in order (the same bits on every run).
 template <typename T>
-__device__ void attn_round(const float* x, T* y, size_t n) {
-    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-        y[e] = from_f32<T>(x[e]);
+__device__ void attn_round(const float* x, T* y, size_t n, int parts) {
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        float s = x[e];
+        for (int p = 1; p < parts; ++p) s += x[p * n + e];
+        y[e] = from_f32<T>(s);
+    }
 }
 
 #define INST(T, S)                                                                                   \
@@ -119,5 +123,7 @@ __device__ void attn_round(const float* x, T* y, size_t n) {
         attn_ds_rows<T>(s, dp, o, dout, lse, mask, seq_start, ds, p, scale, nh, g, t, d, rows, lk,   \
                         ld, q0, k0, window, nrows);                                                  \
     }                                                                                                \
-    extern "C" __global__ void attn_round_##S(const float* x, T* y, size_t n) { attn_round<T>(x, y, n); }
+    extern "C" __global__ void attn_round_##S(const float* x, T* y, size_t n, int parts) {            \
+        attn_round<T>(x, y, n, parts);                                                               \
+    }
 G4FT_FLOAT_TYPES(INST)

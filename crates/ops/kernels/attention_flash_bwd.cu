@@ -7,8 +7,8 @@
 // - `attn_flash_bwd_kv_d{D}`: a block owns BC keys of one (batch, kv head) slab and keeps their fp32
 //   dK and dV in registers while it walks the query rows that see them, BR rows per tile, for the
 //   group's query heads [m0, m0 + g / hsplit) (blockIdx.z picks m0; hsplit > 1 only to fill the
-//   GPU when there are few kv heads, and then the partial dK / dV are added into fp32 buffers at
-//   the end). Per tile: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (mma.sync m16n8k16, fp32), masked; Pᵀ and
+//   GPU when there are few kv heads, and then each split stores its partial dK / dV in fp32
+//   buffers of its own, which `attn_round` sums in split order: the same bits on every run). Per tile: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (mma.sync m16n8k16, fp32), masked; Pᵀ and
 //   dSᵀ = scale·Pᵀ∘(dPᵀ − D) rounded to T into shared memory (as the blocked path rounds them
 //   before its GEMMs); dV += Pᵀ·dO, dK += dSᵀ·Q. Warps (BC / 16)·CSPLIT = 8; warp (kr, part) owns
 //   keys kr·16.. and columns part·D / CSPLIT.. (128 columns: 128 accumulator registers).
@@ -201,7 +201,8 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
         if (nxt < kb.rend && !kb.past_seq(nxt)) load_q(nxt);
     }
 
-    // dK and dV of the block's keys: rounded to T, or added into the fp32 sums of the group.
+    // dK and dV of the block's keys: rounded to T, or stored in this split's fp32 partials.
+    const size_t split = (size_t)blockIdx.z * gridDim.y * t * D;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int j = j0 + kr * 16 + lane / 4 + 8 * h;
@@ -211,8 +212,8 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
         for (int nt = 0; nt < NTW; ++nt) {
             const int c = part * DW + nt * 8 + 2 * (lane % 4);
             if (dk32) {
-                atomicAdd(reinterpret_cast<float2*>(dk32 + row + c), make_float2(dka[nt][2 * h], dka[nt][2 * h + 1]));
-                atomicAdd(reinterpret_cast<float2*>(dv32 + row + c), make_float2(dva[nt][2 * h], dva[nt][2 * h + 1]));
+                *reinterpret_cast<float2*>(dk32 + split + row + c) = make_float2(dka[nt][2 * h], dka[nt][2 * h + 1]);
+                *reinterpret_cast<float2*>(dv32 + split + row + c) = make_float2(dva[nt][2 * h], dva[nt][2 * h + 1]);
             } else {
                 *reinterpret_cast<uint32_t*>(dk + row + c) = pack2<T>(dka[nt][2 * h], dka[nt][2 * h + 1]);
                 *reinterpret_cast<uint32_t*>(dv + row + c) = pack2<T>(dva[nt][2 * h], dva[nt][2 * h + 1]);
@@ -306,8 +307,8 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
 // - attn_flash_bwd_dot_{bf16,f16}: one warp per (b, nh, t) row (d a multiple of 8, 16-byte rows);
 // - attn_flash_bwd_kv_d{D}_{bf16,f16}: 256 threads, grid (ceil(t / BC), b·nkv, hsplit), dynamic
 //   shared memory (2·BC + 2·BR)·(D + 8)·2 + 2·BC·(BR + 8)·2 + 16·BR bytes with (BC, BR, CSPLIT) =
-//   (64, 64, 2) at head dim 256 and (32, 64, 4) at 512; dk32 / dv32 zeroed fp32 buffers when
-//   hsplit > 1, else null;
+//   (64, 64, 2) at head dim 256 and (32, 64, 4) at 512; dk32 / dv32 zeroed fp32 buffers of hsplit
+//   partials (hsplit·b·nkv·t·D floats) when hsplit > 1, else null;
 // - attn_flash_bwd_q_d{D}_{bf16,f16}: 256 threads, grid (ceil(t·g / BR), b·nkv), dynamic shared
 //   memory (2·BR + 2·BC)·(D + 8)·2 bytes with (BC, BR, DSPLIT) = (64, 128, 1) at head dim 256 and
 //   (32, 64, 2) at 512.

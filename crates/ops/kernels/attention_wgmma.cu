@@ -340,10 +340,11 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
         wg::accumulate<T, BR, BR, D>(acc, fa, wgi == 0 ? sdo : sq, 0);
     }
 
-    // dV (warpgroup 0) or dK (warpgroup 1) of the block's keys: rounded to T, or added into the
-    // fp32 sums of the group.
+    // dV (warpgroup 0) or dK (warpgroup 1) of the block's keys: rounded to T, or stored in this
+    // split's fp32 partials.
     T* const out = wgi == 0 ? dv : dk;
     float* const out32 = wgi == 0 ? dv32 : dk32;
+    const size_t split = (size_t)blockIdx.z * gridDim.y * t * D;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int j = j0 + kr + 8 * h;
@@ -354,7 +355,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
             const int c = nt * 8 + 2 * (lane % 4);
             const float x = acc[nt * 4 + 2 * h], y = acc[nt * 4 + 2 * h + 1];
             if (out32)
-                atomicAdd(reinterpret_cast<float2*>(out32 + row + c), make_float2(x, y));
+                *reinterpret_cast<float2*>(out32 + split + row + c) = make_float2(x, y);
             else
                 *reinterpret_cast<uint32_t*>(out + row + c) = mma16::pack2<T>(x, y);
         }
@@ -389,8 +390,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
     }
 // attn_wgmma_bwd_kv_d256_{bf16,f16}: 256 threads, grid (ceil(t / 64), b·nkv, hsplit) as the mma.sync
 // kernel's, dynamic shared memory 6·64·256·2 (K, V, two Q / dO stages) + 32·128·4 (the Pᵀ
-// hand-over) + 2·4·64·4 (row values) + 1024 = 216,064 bytes; dk32 / dv32 zeroed fp32 buffers
-// when hsplit > 1, else null.
+// hand-over) + 2·4·64·4 (row values) + 1024 = 216,064 bytes; dk32 / dv32 as the mma.sync kernel's.
 #define WGMMA_BWD_KV(T, S)                                                                            \
     extern "C" __global__ void __launch_bounds__(256, 1) attn_wgmma_bwd_kv_d256_##S(                 \
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dd,        \

@@ -32,11 +32,11 @@
 //! the rows' `dO·O`, one kernel keeps the fp32 dK / dV of 64 keys (32 at head dim 512) in
 //! registers while it walks the query rows that see them, and another keeps the fp32 dQ of a
 //! query tile while it walks the key tiles its rows see; both recompute `P` from the saved
-//! log-sum-exp. No score buffers, no regroup copies, no atomics except where the dK / dV kernel
-//! splits a GQA group's query heads over blocks to fill the GPU (few kv heads): then each block
-//! adds its partial dK / dV into fp32 sums once, at its end. Same numerics as the blocked backward
-//! (P and dS rounded to the input dtype before their products, fp32 accumulation), summed in
-//! another order.
+//! log-sum-exp. No score buffers, no regroup copies, no atomics: where the dK / dV kernel splits
+//! a GQA group's query heads over blocks to fill the GPU (few kv heads), each split stores its
+//! partial dK / dV in fp32 buffers of its own, summed in split order by one more kernel, so every
+//! run gives the same bits. Same numerics as the blocked backward (P and dS rounded to the input
+//! dtype before their products, fp32 accumulation), summed in another order.
 //!
 //! Packed rows ([`super::KeyMask::seq_start`]): every kernel takes the `(b, t)` u32 segment starts
 //! as a device pointer, 0 without segments ([`seq_start_ptr`]), and raises each query row's lower
@@ -460,8 +460,8 @@ impl<'a> Ctx<'a> {
         let hsplit = head_split(key_blocks, self.groups());
         let sums = if hsplit > 1 {
             Some([
-                self.dev.alloc_zeros::<f32>(n.kv_elems())?,
-                self.dev.alloc_zeros::<f32>(n.kv_elems())?,
+                self.dev.alloc_zeros::<f32>(hsplit * n.kv_elems())?,
+                self.dev.alloc_zeros::<f32>(hsplit * n.kv_elems())?,
             ])
         } else {
             None
@@ -490,9 +490,9 @@ impl<'a> Ctx<'a> {
         };
         let ptrs = [q, k, v, dout, lse, dd_, mask, seq_start, dk, dv, dk32, dv32];
         // SAFETY: q/dout hold b·nh·t·d elements, k/v and dk/dv b·nkv·t·d, lse/dd b·nh·t floats,
-        // mask b·t bytes, seq_start b·t u32 (or is 0), dk32/dv32 (when split) b·nkv·t·d zeroed
-        // floats; the grid covers every key tile of each slab, and a block writes only its own
-        // keys' rows.
+        // mask b·t bytes, seq_start b·t u32 (or is 0), dk32/dv32 (when split) hsplit partials of
+        // b·nkv·t·d zeroed floats; the grid covers every key tile of each slab, and a block writes
+        // only its own keys' rows of its own split's partial.
         unsafe { self.launch(&f, &ptrs, Some(n.scale), &ints, cfg) }?;
 
         // The dQ kernel on wgmma (the same block shape; unpadded swizzled tiles aligned to 1024
@@ -523,8 +523,8 @@ impl<'a> Ctx<'a> {
         // from the one block that owns it.
         unsafe { self.launch(&f, &ptrs, Some(n.scale), &ints, cfg) }?;
         if hsplit > 1 {
-            self.round(dk32, dk, n.kv_elems())?;
-            self.round(dv32, dv, n.kv_elems())?;
+            self.round(dk32, dk, n.kv_elems(), hsplit)?;
+            self.round(dv32, dv, n.kv_elems(), hsplit)?;
         }
         Ok(())
     }
@@ -539,12 +539,14 @@ impl<'a> Ctx<'a> {
         cuda::func_smem(self.dev, m, &cuda::kname_of(name, self.dtype)?, smem)
     }
 
-    /// `y = x` rounded to the element dtype (`len` elements).
-    fn round(&self, x: u64, y: u64, len: usize) -> Result<()> {
+    /// `y` = the sum of `x`'s `parts` partials of `len` floats, added in order and rounded to the
+    /// element dtype.
+    fn round(&self, x: u64, y: u64, len: usize, parts: usize) -> Result<()> {
         let f = self.func("attn_round")?;
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&x).arg(&y).arg(&len);
-        // SAFETY: x holds len f32, y len elements.
+        let parts = parts as i32;
+        b.arg(&x).arg(&y).arg(&len).arg(&parts);
+        // SAFETY: x holds parts·len f32, y len elements.
         unsafe { b.launch(cuda::elementwise(len)) }.w()?;
         Ok(())
     }
@@ -674,8 +676,8 @@ fn bwd<T: CudaDType + DeviceRepr + WithDType>(
     if qg.is_some() {
         cx.regroup(dqs, dq, false)?;
     }
-    cx.round(dk32_, dq + nq as u64 * elem, nkv)?;
-    cx.round(dv32_, dq + (nq + nkv) as u64 * elem, nkv)?;
+    cx.round(dk32_, dq + nq as u64 * elem, nkv, 1)?;
+    cx.round(dv32_, dq + (nq + nkv) as u64 * elem, nkv, 1)?;
     Ok(packed)
 }
 

@@ -966,6 +966,53 @@ fn gpu_cast_together_gives_to_dtype_bits() -> Result<()> {
     Ok(())
 }
 
+/// The fused attention backward gives the same bits on every run, also where its dK / dV kernel
+/// splits a GQA group's query heads over blocks (here every group: few kv heads and short rows,
+/// the E2B's one kv head among them), on mma.sync and on wgmma.
+#[test]
+fn gpu_attention_backward_is_deterministic() -> Result<()> {
+    let gpu = Device::new_cuda(0)?;
+    let fused = AttentionPlan {
+        backward: AttentionBackward::Fused,
+        wgmma: false,
+        ..AttentionPlan::default()
+    };
+    let bits = |ts: &[Tensor]| -> Result<Vec<Vec<u32>>> {
+        ts.iter()
+            .map(|t| {
+                let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                Ok(v.into_iter().map(f32::to_bits).collect())
+            })
+            .collect()
+    };
+    for plan in [
+        fused,
+        AttentionPlan {
+            wgmma: true,
+            ..fused
+        },
+    ] {
+        for (nkv, d) in [(1, 256), (1, 512), (2, 256)] {
+            let inputs = [
+                r(&[2, 8, 320, d], DType::BF16, 1)?,
+                r(&[2, nkv, 320, d], DType::BF16, 2)?,
+                r(&[2, nkv, 320, d], DType::BF16, 3)?,
+            ];
+            let scale = 1.0 / (d as f64).sqrt();
+            let f = |x: &[Tensor]| {
+                attention(&x[0], &x[1], &x[2], KeyMask::default(), None, scale, &plan)
+            };
+            let first = bits(&run(&f, &inputs, &[true; 3], &gpu)?)?;
+            for _ in 0..3 {
+                if bits(&run(&f, &inputs, &[true; 3], &gpu)?)? != first {
+                    bail!("attention nkv {nkv} d {d} {plan:?}: a second run gave other bits");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `HostOffload` on the GPU: tensors of each float dtype parked, their device copies dropped at
 /// once, then fetched back (one prefetched ahead, one not) with the same bits and shape; a slot
 /// parked again with a larger tensor (its host buffer grown) and with a smaller one (reused);
