@@ -95,9 +95,9 @@ impl Parking<'_> {
         Ok((input, from_slots(outputs)))
     }
 
-    /// Before the backward walk: the last layers' copies out end before their device memory goes
-    /// back, so the walk starts with none of it held, as the memory model counts (the host may
-    /// be far ahead of the device here; nothing waits for it).
+    /// Before the backward walk: the compute stream waits for the copies out still running, and
+    /// their device tensors go back to the pool at this point, so the walk starts with none of
+    /// them held, as the memory model counts, however far ahead of the device the host runs.
     fn settle(&mut self) -> Result<(), Error> {
         Ok(self.host.settle()?)
     }

@@ -3,12 +3,13 @@
 // (`bwd_cpu`); the blocked cuBLAS path (attention.cu) serves f32 and the other head dims.
 //
 // Launches: `attn_flash_bwd_dot` (Dᵢ = dOᵢ·Oᵢ in fp32 per query row), then two kernels that each
-// recompute P = exp(S·scale − lse) from the forward's log-sum-exp, with no atomics on the hot path:
+// recompute P = exp(S·scale − lse) from the forward's log-sum-exp, with no atomics:
 // - `attn_flash_bwd_kv_d{D}`: a block owns BC keys of one (batch, kv head) slab and keeps their fp32
 //   dK and dV in registers while it walks the query rows that see them, BR rows per tile, for the
 //   group's query heads [m0, m0 + g / hsplit) (blockIdx.z picks m0; hsplit > 1 only to fill the
 //   GPU when there are few kv heads, and then each split stores its partial dK / dV in fp32
-//   buffers of its own, which `attn_round` sums in split order: the same bits on every run). Per tile: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (mma.sync m16n8k16, fp32), masked; Pᵀ and
+//   buffers of its own, which `attn_round` sums in split order: the same bits on every run).
+//   Per tile: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (mma.sync m16n8k16, fp32), masked; Pᵀ and
 //   dSᵀ = scale·Pᵀ∘(dPᵀ − D) rounded to T into shared memory (as the blocked path rounds them
 //   before its GEMMs); dV += Pᵀ·dO, dK += dSᵀ·Q. Warps (BC / 16)·CSPLIT = 8; warp (kr, part) owns
 //   keys kr·16.. and columns part·D / CSPLIT.. (128 columns: 128 accumulator registers).
