@@ -3,7 +3,8 @@
 # (carry .gpu): for each named setting, ROUNDS rounds that run A and B back to back, A first in even
 # rounds and B first in odd ones (so a drift of the card's clocks over the call favours neither),
 # then tools/gpu/ab_table.py: tokens/s of each run, the mean ratio, peak and predicted GB, and
-# whether the two builds logged the same losses at every step.
+# whether the runs logged the same losses at every step (if not: whether a build's own runs differ,
+# i.e. it does not repeat itself, or only the two builds do).
 #   A=.gpu/bench_train B=.gpu/bench_train_base ROUNDS=2 bash tools/gpu/ab.sh \
 #     none_m1 "--micro-batch 1 --accum 8 --recompute none" \
 #     offload_m2 "--micro-batch 2 --accum 4 --recompute all --offload-checkpoints"

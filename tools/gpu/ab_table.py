@@ -4,8 +4,9 @@
     python3 tools/gpu/ab_table.py OUT
 
 One row per setting, from each run's RESULT_JSON and its `step=` lines: tokens/s in round order, the ratio of the two builds' mean tokens/s,
-peak GB with the memory model's prediction in brackets, and whether the builds logged the same loss
-at every step (else the largest difference and its step). A run without a RESULT_JSON line reads
+peak GB with the memory model's prediction in brackets, and whether the runs logged the same loss
+at every step: else whether a build's own runs differ (it does not repeat itself) or only the two
+builds do, with the largest difference and its step. A run without a RESULT_JSON line reads
 "failed" (its log says why). Exits 1 when a run failed or no log was found.
 """
 import pathlib
@@ -28,18 +29,29 @@ def read_run(path):
     return result_json(path), losses
 
 
+def largest_gap(pairs):
+    """The largest loss difference over `pairs` of runs ({step: loss}) and its step, or None when
+    they agree at every step both logged."""
+    gaps = [(abs(x[s] - y[s]), s) for x, y in pairs for s in x.keys() & y.keys() if x[s] != y[s]]
+    return max(gaps) if gaps else None
+
+
 def loss_verdict(a_runs, b_runs):
-    """Whether every run of both builds logged the same losses, else the largest A-B gap."""
+    """Whether every run of both builds logged the same losses; else whether a build's own runs
+    differ among themselves (it does not repeat itself), or only the two builds differ."""
     a = [losses for _, losses in a_runs if losses]
     b = [losses for _, losses in b_runs if losses]
     if not a or not b:
         return "no losses logged"
-    if all(run == a[0] for run in a + b):
-        return "the same at every step"
-    gap, at = max(
-        (abs(x[s] - y[s]), s) for x in a for y in b for s in x.keys() & y.keys()
-    )
-    return f"differ: up to {gap:.4g} (step {at})"
+    own = []
+    for name, runs in (("A", a), ("B", b)):
+        if gap := largest_gap((x, y) for i, x in enumerate(runs) for y in runs[i + 1:]):
+            own.append(f"{name}'s own runs differ: up to {gap[0]:.4g} (step {gap[1]})")
+    if own:
+        return "; ".join(own)
+    if gap := largest_gap([(a[0], b[0])]):
+        return f"A and B differ: up to {gap[0]:.4g} (step {gap[1]}); each repeats itself"
+    return "the same at every step"
 
 
 def side_cells(runs):
