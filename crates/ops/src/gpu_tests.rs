@@ -966,6 +966,12 @@ fn gpu_cast_together_gives_to_dtype_bits() -> Result<()> {
     Ok(())
 }
 
+/// The bits of a float tensor's elements, widened to f32 (exact for every float dtype here).
+fn bits_of(t: &Tensor) -> Result<Vec<u32>> {
+    let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    Ok(v.into_iter().map(f32::to_bits).collect())
+}
+
 /// The fused attention backward gives the same bits on every run, also where its dK / dV kernel
 /// splits a GQA group's query heads over blocks (here every group: few kv heads and short rows,
 /// the E2B's one kv head among them), on mma.sync and on wgmma.
@@ -977,14 +983,7 @@ fn gpu_attention_backward_is_deterministic() -> Result<()> {
         wgmma: false,
         ..AttentionPlan::default()
     };
-    let bits = |ts: &[Tensor]| -> Result<Vec<Vec<u32>>> {
-        ts.iter()
-            .map(|t| {
-                let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-                Ok(v.into_iter().map(f32::to_bits).collect())
-            })
-            .collect()
-    };
+    let bits = |ts: &[Tensor]| -> Result<Vec<Vec<u32>>> { ts.iter().map(bits_of).collect() };
     for plan in [
         fused,
         AttentionPlan {
@@ -1020,10 +1019,6 @@ fn gpu_attention_backward_is_deterministic() -> Result<()> {
 #[test]
 fn gpu_host_offload_round_trips() -> Result<()> {
     let gpu = Device::new_cuda(0)?;
-    let host = |t: &Tensor| -> Result<Vec<u32>> {
-        let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-        Ok(v.into_iter().map(f32::to_bits).collect())
-    };
     let mut park = HostOffload::new(&gpu, 3)?;
     let rounds: [&[(usize, &[usize], DType)]; 3] = [
         &[
@@ -1038,7 +1033,7 @@ fn gpu_host_offload_round_trips() -> Result<()> {
         let mut want = Vec::new();
         for &(slot, dims, dtype) in round.iter() {
             let src = r(dims, DType::F32, (10 * k + slot) as u64)?.to_device(&gpu)?;
-            let bits = host(&(&src * 3.0)?.to_dtype(dtype)?)?;
+            let bits = bits_of(&(&src * 3.0)?.to_dtype(dtype)?)?;
             // Made by kernels just before the park and dropped right after it: the next round's
             // kernels may get its memory once the copy is done.
             let t = (src * 3.0)?.to_dtype(dtype)?;
@@ -1050,7 +1045,7 @@ fn gpu_host_offload_round_trips() -> Result<()> {
         park.prefetch(first.0)?;
         for (slot, dims, dtype, bits) in std::iter::once(first).chain(rest) {
             let got = (park.fetch(*slot)? * 1.0)?;
-            if got.dims() != dims.as_slice() || got.dtype() != *dtype || host(&got)? != *bits {
+            if got.dims() != dims.as_slice() || got.dtype() != *dtype || bits_of(&got)? != *bits {
                 bail!("host offload round {k}: slot {slot} {dims:?} {dtype:?} came back different");
             }
         }
