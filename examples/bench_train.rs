@@ -136,6 +136,12 @@ struct Args {
     /// the same buckets alone (time, algorithm and bus bandwidth).
     #[arg(long)]
     overlap: bool,
+    /// Sample the host's call stacks (1 kHz of CPU time, every thread) over the steady steps and
+    /// write them to this file in the folded format, one `thread;outer;…;inner count` line per
+    /// stack (`tools/gpu/host_profile_table.py` sums them per function).
+    #[cfg(feature = "host-profile")]
+    #[arg(long)]
+    host_profile: Option<std::path::PathBuf>,
 }
 
 /// `--attention-forward`'s values.
@@ -189,6 +195,61 @@ fn cuda_profiler(start: bool) -> Result<()> {
 #[cfg(not(feature = "cuda"))]
 fn cuda_profiler(_start: bool) -> Result<()> {
     bail!("--cuda-profiler-last-step needs a build with --features cuda")
+}
+
+/// The host sampler of `--host-profile`: started before the first steady step, written after
+/// the last.
+#[cfg(feature = "host-profile")]
+mod host_profile {
+    use std::collections::HashMap;
+    use std::fmt::Write as _;
+    use std::path::Path;
+
+    use anyhow::{Context, Result};
+
+    /// Samples per second of the process's CPU time.
+    const HZ: i32 = 1000;
+
+    /// A running sampler.
+    pub struct HostProfile(pprof::ProfilerGuard<'static>);
+
+    impl HostProfile {
+        /// Starts sampling every thread of the process.
+        pub fn start() -> Result<Self> {
+            Ok(Self(
+                pprof::ProfilerGuardBuilder::default()
+                    .frequency(HZ)
+                    .build()
+                    .context("starting the host sampler")?,
+            ))
+        }
+
+        /// Stops sampling and writes the stacks, outermost frame first, with their sample
+        /// counts; returns the number of samples.
+        pub fn write(self, path: &Path) -> Result<isize> {
+            let report = self.0.report().build().context("host sampler report")?;
+            let mut folded: HashMap<String, isize> = HashMap::new();
+            for (frames, count) in &report.data {
+                let mut line = frames.thread_name_or_id();
+                for symbols in frames.frames.iter().rev() {
+                    for symbol in symbols.iter().rev() {
+                        line.push(';');
+                        line.push_str(&symbol.name().replace(';', ":"));
+                    }
+                }
+                *folded.entry(line).or_default() += count;
+            }
+            let mut lines: Vec<_> = folded.into_iter().collect();
+            lines.sort_by_key(|l| std::cmp::Reverse(l.1));
+            let mut text = String::new();
+            for (stack, count) in &lines {
+                writeln!(text, "{stack} {count}")?;
+            }
+            std::fs::write(path, text)
+                .with_context(|| format!("writing the host profile {}", path.display()))?;
+            Ok(lines.iter().map(|(_, c)| c).sum())
+        }
+    }
 }
 
 /// Random ids in `3..vocab` (no pad/eos/bos, as the baseline) for micro-batch `micro`.
@@ -349,7 +410,13 @@ fn run(args: &Args) -> Result<()> {
     device.synchronize()?;
     let mut step_ends = vec![Instant::now()];
     let mut durs = Vec::new();
+    #[cfg(feature = "host-profile")]
+    let mut host_sampler = None;
     for step in 0..args.steps {
+        #[cfg(feature = "host-profile")]
+        if step == args.warmup_discard.min(args.steps - 1) && args.host_profile.is_some() {
+            host_sampler = Some(host_profile::HostProfile::start()?);
+        }
         let profiled = args.cuda_profiler_last_step && step + 1 == args.steps;
         if profiled {
             cuda_profiler(true)?;
@@ -377,6 +444,11 @@ fn run(args: &Args) -> Result<()> {
         }
     }
 
+    #[cfg(feature = "host-profile")]
+    if let (Some(sampler), Some(path)) = (host_sampler, &args.host_profile) {
+        let samples = sampler.write(path)?;
+        println!("host profile: {samples} samples in {}", path.display());
+    }
     let n = args.steps;
     let lo = args.warmup_discard.min(n - 1);
     let window_s = (step_ends[n] - step_ends[lo]).as_secs_f64();
