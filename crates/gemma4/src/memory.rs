@@ -19,7 +19,9 @@
 //! - CE working set: one `(chunk_rows, V)` logits chunk in the weight dtype (d(logits) overwrite
 //!   it in place), plus d(hidden) and the normed hidden of all `b·t` rows;
 //! - the batch's prepared inputs, held through the step: the RoPE tables (cos and sin, `(b, t, d)`
-//!   per layer type) and the per-layer-embedding inputs `(b, t, L, P)`;
+//!   per layer type) and the per-layer-embedding inputs `(b, t, L, P)`; and the rows the tables
+//!   are gathered from, held by the model (cos and sin, [`crate::rope::cache_rows`]`(t − 1)`
+//!   positions by `d` per layer type);
 //! - with offloaded checkpoints ([`StepShape::parked`]) the recomputed layers' inputs wait in
 //!   host memory instead, perhaps each with the layer's attention and MLP outputs (one or three
 //!   `b·t·H·w` tensors per layer) and its attention state ([`LayerMemory::parked`]); the device
@@ -45,6 +47,7 @@ use candle_core::DType;
 use crate::config::{Config, KvSharing, LayerConfig, LayerType};
 use crate::model::Gemma4Model;
 use crate::recompute::{KeepMask, Parked, Recompute};
+use crate::rope::cache_rows;
 
 /// Bytes per GB in what this module prints (`1e9`, as `nvidia-smi` and the benchmarks).
 pub const GB: f64 = 1e9;
@@ -161,7 +164,8 @@ pub struct MemoryModel {
     pub lora_state: u64,
     /// DDP's fp32 gradient buckets, bytes.
     pub grad_buckets: u64,
-    /// The batch's RoPE tables and per-layer-embedding inputs, bytes.
+    /// The batch's RoPE tables, the rows they are gathered from and the per-layer-embedding
+    /// inputs, bytes.
     pub prepared: u64,
     /// Each decoder layer, in order.
     pub layers: Vec<LayerMemory>,
@@ -231,7 +235,7 @@ impl MemoryModel {
         let rope: u64 = [LayerType::Sliding, LayerType::Full]
             .into_iter()
             .filter_map(|ty| cfg.rope_head_dim(ty))
-            .map(|d| 2 * bt * d as u64)
+            .map(|d| 2 * (bt + cache_rows(shape.seq.max(1) - 1) as u64) * d as u64)
             .sum();
         let ple = bt * (cfg.num_hidden_layers * cfg.hidden_size_per_layer_input) as u64;
         MemoryModel {

@@ -22,7 +22,7 @@ use crate::loader::{Checkpoint, ModelFiles};
 use crate::mask::AttentionBias;
 use crate::numerics::round_to_dtype;
 use crate::recompute::{KeepMask, Parked};
-use crate::rope::RopeTable;
+use crate::rope::{RopeCache, RopeTable};
 use crate::weights::Weights;
 
 mod cached;
@@ -182,6 +182,9 @@ pub struct Gemma4Model {
     ple: Option<PleGlobal>,
     pub(crate) layers: Vec<DecoderLayer>,
     keep: KeepMask,
+    /// The RoPE rows of each layer type that has rotary heads.
+    rope_sliding: Option<RopeCache>,
+    rope_full: Option<RopeCache>,
     /// Where the recomputed layers' parked tensors wait with offloaded checkpoints (`None`:
     /// inputs on the device).
     pub(crate) offload: Option<Offload>,
@@ -254,6 +257,11 @@ impl Gemma4Model {
             .map(|i| DecoderLayer::new(&cfg, i, w))
             .collect::<Result<Vec<_>>>()?;
         let keep = KeepMask::recompute_all(l);
+        let rope = |ty: LayerType| {
+            cfg.rope_head_dim(ty)
+                .map(|d| RopeCache::new(cfg.rope(ty), d, dtype, &device))
+        };
+        let (rope_sliding, rope_full) = (rope(LayerType::Sliding), rope(LayerType::Full));
         Ok(Gemma4Model {
             prefix: w.prefix().to_string(),
             cfg,
@@ -264,6 +272,8 @@ impl Gemma4Model {
             ple,
             layers,
             keep,
+            rope_sliding,
+            rope_full,
             offload: None,
         })
     }
@@ -398,14 +408,16 @@ impl Gemma4Model {
                 &default_pos
             }
         };
-        let table = |ty: LayerType| -> Result<Option<RopeTable>> {
-            self.cfg
-                .rope_head_dim(ty)
-                .map(|d| RopeTable::new(self.cfg.rope(ty), d, positions, (b, t), self.dtype, dev))
+        let position_ids = Tensor::from_slice(positions, b * t, dev)?;
+        let max_position = positions.iter().copied().max().unwrap_or(0);
+        let table = |cache: &Option<RopeCache>| -> Result<Option<RopeTable>> {
+            cache
+                .as_ref()
+                .map(|c| c.table(&position_ids, max_position, (b, t)))
                 .transpose()
         };
-        let rope_full = table(LayerType::Full)?;
-        let rope_sliding = match table(LayerType::Sliding)? {
+        let rope_full = table(&self.rope_full)?;
+        let rope_sliding = match table(&self.rope_sliding)? {
             Some(r) => r,
             // A model without sliding layers still needs a (unused) table value.
             None => rope_full.clone().expect("the last layer is always full"),
