@@ -46,7 +46,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use candle_core::{Device, Var};
+use candle_core::Var;
 use clap::Parser;
 use g4ft_data::Batch;
 use g4ft_ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
@@ -283,7 +283,7 @@ fn run(args: &Args) -> Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let device = match args.device.as_str() {
-        "cpu" => Device::Cpu,
+        "cpu" => g4ft_trainer::device::cpu_training_device(),
         "cuda" => g4ft_trainer::device::cuda_training_device(local_rank)?,
         other => bail!("--device: expected cuda or cpu, got {other:?}"),
     };

@@ -35,11 +35,11 @@ pub enum DeviceKind {
 }
 
 impl DeviceKind {
-    /// Opens the device: the CPU, or GPU `local_rank`
+    /// Opens the device: the CPU ([`crate::device::cpu_training_device`]), or GPU `local_rank`
     /// ([`crate::device::cuda_training_device`]).
     pub fn open(self, local_rank: usize) -> anyhow::Result<candle_core::Device> {
         match self {
-            DeviceKind::Cpu => Ok(candle_core::Device::Cpu),
+            DeviceKind::Cpu => Ok(crate::device::cpu_training_device()),
             DeviceKind::Cuda => crate::device::cuda_training_device(local_rank),
         }
     }
