@@ -6,9 +6,9 @@
 //! `int(p·d // 2)` pairs rotate; the exponent denominator is the full head size `d`.
 //!
 //! A batch's table is gathered on the device from a [`RopeCache`] of rows per position, each row
-//! computed once per process: building it on the host for every batch took a quarter of the
-//! E2B step's host time, and its copy to the device (pageable memory) waited for the stream to
-//! drain, so the host lost its lead over the GPU at every micro-batch (`docs/design.md`).
+//! computed once per process, so that no batch takes the host through `b·t·d` cos and sin or
+//! copies a table that size from pageable memory, a copy that waits for the stream to drain
+//! (`docs/design.md`, "The host runs ahead").
 
 use std::sync::{Arc, Mutex};
 
@@ -150,15 +150,6 @@ mod tests {
         assert!(f[2..].iter().all(|&x| x == 0.0), "{f:?}");
     }
 
-    fn default_params() -> RopeParams {
-        RopeParams {
-            rope_type: RopeType::Default,
-            rope_theta: 10_000.0,
-            partial_rotary_factor: 1.0,
-            factor: 1.0,
-        }
-    }
-
     fn positions(device: &Device, p: &[u32]) -> Tensor {
         Tensor::from_slice(p, p.len(), device).unwrap()
     }
@@ -174,7 +165,12 @@ mod tests {
 
     #[test]
     fn default_table_rotates_every_pair() {
-        let p = default_params();
+        let p = RopeParams {
+            rope_type: RopeType::Default,
+            rope_theta: 10_000.0,
+            partial_rotary_factor: 1.0,
+            factor: 1.0,
+        };
         let cache = RopeCache::new(&p, 4, DType::F32, &Device::Cpu);
         let t = cache
             .table(&positions(&Device::Cpu, &[0, 3]), 3, (1, 2))
