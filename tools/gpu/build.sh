@@ -6,7 +6,7 @@
 # build because the feature set differs; one per checkout: another worktree's build in the same
 # folder can leave its kernels in this one's binaries, docs/cuda.md, so the folder records the
 # checkout that uses it and a build from another one stops with an error).
-# Usage: bash tools/gpu/build.sh            (from the repository root)
+# Usage: bash tools/gpu/build.sh            (from the repository root; HOST_PROFILE=1 below)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 eval "$(bash tools/cuda/setup_toolchain.sh)"
@@ -44,6 +44,12 @@ done
 bench=$(cargo bench --features cuda -p g4ft -p g4ft-ddp --bench allreduce_overlap --no-run --message-format=json \
   | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
 strip -o .gpu/allreduce_overlap "$bench" && xz -6 -f .gpu/allreduce_overlap
+# HOST_PROFILE=1: also bench_train with the host sampler (feature host-profile), its symbol table
+# kept so that the sampled frames have names, for tools/gpu/host_profile.sh.
+if [ "${HOST_PROFILE:-0}" = 1 ]; then
+  cargo build --release --features cuda,host-profile -p g4ft --example bench_train
+  mkdir -p .gpu/hp && cp "$rel/examples/bench_train" .gpu/hp/bench_train_hp && xz -6 -f .gpu/hp/bench_train_hp
+fi
 # The test binaries find their fixtures under this checkout's path (run_checks.sh links it).
 pwd > .gpu/source_dir
 ls -la .gpu

@@ -3,11 +3,10 @@
 # feature samples every thread's stack at 1 kHz of CPU time over the steady steps
 # (`--host-profile`), and tools/gpu/host_profile_table.py sums the samples per function. The
 # binary keeps its symbol table (not stripped) so that the frames have names:
-#   CARGO_TARGET_DIR=target/cuda cargo build --release --features cuda,host-profile --example bench_train
-#   cp target/cuda/release/examples/bench_train .gpu/hp/bench_train_hp && xz .gpu/hp/bench_train_hp
+# `HOST_PROFILE=1 bash tools/gpu/build.sh` writes it as .gpu/hp/bench_train_hp.xz (carry .gpu/hp).
 # Run on the GPU machine from the repository root. Settings: SIZES ("E2B 12B"), BIN
-# (.gpu/hp/bench_train_hp), EXTRA (more bench_train options, e.g. "--recompute none"). Each size's
-# folded stacks and table go to $OUT.
+# (.gpu/hp/bench_train_hp), EXTRA (more bench_train options, e.g. "--recompute none"), TAG (a
+# suffix of the output names). Each size's log, folded stacks and table go to $OUT.
 set -uo pipefail
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 BIN="${BIN:-.gpu/hp/bench_train_hp}"
