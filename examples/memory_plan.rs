@@ -245,7 +245,8 @@ fn run(args: &Args) -> Result<()> {
     row(
         "batch inputs: RoPE tables, PLE inputs",
         memory.prepared,
-        "cos, sin per layer type (+ b·t·L·P per-layer-embedding inputs)".into(),
+        "cos, sin per layer type: the batch's and the rows kept (+ b·t·L·P per-layer-embedding inputs)"
+            .into(),
     );
     row(
         "logits / CE working set",
