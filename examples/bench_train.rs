@@ -136,8 +136,9 @@ struct Args {
     /// the same buckets alone (time, algorithm and bus bandwidth).
     #[arg(long)]
     overlap: bool,
-    /// Sample the host's call stacks (1 kHz of CPU time, every thread) over the steady steps and
-    /// write them to this file in the folded format, one `thread;outer;…;inner count` line per
+    /// Sample the host's call stacks (every thread, at 1 kHz of CPU time or the kernel timer's
+    /// rate if lower: about 250 Hz on the GPU machine) over the steady steps and write them to
+    /// this file in the folded format, one `thread;outer;…;inner count` line per
     /// stack (`tools/gpu/host_profile_table.py` sums them per function).
     #[cfg(feature = "host-profile")]
     #[arg(long)]
@@ -207,7 +208,7 @@ mod host_profile {
 
     use anyhow::{Context, Result};
 
-    /// Samples per second of the process's CPU time.
+    /// Samples per second of the process's CPU time asked for (the kernel's timer may tick slower).
     const HZ: i32 = 1000;
 
     /// A running sampler.
@@ -410,11 +411,14 @@ fn run(args: &Args) -> Result<()> {
     device.synchronize()?;
     let mut step_ends = vec![Instant::now()];
     let mut durs = Vec::new();
+    // The summary's steady window: steps lo..n.
+    let n = args.steps;
+    let lo = args.warmup_discard.min(n - 1);
     #[cfg(feature = "host-profile")]
     let mut host_sampler = None;
     for step in 0..args.steps {
         #[cfg(feature = "host-profile")]
-        if step == args.warmup_discard.min(args.steps - 1) && args.host_profile.is_some() {
+        if step == lo && args.host_profile.is_some() {
             host_sampler = Some(host_profile::HostProfile::start()?);
         }
         let profiled = args.cuda_profiler_last_step && step + 1 == args.steps;
@@ -449,8 +453,6 @@ fn run(args: &Args) -> Result<()> {
         let samples = sampler.write(path)?;
         println!("host profile: {samples} samples in {}", path.display());
     }
-    let n = args.steps;
-    let lo = args.warmup_discard.min(n - 1);
     let window_s = (step_ends[n] - step_ends[lo]).as_secs_f64();
     let tps = (step_tokens * (n - lo)) as f64 / window_s;
     let s_per_step = window_s / (n - lo) as f64;
