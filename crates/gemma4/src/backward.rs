@@ -231,6 +231,12 @@ impl Gemma4Model {
             h = out;
         }
 
+        // The walk fetches the highest parked layer first: its copy back starts now and runs
+        // during the loss head, instead of holding the walk's first kernels.
+        if let Some(park) = offload.as_mut() {
+            park.prefetch_next(&saved)?;
+        }
+
         // 2. Head and loss → d(final hidden).
         let hv = Var::from_tensor(&h).map_err(Error::from)?;
         let loss_sum = self.head_loss(hv.as_tensor(), &targets)?;

@@ -318,8 +318,14 @@ impl MemoryModel {
                 in_flight = l.parked;
             }
         }
-        // The last parked tensors' copies may still run at the head: they count once more.
-        let at_head = base + below + in_flight + self.ce;
+        // At the head the highest parked layer's tensors are on their way back (`in_flight`);
+        // when it is the last layer, their copies out may still run too and count once more.
+        let last = self.layers.len().checked_sub(1);
+        let leaving = match last {
+            Some(j) if self.parked(keep, j) => self.layers[j].parked,
+            _ => 0,
+        };
+        let at_head = base + below + in_flight + leaving + self.ce;
         if at_head >= peak.bytes {
             peak = Peak {
                 bytes: at_head,
@@ -628,9 +634,14 @@ mod tests {
         }
         let all = KeepMask::recompute_all(3);
         // Nothing held below a layer but what the layer under it parked, prefetched: layers 1
-        // and 2 peak at 1000 + 30 + 105; layer 0 has none below; the head 1000 + 30 + 50.
+        // and 2 peak at 1000 + 30 + 105; layer 0 has none below; the head 1000 + 2·30 + 50 (the
+        // last layer's tensors copied out and on their way back).
         let peak = m.peak(&all);
         assert_eq!((peak.bytes, peak.at), (1135, PeakAt::LayerBackward(1)));
+        m.ce = 80;
+        let peak = m.peak(&all);
+        assert_eq!((peak.bytes, peak.at), (1140, PeakAt::LossHead));
+        m.ce = 50;
         assert_eq!(m.held_by_kind(&all), (0, 0));
         assert_eq!(m.host_parked(&all), 90);
         // A kept layer keeps its tape on the device; only the recomputed ones are parked.
