@@ -208,7 +208,8 @@ impl Gemma4Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let shared = layer.producer().map(|p| &stored[&p]);
             let (out, kv, held) = if keep.keeps(i) {
-                let (tape, out) = layer.forward_with_tape(&h, shared, &inputs, &bwd_ctx)?;
+                let (tape, out) =
+                    layer.forward_with_tape(&h, shared, &inputs, &bwd_ctx, keep.whole_tapes())?;
                 (out, tape.kv(), Saved::Tape(Box::new(tape)))
             } else {
                 // The input is parked before the layer runs, so that the copy overlaps its

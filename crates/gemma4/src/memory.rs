@@ -121,6 +121,9 @@ pub struct LayerMemory {
     /// its input, perhaps its attention and MLP outputs and its attention state (raw q/k/v
     /// projections, attention output, fp32 log-sum-exp).
     pub parked: u64,
+    /// What a whole tape ([`KeepMask::whole_tapes`]) holds beyond `tape`: the normed inputs of
+    /// the attention and the MLP, the roped queries and the `o_proj` input.
+    pub whole_extra: u64,
 }
 
 /// Where the predicted peak is reached.
@@ -227,6 +230,7 @@ impl MemoryModel {
                     tape: (e.tape + copies) * w,
                     backward: e.backward * w,
                     parked,
+                    whole_extra: e.whole_extra * w,
                 }
             })
             .collect();
@@ -263,11 +267,21 @@ impl MemoryModel {
         self.shape.parked.is_some() && !keep.keeps(i)
     }
 
+    /// Layer `i`'s tape under `keep`: whole if it keeps it and `keep`'s tapes are whole.
+    fn tape(&self, keep: &KeepMask, i: usize) -> u64 {
+        let l = &self.layers[i];
+        if keep.keeps(i) && keep.whole_tapes() {
+            l.tape + l.whole_extra
+        } else {
+            l.tape
+        }
+    }
+
     /// What layer `i` holds on the device from the forward to its backward under `keep`.
     fn held(&self, keep: &KeepMask, i: usize) -> u64 {
         let l = &self.layers[i];
         if keep.keeps(i) {
-            l.tape
+            self.tape(keep, i)
         } else if self.parked(keep, i) {
             l.saved - self.layer_input
         } else {
@@ -280,7 +294,7 @@ impl MemoryModel {
     pub fn held_by_kind(&self, keep: &KeepMask) -> (u64, u64) {
         (0..self.layers.len()).fold((0, 0), |(saved, tapes), i| {
             if keep.keeps(i) {
-                (saved, tapes + self.layers[i].tape)
+                (saved, tapes + self.tape(keep, i))
             } else {
                 (saved + self.held(keep, i), tapes)
             }
@@ -306,7 +320,7 @@ impl MemoryModel {
             at: PeakAt::LossHead,
         };
         for (j, l) in self.layers.iter().enumerate() {
-            let at_backward = base + below + in_flight + l.tape + l.backward;
+            let at_backward = base + below + in_flight + self.tape(keep, j) + l.backward;
             if at_backward > peak.bytes {
                 peak = Peak {
                     bytes: at_backward,
@@ -335,14 +349,19 @@ impl MemoryModel {
         peak
     }
 
-    /// Resolves `policy`: `All` recomputes every layer, `None` keeps every layer, `Auto` keeps
-    /// the last `k` layers for the largest `k` whose predicted peak is within the budget (none if
-    /// even recomputing everything is predicted over it: see [`RecomputePlan::fits`]).
+    /// Resolves `policy`: `All` recomputes every layer, `None` keeps every layer with whole
+    /// tapes, `Auto` does the same if that is predicted within the budget and otherwise keeps the
+    /// last `k` layers (tapes not whole) for the largest `k` whose predicted peak is (none if
+    /// even recomputing everything is predicted over it: see [`RecomputePlan::fits`]). A whole
+    /// tape spares its backward less work per byte than keeping one more layer spares the walk,
+    /// so whole tapes only come where every layer is kept.
     pub fn plan(&self, policy: Recompute) -> RecomputePlan {
         let n = self.layers.len();
+        let whole = KeepMask::keep_all(n).with_whole_tapes(true);
         let keep = match policy {
             Recompute::All => KeepMask::recompute_all(n),
-            Recompute::None => KeepMask::keep_all(n),
+            Recompute::None => whole,
+            Recompute::Auto { budget_bytes } if self.peak(&whole).bytes <= budget_bytes => whole,
             Recompute::Auto { budget_bytes } => {
                 // The peak grows with every layer kept (a tape holds more than the input).
                 let kept = (1..=n)
@@ -474,7 +493,8 @@ impl RecomputePlan {
 
 impl fmt::Display for RecomputePlan {
     /// `recompute auto (budget 130.000 GB): 18 of 48 layers keep their activations (30-47), 30
-    /// recomputed; predicted peak 125.894 GB at the loss head`.
+    /// recomputed; predicted peak 125.894 GB at the loss head`; `(all 48, whole tapes)` where the
+    /// tapes are whole.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let policy = match self.policy {
             Recompute::All => "all".to_string(),
@@ -485,10 +505,11 @@ impl fmt::Display for RecomputePlan {
         };
         write!(
             f,
-            "recompute {policy}: {} of {} layers keep their activations ({}), {} recomputed; predicted peak {:.3} GB {}",
+            "recompute {policy}: {} of {} layers keep their activations ({}{}), {} recomputed; predicted peak {:.3} GB {}",
             self.keep.kept(),
             self.keep.len(),
             self.keep.describe_kept(),
+            if self.keep.whole_tapes() { ", whole tapes" } else { "" },
             self.keep.recomputed(),
             self.peak.bytes as f64 / GB,
             self.peak.at
@@ -521,6 +542,8 @@ struct LayerElements {
     attention_state: u64,
     /// Its log-sum-exp, fp32 elements.
     attention_lse: u64,
+    /// A whole tape's extra tensors.
+    whole_extra: u64,
 }
 
 /// One layer's [`LayerElements`] for `bt` tokens and LoRA rank `r`.
@@ -572,6 +595,7 @@ fn layer_elements(cfg: &Config, l: &LayerConfig, bt: u64, r: u64) -> LayerElemen
         adapter_params: r * ((h + q) + n_kv * (h + kvd) + (q + h) + 2 * (h + im) + (im + h)),
         attention_state: bt * (q + own_raw + q),
         attention_lse: bt * cfg.num_attention_heads as u64,
+        whole_extra: bt * (2 * h + 2 * q),
     }
 }
 
@@ -601,6 +625,7 @@ mod tests {
                     tape,
                     backward,
                     parked: 0,
+                    whole_extra: 0,
                 })
                 .collect(),
             layer_input: 10,
@@ -777,6 +802,31 @@ mod tests {
     }
 
     #[test]
+    fn whole_tapes_only_where_every_layer_is_kept_with_them() {
+        let mut m = model(vec![(10, 100, 5); 3], 50);
+        for l in &mut m.layers {
+            l.whole_extra = 20;
+        }
+        let whole = KeepMask::keep_all(3).with_whole_tapes(true);
+        // Each kept tape 120 instead of 100: 1000 + 360 + 50 at the head.
+        assert_eq!(m.peak(&whole).bytes, 1410);
+        assert_eq!(m.held_by_kind(&whole), (0, 360));
+        // Recomputed layers build lean tapes whatever the flag: layer 2's backward 1000 + 20 + 105.
+        let lean_recompute = KeepMask::recompute_all(3).with_whole_tapes(true);
+        assert_eq!(m.peak(&lean_recompute).bytes, 1125);
+        assert_eq!(m.plan(Recompute::None).keep, whole);
+        let plan = |budget_bytes| m.plan(Recompute::Auto { budget_bytes }).keep;
+        assert_eq!(plan(1410), whole);
+        // Lean tapes for all three fit where whole ones do not; fewer layers, lean, below that.
+        assert_eq!(plan(1409), KeepMask::keep_all(3));
+        assert_eq!(plan(1349), KeepMask::keep_last(3, 2));
+        assert!(m
+            .plan(Recompute::None)
+            .to_string()
+            .contains("3 of 3 layers keep their activations (all 3, whole tapes)"));
+    }
+
+    #[test]
     fn auto_keeps_the_most_last_layers_within_the_budget() {
         let m = model(vec![(10, 100, 5); 3], 50);
         let plan = |budget_bytes| m.plan(Recompute::Auto { budget_bytes });
@@ -785,7 +835,11 @@ mod tests {
         assert_eq!(plan(1170).keep, KeepMask::keep_last(3, 1));
         assert_eq!(plan(1259).keep, KeepMask::keep_last(3, 1));
         assert_eq!(plan(1260).keep, KeepMask::keep_last(3, 2));
-        assert_eq!(plan(1350).keep, KeepMask::keep_all(3));
+        // Every layer kept: whole tapes where they fit (here they add nothing).
+        assert_eq!(
+            plan(1350).keep,
+            KeepMask::keep_all(3).with_whole_tapes(true)
+        );
         let over = plan(1100);
         assert_eq!(over.keep, KeepMask::recompute_all(3));
         assert!(!over.fits());

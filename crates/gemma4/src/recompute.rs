@@ -14,10 +14,12 @@ use crate::error::{Error, Result};
 pub enum Recompute {
     /// Recompute every layer (the least memory; the default).
     All,
-    /// Recompute no layer: every layer keeps its activations (the most memory, no second forward).
+    /// Recompute no layer: every layer keeps its activations, with whole tapes ([`KeepMask`]; the
+    /// most memory, no second forward).
     None,
     /// Keep the activations of as many layers as fit `budget_bytes` of predicted peak memory (the
-    /// last layers, which the backward walk frees first) and recompute the others.
+    /// last layers, which the backward walk frees first) and recompute the others; every layer,
+    /// with whole tapes, where that fits.
     Auto {
         /// Bytes the step's predicted peak may reach (weights, adapters and optimizer included).
         budget_bytes: u64,
@@ -98,50 +100,65 @@ impl Parked {
 }
 
 /// Per layer: does it keep its activations from the forward to its backward (`true`) or save only
-/// its input and recompute (`false`)?
+/// its input and recompute (`false`)? And whether the kept layers' tapes are whole: they also
+/// keep what their backward would otherwise recompute from the rest (the normed inputs of the
+/// attention and the MLP, the roped queries, the `o_proj` input), more memory for less work.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeepMask(Vec<bool>);
+pub struct KeepMask {
+    keep: Vec<bool>,
+    whole: bool,
+}
 
 impl KeepMask {
     /// Every one of `n_layers` layers recomputed.
     pub fn recompute_all(n_layers: usize) -> Self {
-        KeepMask(vec![false; n_layers])
+        Self::from_layers(vec![false; n_layers])
     }
 
     /// Every one of `n_layers` layers keeps its activations.
     pub fn keep_all(n_layers: usize) -> Self {
-        KeepMask(vec![true; n_layers])
+        Self::from_layers(vec![true; n_layers])
     }
 
     /// The last `kept` of `n_layers` layers keep their activations, the others are recomputed.
     pub fn keep_last(n_layers: usize, kept: usize) -> Self {
         let kept = kept.min(n_layers);
-        KeepMask((0..n_layers).map(|i| i >= n_layers - kept).collect())
+        Self::from_layers((0..n_layers).map(|i| i >= n_layers - kept).collect())
     }
 
-    /// An explicit mask, `keep[i]` for layer `i`.
+    /// An explicit mask, `keep[i]` for layer `i` (tapes not whole).
     pub fn from_layers(keep: Vec<bool>) -> Self {
-        KeepMask(keep)
+        KeepMask { keep, whole: false }
+    }
+
+    /// The same layers, their tapes whole or not.
+    pub fn with_whole_tapes(self, whole: bool) -> Self {
+        KeepMask { whole, ..self }
+    }
+
+    /// Whether the kept layers' tapes are whole.
+    pub fn whole_tapes(&self) -> bool {
+        self.whole
     }
 
     /// Layers covered.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.keep.len()
     }
 
     /// Covers no layer.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.keep.is_empty()
     }
 
     /// Whether layer `i` keeps its activations.
     pub fn keeps(&self, i: usize) -> bool {
-        self.0[i]
+        self.keep[i]
     }
 
     /// Number of layers that keep their activations.
     pub fn kept(&self) -> usize {
-        self.0.iter().filter(|&&k| k).count()
+        self.keep.iter().filter(|&&k| k).count()
     }
 
     /// Number of layers recomputed in the backward walk.
@@ -151,7 +168,7 @@ impl KeepMask {
 
     /// The per-layer flags.
     pub fn as_slice(&self) -> &[bool] {
-        &self.0
+        &self.keep
     }
 
     /// An error unless the mask covers exactly `n_layers` layers.
@@ -168,7 +185,7 @@ impl KeepMask {
     /// `none`, `all 48`, or the kept layers as ranges: `40-47`, `1, 3, 5`.
     pub fn describe_kept(&self) -> String {
         let mut ranges: Vec<(usize, usize)> = Vec::new();
-        for (i, _) in self.0.iter().enumerate().filter(|(_, &k)| k) {
+        for (i, _) in self.keep.iter().enumerate().filter(|(_, &k)| k) {
             match ranges.last_mut() {
                 Some((_, end)) if *end + 1 == i => *end = i,
                 _ => ranges.push((i, i)),

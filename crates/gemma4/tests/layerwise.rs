@@ -313,7 +313,8 @@ fn batch_without_targets_gives_zero_gradients_for_every_layer() {
 }
 
 /// The same bits of the loss and of every adapter gradient (dropout on) whether every layer is
-/// recomputed (the default), none is, or a mix, and whether the recomputed layers' inputs wait on
+/// recomputed (the default), none is (with whole tapes or not), or a mix, and whether the
+/// recomputed layers' inputs wait on
 /// the device or in host memory (offloaded checkpoints; on CUDA copied out and back on a stream of
 /// their own): the kept layers run the same kernels on the same inputs in the same order in the
 /// forward instead of the recompute. Alternating masks put a
@@ -341,7 +342,8 @@ fn gradients_are_the_same_bits_whichever_layers_are_recomputed() {
         let masks = [
             KeepMask::recompute_all(n),
             KeepMask::keep_all(n),
-            alternating(true),
+            KeepMask::keep_all(n).with_whole_tapes(true),
+            alternating(true).with_whole_tapes(true),
             alternating(false),
             KeepMask::keep_last(n, 2),
         ];
@@ -363,8 +365,9 @@ fn gradients_are_the_same_bits_whichever_layers_are_recomputed() {
         let (_, _, want, want_stats) = &runs[0];
         for (mask, parked, grads, stats) in &runs[1..] {
             let what = format!(
-                "{case} {layout:?}, layers kept: {}, parked: {parked:?}",
-                mask.describe_kept()
+                "{case} {layout:?}, layers kept: {}, whole tapes: {}, parked: {parked:?}",
+                mask.describe_kept(),
+                mask.whole_tapes()
             );
             assert_eq!(stats, want_stats, "{what}: loss");
             assert_eq!(grads.len(), adapters.len(), "{what}: adapters reported");

@@ -99,10 +99,11 @@ pub enum OnNonFinite {
 pub enum RecomputeKind {
     /// Recompute every layer from its saved input (the least memory).
     All,
-    /// Keep every layer's activations from the forward (no second forward, the most memory).
+    /// Keep every layer's activations from the forward, whole (no second forward, nothing
+    /// rebuilt in the backward, the most memory).
     None,
     /// Keep the activations of as many of the last layers as fit --memory-budget-gb by the
-    /// memory model's prediction, recompute the others.
+    /// memory model's prediction (every layer's, whole, where that fits), recompute the others.
     Auto,
 }
 

@@ -6,7 +6,8 @@
 //!
 //! Memory: the tape keeps the raw q/k/v projections, the post-norm K/V, the attention output and
 //! its log-sum-exp; the roped queries and the `o_proj` input (a transpose of the output) are
-//! recomputed in the backward, and the normed block input is passed back in by the layer.
+//! recomputed in the backward unless the tape is whole (`whole` in [`Attention::forward_saved`]:
+//! then kept from the forward), and the normed block input is passed back in by the layer.
 
 use candle_core::Tensor;
 use g4ft_lora::{AdapterGrads, LoraContext, LoraLinear, ProjectionSaved};
@@ -50,6 +51,12 @@ pub(crate) struct AttentionTape {
     o: Tensor,
     core: CoreSaved,
     o_proj: ProjectionSaved,
+    /// A whole tape's roped queries `(b, heads, t, d)` from the forward (`None`: rebuilt from
+    /// `q_raw` in the backward).
+    q: Option<Tensor>,
+    /// A whole tape's `o_proj` input `(b, t, heads·d)` from the forward (`None`: transposed from
+    /// `o` again in the backward).
+    o_flat: Option<Tensor>,
 }
 
 impl AttentionTape {
@@ -149,7 +156,9 @@ impl Attention {
     /// an earlier forward on the same input kept (a recompute): perhaps its output, returned as it
     /// is (`o_proj` then keeps only its saved state), its [`AttentionState`], taken instead of
     /// running the q/k/v frozen products and the attention kernel, and its adapters' down
-    /// products. Records no graph.
+    /// products. `whole`: the tape also keeps the roped queries and the `o_proj` input. Records no
+    /// graph.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward_saved(
         &self,
         x: &Tensor,
@@ -158,6 +167,7 @@ impl Attention {
         scores: Scores,
         ctx: &LoraContext,
         recall: AttentionRecall,
+        whole: bool,
     ) -> Result<(Tensor, AttentionTape)> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
@@ -205,6 +215,7 @@ impl Attention {
                 ))
             }
         };
+        let mut kept_q = None;
         let (o, core) = match (state, scores) {
             (Some(state), Scores::Causal { key_mask, window }) => {
                 let lse = state.lse.clone().ok_or_else(|| {
@@ -221,6 +232,7 @@ impl Attention {
             (Some(state), Scores::Dense(mask)) => (state.o.clone(), CoreSaved::Dense(mask.clone())),
             (None, scores) => {
                 let q = self.roped(&q_raw, &self.q_norm, rope_t)?;
+                kept_q = whole.then(|| q.clone());
                 match scores {
                     Scores::Causal { key_mask, window } => {
                         let (o, saved) =
@@ -252,6 +264,8 @@ impl Attention {
             o,
             core,
             o_proj,
+            q: kept_q,
+            o_flat: whole.then_some(flat),
         };
         Ok((out, tape))
     }
@@ -273,13 +287,20 @@ impl Attention {
     ) -> Result<AttentionGrads> {
         let (b, t, _) = g.dims3()?;
         let (nh, d) = (self.num_heads, self.head_dim);
-        // o_proj's input is a transpose of the output: recomputed, and its memory takes d(input).
-        let flat = swap_dims12(&tape.o)?.reshape((b, t, nh * d))?;
+        // o_proj's input is a transpose of the output (recomputed unless kept); its memory takes
+        // d(input).
+        let flat = match tape.o_flat {
+            Some(flat) => flat,
+            None => swap_dims12(&tape.o)?.reshape((b, t, nh * d))?,
+        };
         let d_flat = tape.o_proj.backward_over_input(flat, &g, grads)?;
         drop((tape.o_proj, g));
         let d_o = swap_dims12(&d_flat.reshape((b, t, nh, d))?)?;
         drop(d_flat);
-        let q = self.roped(&tape.q_raw, &self.q_norm, rope_t)?;
+        let q = match tape.q {
+            Some(q) => q,
+            None => self.roped(&tape.q_raw, &self.q_norm, rope_t)?,
+        };
         let (dq, dk, dv) = match &tape.core {
             CoreSaved::Fused(saved) => saved.backward(&q, &tape.k, &tape.v, &tape.o, &d_o)?,
             CoreSaved::Dense(mask) => {

@@ -32,10 +32,16 @@ use crate::moe::MoeTape;
 use crate::rope::RopeTable;
 
 /// What [`DecoderLayer::backward_saved`] reads, kept by [`DecoderLayer::forward_saved`]. The
-/// normed inputs (of the attention, the MLP and the experts) are recomputed instead.
+/// normed inputs (of the attention, the MLP and the experts) are recomputed instead, unless the
+/// tape is whole ([`crate::KeepMask::whole_tapes`]): then those of the attention and the MLP are
+/// kept from the forward, with the attention's roped queries and `o_proj` input.
 pub(crate) struct LayerTape {
     /// The layer input (input norm backward): a layer that keeps its tape saves no other copy.
     x: Tensor,
+    /// A whole tape's `input_layernorm(x)`.
+    xn: Option<Tensor>,
+    /// A whole tape's `pre_feedforward_layernorm(h1)`.
+    hn: Option<Tensor>,
     attn: AttentionTape,
     /// Attention output before `post_attention_layernorm`.
     a: Tensor,
@@ -118,6 +124,15 @@ pub(crate) struct LayerRecall<'a> {
     pub(crate) lows: Option<&'a LayerLows>,
 }
 
+/// Which of [`DecoderLayer`]'s graph-free forwards `run` is.
+#[derive(Clone, Copy)]
+enum Run {
+    /// The first forward: the output too; `whole`: a whole tape.
+    Forward { whole: bool },
+    /// A recompute from the saved input: the tape alone (a lean one).
+    Recompute,
+}
+
 /// What a layer's backward hands back: d(layer input), and for a KV-sharing consumer the
 /// gradient of the producer's K/V it attended to.
 pub(crate) struct LayerGrads {
@@ -159,20 +174,29 @@ impl DecoderLayer {
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<LayerTape> {
-        Ok(self.run(x, recall, shared, inputs, ctx, false)?.0)
+        Ok(self.run(x, recall, shared, inputs, ctx, Run::Recompute)?.0)
     }
 
     /// The layer output without a graph and the tape [`DecoderLayer::forward_saved`] would keep,
     /// from the same ops (residual adds fused into the norms): the forward of a layer that keeps
-    /// its activations for its backward instead of recomputing them.
+    /// its activations for its backward instead of recomputing them. `whole`: the tape also
+    /// keeps the tensors its backward would otherwise recompute ([`LayerTape`]).
     pub(crate) fn forward_with_tape(
         &self,
         x: &Tensor,
         shared: Option<&KvPair>,
         inputs: &LayerInputs,
         ctx: &LoraContext,
+        whole: bool,
     ) -> Result<(LayerTape, Tensor)> {
-        let (tape, out) = self.run(x, LayerRecall::default(), shared, inputs, ctx, true)?;
+        let (tape, out) = self.run(
+            x,
+            LayerRecall::default(),
+            shared,
+            inputs,
+            ctx,
+            Run::Forward { whole },
+        )?;
         Ok((tape, out.expect("run computes the output when asked")))
     }
 
@@ -188,7 +212,7 @@ impl DecoderLayer {
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<(Tensor, KvPair, BlockOutputs, LayerLows)> {
-        let (tape, out) = self.forward_with_tape(x, shared, inputs, ctx)?;
+        let (tape, out) = self.forward_with_tape(x, shared, inputs, ctx, false)?;
         let outputs = BlockOutputs {
             attn: tape.a.clone(),
             mlp: tape.mlp.m.clone(),
@@ -204,8 +228,8 @@ impl DecoderLayer {
         Ok((out, tape.kv(), outputs, lows))
     }
 
-    /// The graph-free forward: the tape, and the output if `with_output`; `recall`: what an
-    /// earlier forward on `x` kept, taken instead of computing it.
+    /// The graph-free forward: the tape, and the output unless it is a recompute; `recall`: what
+    /// an earlier forward on `x` kept, taken instead of computing it.
     fn run(
         &self,
         x: &Tensor,
@@ -213,8 +237,12 @@ impl DecoderLayer {
         shared: Option<&KvPair>,
         inputs: &LayerInputs,
         ctx: &LoraContext,
-        with_output: bool,
+        run: Run,
     ) -> Result<(LayerTape, Option<Tensor>)> {
+        let (with_output, whole) = match run {
+            Run::Forward { whole } => (true, whole),
+            Run::Recompute => (false, false),
+        };
         let _copies = self.hold_adapter_copies(x.dtype())?;
         let (known, lows) = (recall.outputs, recall.lows);
         let low = |pick: fn(&LayerLows) -> &Option<Tensor>| lows.and_then(|l| pick(l).as_ref());
@@ -231,8 +259,9 @@ impl DecoderLayer {
                 state: known.and_then(|k| k.attention.as_ref()),
                 lows: lows.map(|l| &l.attention),
             },
+            whole,
         )?;
-        drop(xn);
+        let xn = whole.then_some(xn);
         let h1 = rms_norm_add(&a, Some(&self.post_attention_layernorm), eps, x)?;
         let hn = rms_norm(&h1, Some(&self.pre_feedforward_layernorm), eps)?;
         let mlp = &self.mlp;
@@ -243,7 +272,7 @@ impl DecoderLayer {
             gate_proj,
             up_proj,
         } = mlp.gate_up_saved(&hn, [low(|l| &l.gate), low(|l| &l.up)], ctx)?;
-        drop(hn);
+        let hn = whole.then_some(hn);
         let down_low = low(|l| &l.down);
         let (m, down_proj) = match known {
             Some(k) => (
@@ -274,6 +303,8 @@ impl DecoderLayer {
         };
         let tape = LayerTape {
             x: x.clone(),
+            xn,
+            hn,
             attn,
             a,
             h1,
@@ -394,7 +425,10 @@ impl DecoderLayer {
         let (dgate, dup) = gelu_tanh_mul_backward_in_place(mlp.gate, mlp.up, &dact)?;
         drop(dact);
         let pre_ff = Some(&self.pre_feedforward_layernorm);
-        let hn = rms_norm(&tape.h1, pre_ff, eps)?;
+        let hn = match tape.hn {
+            Some(hn) => hn,
+            None => rms_norm(&tape.h1, pre_ff, eps)?,
+        };
         let dhn = mlp.gate_proj.backward(&hn, &dgate, grads)?;
         let dhn = mlp.up_proj.backward_acc(&hn, &dup, dhn, grads)?;
         drop((hn, dgate, dup, mlp.gate_proj, mlp.up_proj));
@@ -408,7 +442,11 @@ impl DecoderLayer {
         // --- attention: h1 = x + post_attn(attn(input_norm(x))) ---
         let da =
             rms_norm_backward_over_input(tape.a, Some(&self.post_attention_layernorm), &dh1, eps)?;
-        let input_norm = || Ok(rms_norm(&tape.x, Some(&self.input_layernorm), eps)?);
+        let (kept_xn, x) = (tape.xn, &tape.x);
+        let input_norm = || match kept_xn {
+            Some(xn) => Ok(xn),
+            None => Ok(rms_norm(x, Some(&self.input_layernorm), eps)?),
+        };
         let attn = self.self_attn.backward_saved(
             tape.attn,
             da,
