@@ -3,7 +3,7 @@
 
 use candle_core::Tensor;
 use g4ft_lora::{LoraContext, LoraLinear, ProjectionSaved};
-use g4ft_ops::{gelu_tanh_mul, gelu_tanh_mul_lora_up, LoraUp};
+use g4ft_ops::{gelu_tanh_mul, gelu_tanh_mul_lora_up, gelu_tanh_mul_lora_up_act, LoraUp};
 
 use crate::config::{Config, LayerConfig};
 use crate::error::Result;
@@ -40,19 +40,28 @@ impl Mlp {
     /// projections' saved state. Same values as [`Mlp::forward`]'s; with adapters on both, their
     /// up products are added in the GeGLU's pass ([`g4ft_ops::gelu_tanh_mul_lora_up`]).
     /// `kept_lows`: gate's and up's adapter down products from an earlier forward on `x`
-    /// ([`LoraLinear::forward_saved`]'s `kept_low`).
+    /// ([`LoraLinear::forward_saved`]'s `kept_low`). Without `keep_gate_up` (a forward that only
+    /// hands `act` on) gate and up come back `None` and, with both adapters, the fused pass writes
+    /// `act` alone ([`g4ft_ops::gelu_tanh_mul_lora_up_act`]).
     pub(crate) fn gate_up_saved(
         &self,
         x: &Tensor,
         kept_lows: [Option<&Tensor>; 2],
         ctx: &LoraContext,
+        keep_gate_up: bool,
     ) -> Result<GateUpSaved> {
         let [gate_low, up_low] = kept_lows;
         let (gate, gate_proj, gate_term) =
             self.gate_proj.forward_saved_deferred(x, gate_low, ctx)?;
         let (up, up_proj, up_term) = self.up_proj.forward_saved_deferred(x, up_low, ctx)?;
         let (gate, up, act) = match (gate_term, up_term) {
-            (Some(gt), Some(ut)) => gelu_tanh_mul_lora_up(gate, up, &gt, &ut)?,
+            (Some(gt), Some(ut)) if !keep_gate_up => {
+                (None, None, gelu_tanh_mul_lora_up_act(gate, up, &gt, &ut)?)
+            }
+            (Some(gt), Some(ut)) => {
+                let (gate, up, act) = gelu_tanh_mul_lora_up(gate, up, &gt, &ut)?;
+                (Some(gate), Some(up), act)
+            }
             (gt, ut) => {
                 let add = |y: Tensor, term: Option<LoraUp>| match term {
                     Some(t) => t.add_to(y),
@@ -60,7 +69,8 @@ impl Mlp {
                 };
                 let (gate, up) = (add(gate, gt)?, add(up, ut)?);
                 let act = gelu_tanh_mul(&gate, &up)?;
-                (gate, up, act)
+                let keep = |t: Tensor| keep_gate_up.then_some(t);
+                (keep(gate), keep(up), act)
             }
         };
         Ok(GateUpSaved {
@@ -85,8 +95,9 @@ impl Mlp {
 
 /// [`Mlp::gate_up_saved`]'s outputs and the projections' saved state.
 pub(crate) struct GateUpSaved {
-    pub(crate) gate: Tensor,
-    pub(crate) up: Tensor,
+    /// The gate and up outputs (adapter terms included), when asked for.
+    pub(crate) gate: Option<Tensor>,
+    pub(crate) up: Option<Tensor>,
     /// `gelu_tanh(gate)·up`, the input of `down_proj`.
     pub(crate) act: Tensor,
     pub(crate) gate_proj: ProjectionSaved,

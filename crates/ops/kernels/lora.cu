@@ -9,6 +9,7 @@
 //   lora_da_finish: the splits added in order and stored in the gradient's dtype
 //   lora_up_add:    y = r(y + scale·(low·Bᵀ))    (the forward's adapter term, in place)
 //   lora_up_geglu:  the same for the MLP's gate and up, and act = geglu(gate, up) in that pass
+//                   (or act alone, written over gate, for a forward that drops gate and up)
 // x, A (r × in), dlow (m × r) and dx row-major in T (bf16 / f16); in % 8 == 0, r % 8 == 0, r <= 64,
 // every operand 16-byte aligned (the host checks). fp32 accumulation, one rounding per output.
 #include "common.cuh"
@@ -300,10 +301,11 @@ __device__ __forceinline__ void up_chunk(int q, int& rr, int& cc) {
 }
 
 // P = 1: y0 += term0 (lora_up_add). P = 2: y0 += term0, y1 += term1 and act = geglu(y0, y1)
-// (lora_up_geglu, y0 the gate, y1 the up output).
+// (lora_up_geglu, y0 the gate, y1 the up output); without store_sums the sums are not written
+// back and act may be y0 (each thread reads its chunks before it writes them).
 template <typename T, int KS, int P>
 __device__ void lora_up(T* y0, T* y1, T* act, const T* low0, const T* b0, const T* low1, const T* b1, int m, int n,
-                        int r, float s0, float s1) {
+                        int r, float s0, float s1, bool store_sums) {
     __shared__ __align__(16) float stage[P][DX_ROWS][DX_STAGE_LD];
     const int warp = threadIdx.x / 32;
     const int c0 = blockIdx.x * DX_COLS, row0 = blockIdx.y * DX_ROWS + warp * 16;
@@ -339,7 +341,7 @@ __device__ void lora_up(T* y0, T* y1, T* act, const T* low0, const T* b0, const 
             load_n<T, 8>(reinterpret_cast<const T*>(&raw[p][q]), v[p]);
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[p][e] = round_to<T>(fmaf(st[e], scales[p], v[p][e]));
-            store_n<T, 8>(ys[p] + i, v[p]);
+            if (store_sums) store_n<T, 8>(ys[p] + i, v[p]);
         }
         if constexpr (P == 2) {
 #pragma unroll
@@ -366,13 +368,14 @@ __device__ void lora_up(T* y0, T* y1, T* act, const T* low0, const T* b0, const 
 #define UP_ADD_INST(T, S, KS)                                                                             \
     extern "C" __global__ void __launch_bounds__(128)                                                     \
         lora_up_add_ks##KS##_##S(T* y, const T* low, const T* b, int m, int n, int r, float scale) {      \
-        lora_up<T, KS, 1>(y, nullptr, nullptr, low, b, nullptr, nullptr, m, n, r, scale, 0.f);            \
+        lora_up<T, KS, 1>(y, nullptr, nullptr, low, b, nullptr, nullptr, m, n, r, scale, 0.f, true);      \
     }
 #define UP_GEGLU_INST(T, S, KS)                                                                           \
     extern "C" __global__ void __launch_bounds__(128)                                                     \
         lora_up_geglu_ks##KS##_##S(T* gate, T* up, T* act, const T* low_g, const T* b_g, const T* low_u,  \
-                                   const T* b_u, int m, int n, int r, float s_g, float s_u) {             \
-        lora_up<T, KS, 2>(gate, up, act, low_g, b_g, low_u, b_u, m, n, r, s_g, s_u);                      \
+                                   const T* b_u, int m, int n, int r, float s_g, float s_u,               \
+                                   int store_sums) {                                                      \
+        lora_up<T, KS, 2>(gate, up, act, low_g, b_g, low_u, b_u, m, n, r, s_g, s_u, store_sums != 0);     \
     }
 // Warps per lora_down block: 32 / 32 / 16 / 8 for NT = 1 / 2 / 4 / 8 (64 / 64 / 80 / 138 registers).
 #define LORA_INST(T, S)                                                                                   \

@@ -238,8 +238,8 @@ pub(crate) unsafe fn up_add(
 pub(crate) unsafe fn up_geglu(
     dev: &CudaDevice,
     dtype: DType,
-    (gate, up): (u64, u64),
-    (gate_t, up_t): (UpTerm, UpTerm),
+    outs: (u64, u64),
+    terms: (UpTerm, UpTerm),
     d: UpDims,
 ) -> Result<CudaStorage> {
     let n_out = d.0 * d.1;
@@ -249,26 +249,63 @@ pub(crate) unsafe fn up_geglu(
         DType::F16 => unsafe { alloc_out::<half::f16>(dev, n_out) }?,
         other => candle_core::bail!("lora_up_geglu: {other:?} (expected bf16 or f16)"),
     };
-    if n_out == 0 {
-        return Ok(act);
+    // SAFETY: the caller's contract; act holds m·n elements.
+    unsafe { launch_up_geglu(dev, dtype, outs, act_ptr, true, terms, d) }?;
+    Ok(act)
+}
+
+/// `gelu_tanh(gate + gate_t's term)·(up + up_t's term)` written over `gate` (both `(m, n)`), the
+/// sums themselves written nowhere: `up` is left as it was.
+///
+/// # Safety
+/// As [`up_add`] for each of gate and up with its term.
+pub(crate) unsafe fn up_geglu_over_gate(
+    dev: &CudaDevice,
+    dtype: DType,
+    outs: (u64, u64),
+    terms: (UpTerm, UpTerm),
+    d: UpDims,
+) -> Result<()> {
+    // SAFETY: the caller's contract; gate holds m·n elements.
+    unsafe { launch_up_geglu(dev, dtype, outs, outs.0, false, terms, d) }
+}
+
+/// `lora_up_geglu` on `(gate, up)` into `act`, the sums written back when `store_sums`.
+///
+/// # Safety
+/// As [`up_add`] for each of gate and up with its term; `act` holds `m·n` elements (it may be
+/// `gate` without `store_sums`).
+unsafe fn launch_up_geglu(
+    dev: &CudaDevice,
+    dtype: DType,
+    (gate, up): (u64, u64),
+    act: u64,
+    store_sums: bool,
+    (gate_t, up_t): (UpTerm, UpTerm),
+    d: UpDims,
+) -> Result<()> {
+    if d.0 * d.1 == 0 {
+        return Ok(());
     }
     let (name, cfg, [m, n, r]) = up_launch("lora_up_geglu", dtype, d)?;
     let f = cuda::func(dev, &MODULE, &name)?;
     let stream = dev.cuda_stream();
     let mut b = stream.launch_builder(&f);
-    b.arg(&gate).arg(&up).arg(&act_ptr);
+    b.arg(&gate).arg(&up).arg(&act);
     b.arg(&gate_t.low)
         .arg(&gate_t.b)
         .arg(&up_t.low)
         .arg(&up_t.b);
+    let store = store_sums as i32;
     b.arg(&m)
         .arg(&n)
         .arg(&r)
         .arg(&gate_t.scale)
-        .arg(&up_t.scale);
-    // SAFETY: the caller's contract; act holds m·n elements.
+        .arg(&up_t.scale)
+        .arg(&store);
+    // SAFETY: the caller's contract.
     unsafe { b.launch(cfg) }.w()?;
-    Ok(act)
+    Ok(())
 }
 
 /// A new `n`-element buffer of `T` and its address.

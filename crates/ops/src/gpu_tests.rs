@@ -498,7 +498,8 @@ fn gpu_kernels_table() -> Result<()> {
                     };
                     let (gt, ut) = (term(&x[2], &x[3], 2.0), term(&x[4], &x[5], 0.5));
                     let (g, u, act) = gelu_tanh_mul_lora_up(x[0].copy()?, x[1].copy()?, &gt, &ut)?;
-                    Ok(vec![g, u, act])
+                    let act_only = gelu_tanh_mul_lora_up_act(x[0].copy()?, x[1].copy()?, &gt, &ut)?;
+                    Ok(vec![g, u, act, act_only])
                 },
                 &[
                     r(&[m, n], dtype, 1)?,
@@ -880,7 +881,8 @@ fn gpu_kernels_table() -> Result<()> {
 
 /// The gate / up adapter terms added in the GeGLU's pass against the projections' own outputs, at
 /// the 12B's MLP shape, with a term much smaller than the output (B just after its zero init) and
-/// one of its size: the same bits for gate, up and their GeGLU; and the sums against the exactly
+/// one of its size: the same bits for gate, up and their GeGLU (also from the `act`-only pass,
+/// written over gate); and the sums against the exactly
 /// rounded ones (f64 on the CPU, first 256 rows): the share of elements that differ (fp32
 /// accumulation can flip a near-tie), at most 0.1%.
 #[test]
@@ -904,10 +906,14 @@ fn gpu_lora_up_geglu_against_the_projection() -> Result<()> {
         let exact_rows = base.narrow(0, 0, 256)?;
         let base_h = host(&exact_rows)?;
         let (low_h, b_h) = (host(&term.low)?, host(&term.b.to_dtype(f32_)?)?);
+        let act_only = gelu_tanh_mul_lora_up_act(base.copy()?, base.copy()?, &term, &term)?;
         let (g, u, act) = gelu_tanh_mul_lora_up(base.copy()?, base, &term, &term)?;
         let want_act = gelu_tanh_mul(&want, &want)?;
         let same = |p: &Tensor, q: &Tensor| -> Result<bool> { Ok(host(p)? == host(q)?) };
-        let bits_ok = same(&g, &want)? && same(&u, &want)? && same(&act, &want_act)?;
+        let bits_ok = same(&g, &want)?
+            && same(&u, &want)?
+            && same(&act, &want_act)?
+            && same(&act_only, &want_act)?;
         let g_h = host(&g)?;
         let mut off = 0usize;
         for i in 0..256 * n {

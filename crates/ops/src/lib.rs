@@ -76,7 +76,7 @@ pub use geglu::{
 };
 pub use heads_norm::{heads_norm_rope, heads_norm_rope_backward, RopeTables};
 pub use linear_frozen::{linear_frozen, linear_frozen_backward, linear_frozen_slow};
-pub use lora_geglu::{gelu_tanh_mul_lora_up, LoraUp};
+pub use lora_geglu::{gelu_tanh_mul_lora_up, gelu_tanh_mul_lora_up_act, LoraUp};
 pub use lora_linear::{
     lora_linear, lora_linear_saved, lora_linear_saved_deferred, lora_linear_saved_state,
     lora_linear_slow, AdapterOperands, LoraDropout, LoraLinearSaved,

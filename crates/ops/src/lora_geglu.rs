@@ -75,6 +75,46 @@ pub fn gelu_tanh_mul_lora_up(
     up_up: &LoraUp,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let op = "gelu_tanh_mul_lora_up";
+    let (m, n) = check_pair(op, (&gate, &up), (gate_up, up_up))?;
+    #[cfg(feature = "cuda")]
+    if gate.device().is_cuda() && gate.is_contiguous() && up.is_contiguous() {
+        if let Some(act) = cuda_impl::run(op, (&gate, &up), (gate_up, up_up), (m, n), false)? {
+            return Ok((gate, up, act));
+        }
+    }
+    let _ = (m, n);
+    unfused(gate, up, gate_up, up_up)
+}
+
+/// [`gelu_tanh_mul_lora_up`]'s `act` alone (the same bits), for a forward that needs neither
+/// `gate'` nor `up'` afterwards: on CUDA (where the fused kernel applies) written over `gate`'s
+/// memory, the sums stored nowhere, which saves two of the pass's three writes. `gate` and `up`
+/// are consumed; `gate` must be contiguous and own its storage alone.
+pub fn gelu_tanh_mul_lora_up_act(
+    gate: Tensor,
+    up: Tensor,
+    gate_up: &LoraUp,
+    up_up: &LoraUp,
+) -> Result<Tensor> {
+    let op = "gelu_tanh_mul_lora_up_act";
+    let (m, n) = check_pair(op, (&gate, &up), (gate_up, up_up))?;
+    #[cfg(feature = "cuda")]
+    if gate.device().is_cuda() && gate.is_contiguous() && up.is_contiguous() {
+        if let Some(act) = cuda_impl::run(op, (&gate, &up), (gate_up, up_up), (m, n), true)? {
+            return Ok(act);
+        }
+    }
+    let _ = (m, n);
+    Ok(unfused(gate, up, gate_up, up_up)?.2)
+}
+
+/// `(m, n)` of `gate` and `up` when they match each other and their terms, or an error naming
+/// `op`.
+fn check_pair(
+    op: &str,
+    (gate, up): (&Tensor, &Tensor),
+    (gu, uu): (&LoraUp, &LoraUp),
+) -> Result<(usize, usize)> {
     if gate.dims() != up.dims() || gate.dtype() != up.dtype() {
         bail!(
             "{op}: gate {:?} {:?} and up {:?} {:?} must match",
@@ -84,15 +124,19 @@ pub fn gelu_tanh_mul_lora_up(
             up.dtype()
         );
     }
-    let (m, n) = gate_up.check(&gate, op)?;
-    up_up.check(&up, op)?;
-    #[cfg(feature = "cuda")]
-    if gate.device().is_cuda() && gate.is_contiguous() && up.is_contiguous() {
-        if let Some(act) = cuda_impl::run(op, (&gate, &up), (gate_up, up_up), (m, n))? {
-            return Ok((gate, up, act));
-        }
-    }
-    let _ = (m, n);
+    let mn = gu.check(gate, op)?;
+    uu.check(up, op)?;
+    Ok(mn)
+}
+
+/// The terms added as each projection adds its own, then the GeGLU: where the kernel does not
+/// apply.
+fn unfused(
+    gate: Tensor,
+    up: Tensor,
+    gate_up: &LoraUp,
+    up_up: &LoraUp,
+) -> Result<(Tensor, Tensor, Tensor)> {
     let gate = gate_up.add_to(gate)?;
     let up = up_up.add_to(up)?;
     let act = crate::gelu_tanh_mul(&gate, &up)?;
@@ -141,13 +185,15 @@ mod cuda_impl {
         }
     }
 
-    /// The fused kernel's `act`, with gate and up updated in place; `None` where the kernel does
-    /// not take these operands (the caller adds the terms alone).
+    /// The fused kernel's `act`, with gate and up updated in place, or with `over_gate` written
+    /// over gate (gate and up left as they were); `None` where the kernel does not take these
+    /// operands (the caller adds the terms alone).
     pub(super) fn run(
         op: &str,
         (gate, up): (&Tensor, &Tensor),
         (gu, uu): (&LoraUp, &LoraUp),
         (m, n): (usize, usize),
+        over_gate: bool,
     ) -> Result<Option<Tensor>> {
         let dt = gate.dtype();
         let r = gu.low.dim(1)?;
@@ -162,10 +208,16 @@ mod cuda_impl {
         if !fits {
             return Ok(None);
         }
+        let dev = device(gate, op)?;
+        if over_gate {
+            // SAFETY: as below; act is written over gate, which the caller hands over.
+            unsafe { adapter_cuda::up_geglu_over_gate(dev, dt, outs, terms, (m, n, r)) }?;
+            return Ok(Some(gate.clone()));
+        }
         // SAFETY: contiguous tensors of the checked shapes, alive to the end of this call (the
         // stream runs in order: later users of gate and up come after the kernel); gate and up own
         // their storage alone (the caller's contract).
-        let act = unsafe { adapter_cuda::up_geglu(device(gate, op)?, dt, outs, terms, (m, n, r)) }?;
+        let act = unsafe { adapter_cuda::up_geglu(dev, dt, outs, terms, (m, n, r)) }?;
         let act = crate::util::tensor_from_storage(candle_core::Storage::Cuda(act), gate.dims());
         Ok(Some(act))
     }
@@ -179,7 +231,7 @@ mod tests {
     use candle_core::{DType, Device};
 
     /// Deferred gate / up projections + the fused GeGLU give the bits of the projections' own
-    /// outputs and of their GeGLU (the unfused path) on the CPU.
+    /// outputs and of their GeGLU (the unfused path) on the CPU, and so does the `act`-only pass.
     #[test]
     fn deferred_terms_in_the_geglu_match_the_projections() -> Result<()> {
         let dev = Device::Cpu;
@@ -204,10 +256,21 @@ mod tests {
             };
             let (gate, gate_base, gate_term) = run(&gp, 2.0)?;
             let (up, up_base, up_term) = run(&upp, 0.5)?;
+            let act_only = gelu_tanh_mul_lora_up_act(
+                gate_base.copy()?,
+                up_base.copy()?,
+                &gate_term,
+                &up_term,
+            )?;
             let (g2, u2, act) = gelu_tanh_mul_lora_up(gate_base, up_base, &gate_term, &up_term)?;
             let want = gelu_tanh_mul(&gate, &up)?;
-            for (what, got, want) in [("gate", &g2, &gate), ("up", &u2, &up), ("act", &act, &want)]
-            {
+            let checks = [
+                ("gate", &g2, &gate),
+                ("up", &u2, &up),
+                ("act", &act, &want),
+                ("act alone", &act_only, &want),
+            ];
+            for (what, got, want) in checks {
                 let (abs, _, _) = diff(got, want, 1e-3)?;
                 assert_eq!(abs, 0.0, "{dtype:?} {what}");
             }

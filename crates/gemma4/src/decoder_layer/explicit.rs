@@ -65,8 +65,10 @@ struct MlpTape {
     gate_proj: ProjectionSaved,
     up_proj: ProjectionSaved,
     down_proj: ProjectionSaved,
-    gate: Tensor,
-    up: Tensor,
+    /// The gate and up outputs (`None` only in the tape of a checkpointing forward, which is
+    /// dropped, never walked back).
+    gate: Option<Tensor>,
+    up: Option<Tensor>,
     /// `gelu(gate)·up`, the input of `down_proj` (its memory takes d(act) in the backward).
     act: Tensor,
     /// MLP output: the input of `post_feedforward_layernorm` (or `_1` with the MoE branch).
@@ -127,8 +129,11 @@ pub(crate) struct LayerRecall<'a> {
 /// Which of [`DecoderLayer`]'s graph-free forwards `run` is.
 #[derive(Clone, Copy)]
 enum Run {
-    /// The first forward: the output too; `whole`: a whole tape.
+    /// The first forward of a layer that keeps its tape: the output too; `whole`: a whole tape.
     Forward { whole: bool },
+    /// The first forward of a recomputed layer: the output, and of the tape what the caller
+    /// keeps (block outputs, down products, K/V); the MLP's gate and up are not stored.
+    Checkpoint,
     /// A recompute from the saved input: the tape alone (a lean one).
     Recompute,
 }
@@ -212,7 +217,15 @@ impl DecoderLayer {
         inputs: &LayerInputs,
         ctx: &LoraContext,
     ) -> Result<(Tensor, KvPair, BlockOutputs, LayerLows)> {
-        let (tape, out) = self.forward_with_tape(x, shared, inputs, ctx, false)?;
+        let (tape, out) = self.run(
+            x,
+            LayerRecall::default(),
+            shared,
+            inputs,
+            ctx,
+            Run::Checkpoint,
+        )?;
+        let out = out.expect("run computes the output when asked");
         let outputs = BlockOutputs {
             attn: tape.a.clone(),
             mlp: tape.mlp.m.clone(),
@@ -241,6 +254,7 @@ impl DecoderLayer {
     ) -> Result<(LayerTape, Option<Tensor>)> {
         let (with_output, whole) = match run {
             Run::Forward { whole } => (true, whole),
+            Run::Checkpoint => (true, false),
             Run::Recompute => (false, false),
         };
         let _copies = self.hold_adapter_copies(x.dtype())?;
@@ -271,7 +285,12 @@ impl DecoderLayer {
             act,
             gate_proj,
             up_proj,
-        } = mlp.gate_up_saved(&hn, [low(|l| &l.gate), low(|l| &l.up)], ctx)?;
+        } = mlp.gate_up_saved(
+            &hn,
+            [low(|l| &l.gate), low(|l| &l.up)],
+            ctx,
+            !matches!(run, Run::Checkpoint),
+        )?;
         let hn = whole.then_some(hn);
         let down_low = low(|l| &l.down);
         let (m, down_proj) = match known {
@@ -422,7 +441,9 @@ impl DecoderLayer {
         let dact = mlp.down_proj.backward_over_input(mlp.act, &dm, grads)?;
         drop((dm, mlp.down_proj));
         // d(gate), d(up) overwrite gate and up (the tape owned them alone).
-        let (dgate, dup) = gelu_tanh_mul_backward_in_place(mlp.gate, mlp.up, &dact)?;
+        let walked_back = "a tape the backward walks stores gate and up";
+        let (gate, up) = (mlp.gate.expect(walked_back), mlp.up.expect(walked_back));
+        let (dgate, dup) = gelu_tanh_mul_backward_in_place(gate, up, &dact)?;
         drop(dact);
         let pre_ff = Some(&self.pre_feedforward_layernorm);
         let hn = match tape.hn {
