@@ -193,6 +193,51 @@ impl LoraLinear {
         Ok(self.saved_forward(x, kept_low, ctx, Output::StateOnly)?.1)
     }
 
+    /// The saved state of a projection whose output a recompute already holds: from `kept_low`
+    /// alone where it has one, or no adapter ([`g4ft_ops::lora_linear_saved_state_of_low`]: the
+    /// input is not read), otherwise [`LoraLinear::forward_saved_state`] on the input `x`, which
+    /// must then be given ([`LoraLinear::recall_reads_input`]).
+    pub fn recalled_state(
+        &self,
+        x: Option<&Tensor>,
+        kept_low: Option<&Tensor>,
+        ctx: &LoraContext,
+    ) -> Result<ProjectionSaved> {
+        let Some(ad) = &self.adapter else {
+            return Ok(ProjectionSaved::Frozen(self.weight.clone()));
+        };
+        let Some(low) = kept_low else {
+            let Some(x) = x else {
+                candle_core::bail!(
+                    "{}: the saved state needs the input without a kept down product",
+                    self.path
+                );
+            };
+            return self.forward_saved_state(x, None, ctx);
+        };
+        let dropout = (ctx.training && ad.dropout > 0.0)
+            .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)));
+        let copies = self.copies_in(low.dtype());
+        let operands = with_held(ad.a.as_tensor(), ad.b.as_tensor(), &copies);
+        let saved = g4ft_ops::lora_linear_saved_state_of_low(
+            &self.weight,
+            operands,
+            ad.scale,
+            dropout,
+            low,
+        )?;
+        Ok(ProjectionSaved::Lora {
+            saved,
+            a: ad.a.clone(),
+            b: ad.b.clone(),
+        })
+    }
+
+    /// Whether [`LoraLinear::recalled_state`] reads the input given `kept_low`.
+    pub fn recall_reads_input(&self, kept_low: Option<&Tensor>) -> bool {
+        self.adapter.is_some() && kept_low.is_none()
+    }
+
     fn saved_forward(
         &self,
         x: &Tensor,

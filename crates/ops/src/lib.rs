@@ -79,7 +79,8 @@ pub use linear_frozen::{linear_frozen, linear_frozen_backward, linear_frozen_slo
 pub use lora_geglu::{gelu_tanh_mul_lora_up, gelu_tanh_mul_lora_up_act, LoraUp};
 pub use lora_linear::{
     lora_linear, lora_linear_saved, lora_linear_saved_deferred, lora_linear_saved_state,
-    lora_linear_slow, AdapterOperands, LoraDropout, LoraLinearSaved,
+    lora_linear_saved_state_of_low, lora_linear_slow, AdapterOperands, LoraDropout,
+    LoraLinearSaved,
 };
 pub use moe::{
     grouped_matmul, moe_combine, moe_combine_backward, moe_gather, moe_group, moe_topk, MoeGroups,

@@ -432,6 +432,34 @@ pub fn lora_linear_saved_state(
     })
 }
 
+/// [`lora_linear_saved_state`] with `kept_low (m, r)` and without `x`, which it would not read:
+/// for a recompute that holds both the projection's output and its down product, so that the
+/// input need not be computed at all (the backward takes it as an argument).
+pub fn lora_linear_saved_state_of_low(
+    w: &Tensor,
+    adapter: AdapterOperands<'_>,
+    scale: f64,
+    dropout: Option<LoraDropout>,
+    kept_low: &Tensor,
+) -> Result<LoraLinearSaved> {
+    let dims = [kept_low.dim(0)?, w.dim(1)?];
+    let op = operands(
+        &dims,
+        kept_low.dtype(),
+        w,
+        adapter,
+        scale,
+        dropout,
+        false,
+        Some(kept_low),
+    )?;
+    Ok(LoraLinearSaved {
+        low: op.kept.expect("operands keeps the kept low it was given"),
+        parts: op.parts,
+        grad_dtype: (adapter.a.dtype(), adapter.b.dtype()),
+    })
+}
+
 /// `low = drop(x)·Aᵀ` of the contiguous 2-D `x` alone (the down kernel on CUDA, the composite on the
 /// CPU).
 fn down_product(x2: &Tensor, parts: &LoraParts) -> Result<Tensor> {
@@ -482,11 +510,40 @@ fn prepare(
     defer_up: bool,
     kept_low: Option<&Tensor>,
 ) -> Result<(LoraLinearOp, Tensor, Vec<usize>)> {
+    let dims = x.dims();
+    let op = operands(
+        dims,
+        x.dtype(),
+        w,
+        adapter,
+        scale,
+        dropout,
+        defer_up,
+        kept_low,
+    )?;
+    let (out, inf) = w.dims2()?;
+    let mut out_dims = dims[..dims.len() - 1].to_vec();
+    let m: usize = out_dims.iter().product();
+    out_dims.push(out);
+    Ok((op, x.reshape((m, inf))?.contiguous()?, out_dims))
+}
+
+/// The op's operands for an input of `dims` in `dtype`, checked against each other.
+#[allow(clippy::too_many_arguments)]
+fn operands(
+    dims: &[usize],
+    dtype: candle_core::DType,
+    w: &Tensor,
+    adapter: AdapterOperands<'_>,
+    scale: f64,
+    dropout: Option<LoraDropout>,
+    defer_up: bool,
+    kept_low: Option<&Tensor>,
+) -> Result<LoraLinearOp> {
     let (a, b) = (adapter.a, adapter.b);
     let (out, inf) = w.dims2()?;
     let (r, ain) = a.dims2()?;
     let (bout, br) = b.dims2()?;
-    let dims = x.dims();
     let Some((&last, lead)) = dims.split_last() else {
         bail!("lora_linear: x must have at least one dimension");
     };
@@ -498,11 +555,11 @@ fn prepare(
             b.dims()
         );
     }
-    if w.dtype() != x.dtype() || a.dtype() != b.dtype() {
+    if w.dtype() != dtype || a.dtype() != b.dtype() {
         bail!(
             "lora_linear: w {:?} must have x's dtype {:?}, and a {:?} and b {:?} one dtype",
             w.dtype(),
-            x.dtype(),
+            dtype,
             a.dtype(),
             b.dtype()
         );
@@ -514,12 +571,12 @@ fn prepare(
     }
     let m: usize = lead.iter().product();
     if let Some(low) = kept_low {
-        if low.dims() != [m, r] || low.dtype() != x.dtype() {
+        if low.dims() != [m, r] || low.dtype() != dtype {
             bail!(
                 "lora_linear: the kept low {:?} {:?} must be ({m}, {r}) in x's dtype {:?}",
                 low.dims(),
                 low.dtype(),
-                x.dtype()
+                dtype
             );
         }
     }
@@ -527,8 +584,8 @@ fn prepare(
         Some((a_x, b_x)) => {
             if a_x.dims() != a.dims()
                 || b_x.dims() != b.dims()
-                || a_x.dtype() != x.dtype()
-                || b_x.dtype() != x.dtype()
+                || a_x.dtype() != dtype
+                || b_x.dtype() != dtype
             {
                 bail!(
                     "lora_linear: the adapter copies a {:?} {:?} and b {:?} {:?} must have a's and b's shapes {:?}, {:?} in x's dtype {:?}",
@@ -538,13 +595,13 @@ fn prepare(
                     b_x.dtype(),
                     a.dims(),
                     b.dims(),
-                    x.dtype()
+                    dtype
                 );
             }
             (a_x.detach().contiguous()?, b_x.detach().contiguous()?)
         }
         None => {
-            let cast = |t: &Tensor| t.detach().to_dtype(x.dtype())?.contiguous();
+            let cast = |t: &Tensor| t.detach().to_dtype(dtype)?.contiguous();
             (cast(a)?, cast(b)?)
         }
     };
@@ -560,9 +617,7 @@ fn prepare(
         low: Stash::default(),
         kept: kept_low.map(|low| low.detach().contiguous()).transpose()?,
     };
-    let mut out_dims = lead.to_vec();
-    out_dims.push(out);
-    Ok((op, x.reshape((m, inf))?.contiguous()?, out_dims))
+    Ok(op)
 }
 
 /// Composite reference for [`lora_linear`]: frozen matmul, dropout, two adapter matmuls, scale,
@@ -911,6 +966,38 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("adapter copies"), "{e}");
+        Ok(())
+    }
+
+    /// The saved state built from a kept down product alone gives the backward's bits of the one
+    /// built beside its input; a kept low that does not fit the adapter is refused.
+    #[test]
+    fn state_of_a_kept_low_gives_the_same_backward() -> Result<()> {
+        let dev = Device::Cpu;
+        let (bf16, f32_) = (DType::BF16, DType::F32);
+        let x = randn(&[2, 5, 12], bf16, 1, &dev)?;
+        let w = randn(&[7, 12], bf16, 4, &dev)?;
+        let (a, b) = (
+            randn(&[4, 12], f32_, 2, &dev)?,
+            randn(&[7, 4], f32_, 3, &dev)?,
+        );
+        let ops = AdapterOperands::new(&a, &b);
+        let drop = Some((0.25, crate::dropout_key(7, 3, "layers.0.self_attn.o_proj")));
+        let (_, first) = lora_linear_saved(&x, &w, ops, 2.0, drop, None)?;
+        let low = first.low().clone();
+        let with_x = lora_linear_saved_state(&x, &w, ops, 2.0, drop, Some(&low))?;
+        let of_low = lora_linear_saved_state_of_low(&w, ops, 2.0, drop, &low)?;
+        let g = randn(&[2, 5, 7], bf16, 9, &dev)?;
+        let (d1, d2) = (with_x.backward(&x, &g)?, of_low.backward(&x, &g)?);
+        for (p, q) in [(&d1.0, &d2.0), (&d1.1, &d2.1), (&d1.2, &d2.2)] {
+            let d = (p.to_dtype(f32_)? - q.to_dtype(f32_)?)?.abs()?.max_all()?;
+            assert_eq!(d.to_scalar::<f32>()?, 0.0);
+        }
+        let wrong = low.narrow(1, 0, 2)?;
+        match lora_linear_saved_state_of_low(&w, ops, 2.0, drop, &wrong) {
+            Err(e) => assert!(e.to_string().contains("kept low"), "{e}"),
+            Ok(_) => panic!("a kept low of rank 2 for an adapter of rank 4 was taken"),
+        }
         Ok(())
     }
 

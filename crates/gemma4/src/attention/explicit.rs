@@ -145,6 +145,33 @@ pub(crate) struct AttentionGrads {
 }
 
 impl Attention {
+    /// Whether [`Attention::forward_saved`] reads its normed input under `recall`: not in a
+    /// recompute that holds the attention state and every adapter's down product (the input is
+    /// then recomputed for the backward alone).
+    pub(crate) fn reads_input(&self, recall: &AttentionRecall) -> bool {
+        let Some(state) = recall.state else {
+            return true;
+        };
+        let low = |pick: fn(&AttentionLows) -> &Option<Tensor>| {
+            recall.lows.and_then(|l| pick(l).as_ref())
+        };
+        // A projection reads the input when it is computed (its output not kept) or its state
+        // needs it ([`LoraLinear::recall_reads_input`]).
+        let reads = |proj: &LoraLinear, kept: bool, low: Option<&Tensor>| {
+            !kept || proj.recall_reads_input(low)
+        };
+        let kv = match (&self.k_proj, &state.own_raw) {
+            (None, _) => false, // a KV-sharing consumer's K/V are its producer's
+            (Some(_), None) => true,
+            (Some(k_proj), Some((_, v_raw))) => {
+                reads(k_proj, true, low(|l| &l.k))
+                    || (self.v_proj.as_ref())
+                        .is_some_and(|v_proj| reads(v_proj, v_raw.is_some(), low(|l| &l.v)))
+            }
+        };
+        reads(&self.q_proj, true, low(|l| &l.q)) || kv
+    }
+
     /// `rope(swap(norm(raw)))`: a raw `(b, t, heads, d)` projection to attention's layout.
     fn roped(&self, raw: &Tensor, norm: &Tensor, rope_t: &RopeTable) -> Result<Tensor> {
         let tables = (&rope_t.cos, &rope_t.sin);
@@ -161,7 +188,7 @@ impl Attention {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward_saved(
         &self,
-        x: &Tensor,
+        x: Option<&Tensor>,
         shared: Option<&KvPair>,
         rope_t: &RopeTable,
         scores: Scores,
@@ -169,17 +196,34 @@ impl Attention {
         recall: AttentionRecall,
         whole: bool,
     ) -> Result<(Tensor, AttentionTape)> {
-        let (b, t, _) = x.dims3()?;
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let state = recall.state;
         let lows = recall.lows;
+        let input = || {
+            x.ok_or_else(|| {
+                Error::batch(
+                    "attention",
+                    "a recompute that computes a projection needs the normed input",
+                )
+            })
+        };
+        let (b, t) = match (x, state) {
+            (None, Some(state)) => {
+                let (b, t, _, _) = state.q_raw.dims4()?;
+                (b, t)
+            }
+            _ => {
+                let (b, t, _) = input()?.dims3()?;
+                (b, t)
+            }
+        };
         // A projection's raw output `(b, t, n, d)` and saved state: computed, or the kept output
         // with the LoRA state alone (from the kept down product, if any).
         let project = |proj: &LoraLinear, kept: Option<&Tensor>, low: Option<&Tensor>, n| match kept
         {
-            Some(raw) => Ok::<_, Error>((raw.clone(), proj.forward_saved_state(x, low, ctx)?)),
+            Some(raw) => Ok::<_, Error>((raw.clone(), proj.recalled_state(x, low, ctx)?)),
             None => {
-                let (raw, saved) = proj.forward_saved(x, low, ctx)?;
+                let (raw, saved) = proj.forward_saved(input()?, low, ctx)?;
                 Ok((raw.reshape((b, t, n, d))?, saved))
             }
         };
@@ -246,14 +290,19 @@ impl Attention {
                 }
             }
         };
-        let flat = swap_dims12(&o)?.reshape((b, t, nh * d))?;
+        // o_proj's input, a transpose of the output: not formed for a recompute that holds the
+        // block output and o_proj's down product.
         let o_low = low(|l| &l.o);
-        let (out, o_proj) = match recall.out {
-            Some(out) => (
+        let flat = (whole || recall.out.is_none() || self.o_proj.recall_reads_input(o_low))
+            .then(|| swap_dims12(&o)?.reshape((b, t, nh * d)))
+            .transpose()?;
+        let (out, o_proj) = match (recall.out, &flat) {
+            (Some(out), flat) => (
                 out.clone(),
-                self.o_proj.forward_saved_state(&flat, o_low, ctx)?,
+                self.o_proj.recalled_state(flat.as_ref(), o_low, ctx)?,
             ),
-            None => self.o_proj.forward_saved(&flat, o_low, ctx)?,
+            (None, Some(flat)) => self.o_proj.forward_saved(flat, o_low, ctx)?,
+            (None, None) => unreachable!("the input of a computed o_proj is formed"),
         };
         let tape = AttentionTape {
             q_proj,
@@ -265,7 +314,7 @@ impl Attention {
             core,
             o_proj,
             q: kept_q,
-            o_flat: whole.then_some(flat),
+            o_flat: flat.filter(|_| whole),
         };
         Ok((out, tape))
     }

@@ -261,21 +261,26 @@ impl DecoderLayer {
         let (known, lows) = (recall.outputs, recall.lows);
         let low = |pick: fn(&LayerLows) -> &Option<Tensor>| lows.and_then(|l| pick(l).as_ref());
         let eps = self.eps;
-        let xn = rms_norm(x, Some(&self.input_layernorm), eps)?;
+        let recall_attn = AttentionRecall {
+            out: known.map(|k| &k.attn),
+            state: known.and_then(|k| k.attention.as_ref()),
+            lows: lows.map(|l| &l.attention),
+        };
+        // Not formed for a recompute that holds everything the attention would compute from it
+        // (the backward forms it again).
+        let xn = (whole || self.self_attn.reads_input(&recall_attn))
+            .then(|| rms_norm(x, Some(&self.input_layernorm), eps))
+            .transpose()?;
         let (a, attn) = self.self_attn.forward_saved(
-            &xn,
+            xn.as_ref(),
             shared,
             self.rope_table(inputs),
             self.scores(inputs),
             ctx,
-            AttentionRecall {
-                out: known.map(|k| &k.attn),
-                state: known.and_then(|k| k.attention.as_ref()),
-                lows: lows.map(|l| &l.attention),
-            },
+            recall_attn,
             whole,
         )?;
-        let xn = whole.then_some(xn);
+        let xn = xn.filter(|_| whole);
         let h1 = rms_norm_add(&a, Some(&self.post_attention_layernorm), eps, x)?;
         let hn = rms_norm(&h1, Some(&self.pre_feedforward_layernorm), eps)?;
         let mlp = &self.mlp;
