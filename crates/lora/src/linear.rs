@@ -124,6 +124,12 @@ impl LoraLinear {
     }
 
     /// The held copies when they are in `dtype`.
+    /// The adapter's dropout under `ctx` (training only), keyed by this layer's path.
+    fn dropout(&self, ad: &Adapter, ctx: &LoraContext) -> Option<g4ft_ops::LoraDropout> {
+        (ctx.training && ad.dropout > 0.0)
+            .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)))
+    }
+
     fn copies_in(&self, dtype: DType) -> Option<(Tensor, Tensor)> {
         self.held.get().filter(|(a, _)| a.dtype() == dtype)
     }
@@ -141,8 +147,7 @@ impl LoraLinear {
         } else {
             (ad.a.as_detached_tensor(), ad.b.as_detached_tensor())
         };
-        let dropout = (ctx.training && ad.dropout > 0.0)
-            .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)));
+        let dropout = self.dropout(ad, ctx);
         let copies = self.copies_in(x.dtype());
         g4ft_ops::lora_linear(
             x,
@@ -215,8 +220,7 @@ impl LoraLinear {
             };
             return self.forward_saved_state(x, None, ctx);
         };
-        let dropout = (ctx.training && ad.dropout > 0.0)
-            .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)));
+        let dropout = self.dropout(ad, ctx);
         let copies = self.copies_in(low.dtype());
         let operands = with_held(ad.a.as_tensor(), ad.b.as_tensor(), &copies);
         let saved = g4ft_ops::lora_linear_saved_state_of_low(
@@ -252,8 +256,7 @@ impl LoraLinear {
             };
             return Ok((y, ProjectionSaved::Frozen(self.weight.clone()), None));
         };
-        let dropout = (ctx.training && ad.dropout > 0.0)
-            .then(|| (ad.dropout, crate::dropout::dropout_key(ctx, &self.path)));
+        let dropout = self.dropout(ad, ctx);
         let copies = self.copies_in(x.dtype());
         let operands = with_held(ad.a.as_tensor(), ad.b.as_tensor(), &copies);
         let w = &self.weight;

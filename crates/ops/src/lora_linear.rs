@@ -290,7 +290,8 @@ pub fn lora_linear(
     scale: f64,
     dropout: Option<LoraDropout>,
 ) -> Result<Tensor> {
-    let (op, x2, out_dims) = prepare(x, w, adapter, scale, dropout, false, None)?;
+    let op = operands(x.dims(), x.dtype(), w, adapter, scale, dropout, false, None)?;
+    let (x2, out_dims) = rows(x, w)?;
     x2.apply_op3(&adapter.a.contiguous()?, &adapter.b.contiguous()?, op)?
         .reshape(out_dims)
 }
@@ -420,10 +421,19 @@ pub fn lora_linear_saved_state(
     dropout: Option<LoraDropout>,
     kept_low: Option<&Tensor>,
 ) -> Result<LoraLinearSaved> {
-    let (op, x2, _) = prepare(x, w, adapter, scale, dropout, false, kept_low)?;
+    let op = operands(
+        x.dims(),
+        x.dtype(),
+        w,
+        adapter,
+        scale,
+        dropout,
+        false,
+        kept_low,
+    )?;
     let low = match op.kept {
         Some(low) => low,
-        None => down_product(&x2, &op.parts)?,
+        None => down_product(&rows(x, w)?.0, &op.parts)?,
     };
     Ok(LoraLinearSaved {
         low,
@@ -454,7 +464,7 @@ pub fn lora_linear_saved_state_of_low(
         Some(kept_low),
     )?;
     Ok(LoraLinearSaved {
-        low: op.kept.expect("operands keeps the kept low it was given"),
+        low: kept_low.detach().contiguous()?,
         parts: op.parts,
         grad_dtype: (adapter.a.dtype(), adapter.b.dtype()),
     })
@@ -487,7 +497,17 @@ fn saved_forward(
     kept_low: Option<&Tensor>,
 ) -> Result<(Tensor, LoraLinearSaved)> {
     let (a, b) = (adapter.a, adapter.b);
-    let (op, x2, out_dims) = prepare(x, w, adapter, scale, dropout, defer_up, kept_low)?;
+    let op = operands(
+        x.dims(),
+        x.dtype(),
+        w,
+        adapter,
+        scale,
+        dropout,
+        defer_up,
+        kept_low,
+    )?;
+    let (x2, out_dims) = rows(x, w)?;
     let y = x2
         .apply_op3_no_bwd(&a.detach().contiguous()?, &b.detach().contiguous()?, &op)?
         .reshape(out_dims)?;
@@ -499,36 +519,19 @@ fn saved_forward(
     Ok((y, saved))
 }
 
-/// Checks the operands of [`lora_linear`] (and a kept `low`); returns the op, `x` as a contiguous
-/// `(m, in)` tensor and the output dims.
-fn prepare(
-    x: &Tensor,
-    w: &Tensor,
-    adapter: AdapterOperands<'_>,
-    scale: f64,
-    dropout: Option<LoraDropout>,
-    defer_up: bool,
-    kept_low: Option<&Tensor>,
-) -> Result<(LoraLinearOp, Tensor, Vec<usize>)> {
-    let dims = x.dims();
-    let op = operands(
-        dims,
-        x.dtype(),
-        w,
-        adapter,
-        scale,
-        dropout,
-        defer_up,
-        kept_low,
-    )?;
+/// `x (..., in)` as a contiguous `(m, in)` tensor and the output dims `(..., out)` of `w (out, in)`
+/// (shapes checked by [`operands`]).
+fn rows(x: &Tensor, w: &Tensor) -> Result<(Tensor, Vec<usize>)> {
     let (out, inf) = w.dims2()?;
+    let dims = x.dims();
     let mut out_dims = dims[..dims.len() - 1].to_vec();
     let m: usize = out_dims.iter().product();
     out_dims.push(out);
-    Ok((op, x.reshape((m, inf))?.contiguous()?, out_dims))
+    Ok((x.reshape((m, inf))?.contiguous()?, out_dims))
 }
 
-/// The op's operands for an input of `dims` in `dtype`, checked against each other.
+/// The op's operands for an input of `dims` in `dtype` (and a kept `low`), checked against each
+/// other.
 #[allow(clippy::too_many_arguments)]
 fn operands(
     dims: &[usize],
