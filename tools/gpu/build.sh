@@ -35,7 +35,7 @@ test_bin gemma4_layerwise -p g4ft -p g4ft-gemma4 --test layerwise
 test_bin g4ft_ops_test -p g4ft-ops --lib
 test_bin generate_parity -p g4ft-generate --test parity
 rel="$CARGO_TARGET_DIR/release"
-for bin in examples/score examples/train_ddp examples/bench_train examples/bench_batching examples/memory_plan examples/generate examples/bench_generate ddprun ddp_test_worker; do
+for bin in examples/score examples/train_ddp examples/bench_train examples/bench_attention examples/bench_batching examples/memory_plan examples/generate examples/bench_generate ddprun ddp_test_worker; do
   src="$rel/$bin"; [ -f "$src" ] || { echo "missing $src" >&2; continue; }
   name=$(basename "$bin")
   strip -o ".gpu/$name" "$src" && xz -6 -f ".gpu/$name"

@@ -6,7 +6,7 @@
 // recompute P = exp(S·scale − lse) from the forward's log-sum-exp, with no atomics:
 // - `attn_flash_bwd_kv_d{D}`: a block owns BC keys of one (batch, kv head) slab and keeps their fp32
 //   dK and dV in registers while it walks the query rows that see them, BR rows per tile, for the
-//   group's query heads [m0, m0 + g / hsplit) (blockIdx.z picks m0; hsplit > 1 only to fill the
+//   group's query heads [m0, m0 + g / hsplit) (the block's split picks m0; hsplit > 1 only to fill the
 //   GPU when there are few kv heads, and then each split stores its partial dK / dV in fp32
 //   buffers of its own, which `attn_round` sums in split order: the same bits on every run).
 //   Per tile: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (mma.sync m16n8k16, fp32), masked; Pᵀ and
@@ -203,7 +203,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
     }
 
     // dK and dV of the block's keys: rounded to T, or stored in this split's fp32 partials.
-    const size_t split = (size_t)blockIdx.z * gridDim.y * t * D;
+    const size_t split = (size_t)kb.split * gridDim.y * t * D;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int j = j0 + kr * 16 + lane / 4 + 8 * h;

@@ -15,16 +15,19 @@
 // not fit one warpgroup's registers): both own the same 64 rows, each multiplies its half of the
 // head dim for S and they add the halves through shared memory (the same fp32 sums in both), each
 // runs the softmax on the whole S and accumulates its half of O's columns.
-// Keys come in tiles of 64 rows through shared memory (cp.async): head dim 256 double-buffers K
-// and V (the next tile loads during this one), head dim 512 has one K and one V buffer (the next K
-// tile loads during P·V, the V tile during Q·Kᵀ).
+// Keys come in tiles of 64 rows through shared memory (cp.async). Head dim 256 double-buffers K
+// and V and runs two tiles at once: while tile i's scores go through the softmax on the CUDA
+// cores, tile i − 1's O += P·V runs on the tensor cores (FlashAttention-3's intra-warpgroup
+// overlap), so K of tile i + 1 and V of tile i load during tile i. Head dim 512 has one K and one V
+// buffer (the next K tile loads during P·V, the V tile during Q·Kᵀ).
 //
 // dQ: attention_flash_bwd.cu's dQ kernel (the forward's block shape over the key tiles its rows
 // see; the dS of a tile is flash_bwd_tile.cuh, shared with it) with S = Q·Kᵀ and dP = dO·Vᵀ read
 // from shared memory and dQ += dS·K taking dS from registers and K (read down its rows) from
 // shared memory. Keys per tile: 64 at head dim 256, 32 at 512 (Q, dO, K and V tiles fill 192 KiB
-// either way). At head dim 512 the warpgroups split S and dP by halves of the head dim as the
-// forward splits S, and each accumulates half of dQ's columns.
+// either way). Head dim 256 adds a second K buffer (224 KiB), so the next K tile loads during this
+// one; the next V tile loads once this tile's dP is in. At head dim 512 the warpgroups split S and
+// dP by halves of the head dim as the forward splits S, and each accumulates half of dQ's columns.
 #include "common.cuh"
 #include "flash_bwd_tile.cuh"
 #include "flash_tile.cuh"
@@ -46,7 +49,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
     constexpr int DW = D / DSPLIT;                    // O columns of one warpgroup
     constexpr int NACC = DW / 2;                      // their fp32 accumulators per thread
     constexpr int TILE = BC * D;                      // elements of a K or V tile
-    static_assert(DW % 128 == 0 && (STAGES == 1 || STAGES == 2), "block shape");
+    static_assert(DW % 128 == 0 && (STAGES == 2) == (DSPLIT == 1), "block shape");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // The swizzled tiles need a 1024-byte aligned base (the host adds the slack).
     T* const sq = reinterpret_cast<T*>(smem_raw + ((1024 - mma16::smem_addr(smem_raw) % 1024) % 1024));
@@ -67,7 +70,6 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
 
     wg::load_rows<T, D, BR, THREADS>(sq, rows - r0, [&](int r) { return q + gr.head_row(r0 + r, nh, g, t) * D; });
     wg::load_tile<T, D, BC, THREADS>(sk0, kslab + (size_t)klo * D, t - klo);
-    if (STAGES == 2) wg::load_tile<T, D, BC, THREADS>(sk0 + TILE, vslab + (size_t)klo * D, t - klo);
     mma16::cp_async_commit();
 
     const int ra = r0 + rw * 16 + lane / 4, rb = ra + 8;
@@ -77,61 +79,84 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
     float acc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
-
-    for (int j0 = klo, it = 0; j0 <= qhi; j0 += BC, ++it) {
-        const int stage = STAGES == 2 ? it & 1 : 0;
-        T* const sk = sk0 + stage * 2 * TILE;
-        T* const sv = sk + TILE;
-        if (STAGES == 2) {  // the other stage was released by the barrier that ended the last tile
-            if (j0 + BC <= qhi) {
-                T* const nk = sk0 + (stage ^ 1) * 2 * TILE;
-                wg::load_tile<T, D, BC, THREADS>(nk, kslab + (size_t)(j0 + BC) * D, t - j0 - BC);
-                wg::load_tile<T, D, BC, THREADS>(nk + TILE, vslab + (size_t)(j0 + BC) * D, t - j0 - BC);
-            }
-            mma16::cp_async_commit();
-        }
-        bool no_pad = flash_tile::load_key_mask(skm, mrow, j0, t, qhi);
-        if (STAGES == 2)
-            mma16::cp_async_wait_newer<1>();  // all but the prefetch just issued: this tile is in
-        else
-            mma16::cp_async_wait_all();
-        wg::fence_shared_for_async();
-        no_pad = __syncthreads_and(no_pad);  // also: this K tile is in, the last P·V is done
-        if (STAGES == 1) {
-            wg::load_tile<T, D, BC, THREADS>(sv, vslab + (size_t)j0 * D, t - j0);
-            mma16::cp_async_commit();
-        }
-
-        // S = Q·Kᵀ for the warpgroup's 64 rows and the tile's 64 keys.
-        float s[ST][4];
-        if constexpr (DSPLIT == 1) {
-            wg::rows_times_rows<T, D, BR, BC>(&s[0][0], sq, rowg * 64, sk);
-            wg::wait<0>();
-            wg::pin<ST * 4>(&s[0][0]);
-        } else {  // each warpgroup multiplies its half of the head dim, then they add the halves
-            wg::rows_times_rows<T, D / 2, BR, BC>(&s[0][0], sq, 0, sk, part * (D / 2));
-            wg::wait<0>();
-            wg::pin<ST * 4>(&s[0][0]);
-            wg::sum_halves<ST * 4>(&s[0][0], xs, part);
-        }
-
+    // The scores of the tile at j0 once their product is in: masked unless the tile is interior.
+    auto mask_scores = [&](float (*s)[4], int j0, bool no_pad) {
         if (!flash_tile::interior(no_pad, j0, qlo, qhi, window, seq_of))
             flash_tile::mask(s, j0, qa, qb, seq_of(qa), seq_of(qb), window, skm, lane);
-        flash_tile::online_softmax<NACC>(s, m, l, acc, sl2);
-        uint32_t pa[BC / 16][4];
-        mma16::a_fragments<T, BC>(s, pa);
+    };
+    uint32_t pa[BC / 16][4];
 
-        if (STAGES == 1) {
+    if constexpr (STAGES == 2) {
+        // Tile i's K and V go to stage i % 2; K of tile i + 1 and V of tile i load during tile i,
+        // and O += P·V of tile i − 1 runs on the tensor cores while tile i's scores go through the
+        // softmax (O's rescale, when the max moves, waits for that product).
+        int it = 0;
+        uint8_t mv = flash_tile::key_byte(mrow, klo, t);  // the key mask, read a tile ahead
+        for (int j0 = klo; j0 <= qhi; j0 += BC, ++it) {
+            T* const sk = sk0 + (it & 1) * 2 * TILE;
+            const bool more = j0 + BC <= qhi;
+            if (more) wg::load_tile<T, D, BC, THREADS>(sk0 + ((it + 1) & 1) * 2 * TILE, kslab + (size_t)(j0 + BC) * D, t - j0 - BC);
+            wg::load_tile<T, D, BC, THREADS>(sk + TILE, vslab + (size_t)j0 * D, t - j0);
+            mma16::cp_async_commit();
+            bool no_pad = flash_tile::store_key_mask(skm, mv, j0, qhi);
+            if (more) mv = flash_tile::key_byte(mrow, j0 + BC, t);
+            mma16::cp_async_wait_newer<1>();  // this tile's K and the last tile's V are in
+            wg::fence_shared_for_async();
+            no_pad = __syncthreads_and(no_pad);
+
+            float s[ST][4];
+            wg::rows_times_rows<T, D, BR, BC>(&s[0][0], sq, rowg * 64, sk);
+            if (it > 0) {  // the last tile's O += P·V behind this tile's S = Q·Kᵀ
+                wg::accumulate_async<T, BC, BC, DW>(acc, pa, sk0 + ((it - 1) & 1) * 2 * TILE + TILE, 0);
+                wg::wait<1>();
+            } else {
+                wg::wait<0>();
+            }
+            wg::pin<ST * 4>(&s[0][0]);
+            mask_scores(s, j0, no_pad);
+            float alpha[2];
+            const bool moved = flash_tile::softmax_tile(s, m, l, alpha, sl2);
+            wg::wait<0>();
+            wg::pin<NACC>(acc);
+            if (moved) flash_tile::rescale<NACC>(acc, alpha);
+            mma16::a_fragments<T, BC>(s, pa);
+            __syncthreads();  // every warp is done with this K, the last V and the key mask
+        }
+        mma16::cp_async_wait_all();  // the last tile's V
+        wg::fence_shared_for_async();
+        __syncthreads();
+        wg::accumulate<T, BC, BC, DW>(acc, pa, sk0 + ((it - 1) & 1) * 2 * TILE + TILE, 0);
+    } else {
+        // One K and one V buffer: the next K tile loads during P·V, the V tile during Q·Kᵀ.
+        for (int j0 = klo; j0 <= qhi; j0 += BC) {
+            T* const sk = sk0;
+            T* const sv = sk + TILE;
+            bool no_pad = flash_tile::load_key_mask(skm, mrow, j0, t, qhi);
+            mma16::cp_async_wait_all();
+            wg::fence_shared_for_async();
+            no_pad = __syncthreads_and(no_pad);  // also: this K tile is in, the last P·V is done
+            wg::load_tile<T, D, BC, THREADS>(sv, vslab + (size_t)j0 * D, t - j0);
+            mma16::cp_async_commit();
+
+            // S = Q·Kᵀ: each warpgroup multiplies its half of the head dim, then they add the halves.
+            float s[ST][4];
+            wg::rows_times_rows<T, D / DSPLIT, BR, BC>(&s[0][0], sq, rowg * 64, sk, part * (D / DSPLIT));
+            wg::wait<0>();
+            wg::pin<ST * 4>(&s[0][0]);
+            if constexpr (DSPLIT == 2) wg::sum_halves<ST * 4>(&s[0][0], xs, part);
+            mask_scores(s, j0, no_pad);
+            flash_tile::online_softmax<NACC>(s, m, l, acc, sl2);
+            mma16::a_fragments<T, BC>(s, pa);
+
             mma16::cp_async_wait_all();
             wg::fence_shared_for_async();
             __syncthreads();  // V is in; every warp is done with this K tile
             if (j0 + BC <= qhi) wg::load_tile<T, D, BC, THREADS>(sk, kslab + (size_t)(j0 + BC) * D, t - j0 - BC);
             mma16::cp_async_commit();
-        }
 
-        // O += P·V for the warpgroup's columns.
-        wg::accumulate<T, BC, BC, DW>(acc, pa, sv, part * (DW / 64));
-        if (STAGES == 2) __syncthreads();  // every warp is done with this stage and the key mask
+            // O += P·V for the warpgroup's columns.
+            wg::accumulate<T, BC, BC, DW>(acc, pa, sv, part * (DW / 64));
+        }
     }
 
     // Normalise, stage the warp's 16 rows in shared memory (plain rows of D + 8 elements over the
@@ -157,12 +182,13 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
     constexpr int DW = D / DSPLIT, NACC = DW / 2;     // dQ columns of one warpgroup, accumulators
     constexpr int NT = BC / 8;                        // S / dP n-tiles
     constexpr int TILE = BC * D;
+    constexpr int KSTAGES = DSPLIT == 1 ? 2 : 1;  // K buffers (shared memory: 224 KiB at head dim 256)
     static_assert(DW % 128 == 0, "block shape");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* const sq = reinterpret_cast<T*>(smem_raw + ((1024 - mma16::smem_addr(smem_raw) % 1024) % 1024));
     T* const sdo = sq + BR * D;
-    T* const sk = sdo + BR * D;
-    T* const sv = sk + TILE;
+    T* const sk0 = sdo + BR * D;  // K buffer s at sk0 + s·TILE
+    T* const sv = sk0 + KSTAGES * TILE;
     float* const xs = reinterpret_cast<float*>(sv + TILE);  // DSPLIT 2: the S and dP halves
     __shared__ uint8_t skm[BC];
 
@@ -175,49 +201,86 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
     const int klo = gr.first_key(window, srow);
     const T *kslab = gr.slab_row0(k, t, D), *vslab = gr.slab_row0(v, t, D);
     const uint8_t* mrow = gr.batch_row(mask, t);
-
+    auto load_k = [&](int j0, int it) {
+        wg::load_tile<T, D, BC, THREADS>(sk0 + (it % KSTAGES) * TILE, kslab + (size_t)j0 * D, t - j0);
+    };
+    auto load_v = [&](int j0) { wg::load_tile<T, D, BC, THREADS>(sv, vslab + (size_t)j0 * D, t - j0); };
     wg::load_rows<T, D, BR, THREADS>(sq, rows - r0, [&](int r) { return q + gr.head_row(r0 + r, nh, g, t) * D; });
     wg::load_rows<T, D, BR, THREADS>(sdo, rows - r0, [&](int r) { return dout + gr.head_row(r0 + r, nh, g, t) * D; });
+    if (KSTAGES == 2) {
+        load_k(klo, 0);
+        load_v(klo);
+    }
     mma16::cp_async_commit();
     const flash_bwd_tile::RowPair rp = flash_bwd_tile::row_pair(gr, r0 + rw * 16 + lane / 4, lse, dd, srow, nh, g, t);
     float acc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
-    for (int j0 = klo; j0 <= qhi; j0 += BC) {
-        __syncthreads();  // every warp is done with the last tile's K, V and key mask
-        wg::load_tile<T, D, BC, THREADS>(sk, kslab + (size_t)j0 * D, t - j0);
-        mma16::cp_async_commit();
-        wg::load_tile<T, D, BC, THREADS>(sv, vslab + (size_t)j0 * D, t - j0);
-        mma16::cp_async_commit();
-        if (threadIdx.x < BC) {
-            const int j = j0 + threadIdx.x;
-            skm[threadIdx.x] = j < t ? mrow[j] : 0;
-        }
-        mma16::cp_async_wait_newer<1>();  // Q, dO and K are in
-        wg::fence_shared_for_async();
-        __syncthreads();
-        // S and dP: at head dim 512 each warpgroup multiplies its half of the head dim and they add
-        // the halves.
-        constexpr int DSPAN = D / DSPLIT;
-        const int col0 = part * DSPAN;
-        float s[NT][4], dp[NT][4];
-        wg::rows_times_rows<T, DSPAN, BR, BC>(&s[0][0], sq, rowg * 64, sk, col0);
-        mma16::cp_async_wait_all();
-        wg::fence_shared_for_async();
-        __syncthreads();  // V is in
-        wg::rows_times_rows<T, DSPAN, BR, BC>(&dp[0][0], sdo, rowg * 64, sv, col0);
-        wg::wait<0>();
-        wg::pin<NT * 4>(&s[0][0]);
-        wg::pin<NT * 4>(&dp[0][0]);
+    // S and dP: at head dim 512 each warpgroup multiplies its half of the head dim and they add
+    // the halves.
+    constexpr int DSPAN = D / DSPLIT;
+    const int col0 = part * DSPAN;
+    // dS of the tile at j0 from S and dP (in), then dQ += dS·K for the warpgroup's columns (K read
+    // down its rows).
+    auto accumulate_ds = [&](float (*s)[4], float (*dp)[4], const T* sk, int j0) {
         if constexpr (DSPLIT == 2) {
             wg::sum_halves<NT * 4>(&s[0][0], xs, part);
             wg::sum_halves<NT * 4>(&dp[0][0], xs + 2 * NT * 4 * 128, part);
         }
         uint32_t fa[BC / 16][4];
         flash_bwd_tile::ds_fragments<T, BC>(s, dp, fa, rp, j0, window, skm, scale, lane);
-
-        // dQ += dS·K for the warpgroup's columns (K read down its rows).
         wg::accumulate<T, BC, BC, DW>(acc, fa, sk, part * (DW / 64));
+    };
+    uint8_t mv = flash_tile::key_byte(mrow, klo, t);  // the key mask, read a tile ahead
+    int it = 0;
+    for (int j0 = klo; j0 <= qhi; j0 += BC, ++it) {
+        const bool more = j0 + BC <= qhi;
+        float s[NT][4], dp[NT][4];
+        if constexpr (KSTAGES == 2) {
+            // The next tile's K loads during this whole tile, its V from when this tile's dP is in.
+            mma16::cp_async_wait_all();  // this tile's K and V are in
+            wg::fence_shared_for_async();
+            __syncthreads();  // ... for every warp, and every warp is done with the last tile
+            T* const sk = sk0 + (it % 2) * TILE;
+            if (more) {
+                load_k(j0 + BC, it + 1);
+                mma16::cp_async_commit();
+            }
+            flash_tile::store_key_mask(skm, mv, j0, qhi);
+            if (more) mv = flash_tile::key_byte(mrow, j0 + BC, t);
+            wg::rows_times_rows<T, DSPAN, BR, BC>(&s[0][0], sq, rowg * 64, sk, col0);
+            wg::rows_times_rows<T, DSPAN, BR, BC>(&dp[0][0], sdo, rowg * 64, sv, col0);
+            wg::wait<0>();
+            wg::pin<NT * 4>(&s[0][0]);
+            wg::pin<NT * 4>(&dp[0][0]);
+            __syncthreads();  // every warp is done with V; the key mask is in
+            if (more) {
+                load_v(j0 + BC);
+                mma16::cp_async_commit();
+            }
+            accumulate_ds(s, dp, sk, j0);
+        } else {
+            // One K buffer: the tile's K and V load at its start, S starts once K is in.
+            __syncthreads();  // every warp is done with the last tile's K, V and key mask
+            load_k(j0, 0);
+            mma16::cp_async_commit();
+            load_v(j0);
+            mma16::cp_async_commit();
+            flash_tile::store_key_mask(skm, mv, j0, qhi);
+            if (more) mv = flash_tile::key_byte(mrow, j0 + BC, t);
+            mma16::cp_async_wait_newer<1>();  // Q, dO and K are in
+            wg::fence_shared_for_async();
+            __syncthreads();
+            wg::rows_times_rows<T, DSPAN, BR, BC>(&s[0][0], sq, rowg * 64, sk0, col0);
+            mma16::cp_async_wait_all();
+            wg::fence_shared_for_async();
+            __syncthreads();  // V is in
+            wg::rows_times_rows<T, DSPAN, BR, BC>(&dp[0][0], sdo, rowg * 64, sv, col0);
+            wg::wait<0>();
+            wg::pin<NT * 4>(&s[0][0]);
+            wg::pin<NT * 4>(&dp[0][0]);
+            accumulate_ds(s, dp, sk0, j0);
+        }
     }
 
     // dQ rounded to T, staged in shared memory once every warpgroup is done reading it.
@@ -344,7 +407,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
     // split's fp32 partials.
     T* const out = wgi == 0 ? dv : dk;
     float* const out32 = wgi == 0 ? dv32 : dk32;
-    const size_t split = (size_t)blockIdx.z * gridDim.y * t * D;
+    const size_t split = (size_t)kb.split * gridDim.y * t * D;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int j = j0 + kr + 8 * h;
@@ -378,8 +441,9 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
                                             window);                                                 \
     }
 // attn_wgmma_bwd_q_d{D}_{bf16,f16}: 256 threads, grid (ceil(t·g / ROWS), b·nkv) (ROWS as the
-// forward's), dynamic shared memory (2·ROWS·D + 2·BC·D)·2 + 1024 bytes with BC = 64 at head dim 256
-// and 32 at 512 (197,632 bytes either way), and at 512 32,768 more for the S and dP halves.
+// forward's), dynamic shared memory (2·ROWS·D + (KSTAGES + 1)·BC·D)·2 + 1024 bytes with BC = 64 and
+// KSTAGES = 2 at head dim 256 (230,400 bytes), BC = 32 and KSTAGES = 1 at 512 (197,632 bytes, and
+// 32,768 more for the S and dP halves).
 #define WGMMA_BWD_Q(T, S, D, DSPLIT, BC)                                                             \
     extern "C" __global__ void __launch_bounds__(256, 1) attn_wgmma_bwd_q_d##D##_##S(                \
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dd,        \

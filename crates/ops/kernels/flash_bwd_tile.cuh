@@ -65,13 +65,17 @@ __device__ __forceinline__ void ds_fragments(const float (*s)[4], const float (*
 }
 
 // The query rows a block of the dK / dV kernels walks (grid (ceil(t / BC), b·nkv, hsplit),
-// src/attention_cuda.rs): block (x, y, z) owns keys [j0, j0 + BC) of slab y and the mc = g / hsplit
-// query heads m0 = z·mc .. m0 + mc − 1 of its group; its row v is query v / mc of head m0 + v % mc,
+// src/attention_cuda.rs): a block owns keys [j0, j0 + BC) of one slab and the mc = g / hsplit
+// query heads m0 = split·mc .. m0 + mc − 1 of its group; its row v is query v / mc of head m0 + v % mc,
 // and rows [rbeg, rend) hold the queries j0 .. qend − 1 that can see one of its keys. Tiles of rows
 // come in by cp.async with one row address per row (a shift when mc is a power of two), so the
-// loads stay off the issue slots of the tile loop.
+// loads stay off the issue slots of the tile loop. Within a split, blocks start longest first
+// across all slabs: the block launched L-th (L = x + X·(y + Y·z), the order the GPU starts them in)
+// takes split z, key block (x + X·y) / Y (earlier keys are seen by more queries) and slab
+// (x + X·y) % Y. The splits stay one after the other, so the blocks running at once read the
+// query rows of the same heads (at long sequences these rows outgrow the L2 cache).
 struct KeyBlock {
-    int slab, bi, j0, jlast, rbeg, rend;
+    int slab, split, bi, j0, jlast, rbeg, rend;
     int mc, mshift;  // heads per block; log2(mc) when a power of two, else −1
     int t;
     size_t head0;          // (b·nh + kv·g + m0)·t: the (b, nh, t) row of row 0
@@ -79,17 +83,19 @@ struct KeyBlock {
 
     __device__ __forceinline__ KeyBlock(int bc, int nh, int g, int t_, int window, const uint32_t* seq_start) {
         t = t_;
-        slab = blockIdx.y;
+        const int launched = blockIdx.x + gridDim.x * blockIdx.y;  // within the split
+        split = blockIdx.z;
+        slab = launched % gridDim.y;
         const int nkv = nh / g, kvh = slab % nkv;
         bi = slab / nkv;
         mc = g / gridDim.z;
         mshift = (mc & (mc - 1)) == 0 ? __ffs(mc) - 1 : -1;
-        j0 = blockIdx.x * bc;  // the longest query ranges (first keys) first
+        j0 = launched / gridDim.y * bc;
         jlast = min(j0 + bc, t) - 1;
         const int qend = window > 0 ? min(t, jlast + window) : t;
         rbeg = j0 * mc;
         rend = qend * mc;
-        head0 = ((size_t)bi * nh + kvh * g + blockIdx.z * mc) * t;
+        head0 = ((size_t)bi * nh + kvh * g + split * mc) * t;
         srow = seq_start ? seq_start + (size_t)bi * t : nullptr;
     }
 

@@ -19,17 +19,25 @@ constexpr float LN2 = 0.6931471805599453f;
 // unchanged) and most tiles skip the rescale of O (FlashAttention-3's trick).
 constexpr float RESCALE_SLACK = 8.f;
 
+// The key mask byte of key j0 + threadIdx.x for threads below BC (0 past t or at other threads):
+// a global read the caller issues ahead of its use.
+__device__ __forceinline__ uint8_t key_byte(const uint8_t* mrow, int j0, int t) {
+    const int j = j0 + threadIdx.x;
+    return threadIdx.x < BC && j < t ? mrow[j] : 0;
+}
+
+// key_byte's `mv` of the tile at j0 into skm (threads below BC) and whether this thread's key is
+// unpadded or past the block's last query qhi (the caller's barrier ANDs it).
+__device__ __forceinline__ bool store_key_mask(uint8_t* skm, uint8_t mv, int j0, int qhi) {
+    if (threadIdx.x >= BC) return true;
+    skm[threadIdx.x] = mv;
+    return mv != 0 || j0 + (int)threadIdx.x > qhi;
+}
+
 // The tile's key mask into skm (threads below BC; keys past t are padded) and whether this
 // thread's key is unpadded or past the block's last query qhi (the caller's barrier ANDs it).
 __device__ __forceinline__ bool load_key_mask(uint8_t* skm, const uint8_t* mrow, int j0, int t, int qhi) {
-    bool no_pad = true;
-    if (threadIdx.x < BC) {
-        const int j = j0 + threadIdx.x;
-        const uint8_t mv = j < t ? mrow[j] : 0;
-        skm[threadIdx.x] = mv;
-        no_pad = mv != 0 || j > qhi;
-    }
-    return no_pad;
+    return store_key_mask(skm, key_byte(mrow, j0, t), j0, qhi);
 }
 
 // Whether every key of the tile at j0 is visible to every query in [qlo, qhi] (no padded key in
@@ -54,10 +62,12 @@ __device__ __forceinline__ void mask(float (*s)[4], int j0, int qa, int qb, int 
 }
 
 // Online softmax of one tile in log2 units (a row's BC scores are spread over the 4 lanes of a
-// quad): the row max m moves only by more than RESCALE_SLACK, and then the sums l and the NACC O
-// accumulators of the warp are rescaled; s becomes exp2(s·sl2 − m), l gains its row sums.
-template <int NACC>
-__device__ __forceinline__ void online_softmax(float (*s)[4], float* m, float* l, float* acc, float sl2) {
+// quad), all but the rescale of O: the row max m moves only by more than RESCALE_SLACK, and then
+// the sums l are rescaled and alpha holds the two rows' factors; s becomes exp2(s·sl2 − m), l gains
+// its row sums. Returns whether the warp's O accumulators must be multiplied by alpha (the same
+// on every lane), which `rescale` does; the caller may do it later (once a product in flight
+// that adds to O is done), as long as it is before the next tile's P·V.
+__device__ __forceinline__ bool softmax_tile(float (*s)[4], float* m, float* l, float* alpha, float sl2) {
     float mx[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -70,21 +80,14 @@ __device__ __forceinline__ void online_softmax(float (*s)[4], float* m, float* l
         mx[h] = v * sl2;
     }
     const bool move0 = mx[0] > m[0] + RESCALE_SLACK, move1 = mx[1] > m[1] + RESCALE_SLACK;
-    if (__any_sync(0xffffffffu, move0 || move1)) {
-        float alpha[2];
+    const bool moved = __any_sync(0xffffffffu, move0 || move1);
+    if (moved) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float mn = (h ? move1 : move0) ? mx[h] : m[h];
             alpha[h] = mn == -INFINITY ? 1.f : ex2_ftz(m[h] - mn);
             m[h] = mn;
             l[h] *= alpha[h];
-        }
-#pragma unroll
-        for (int i = 0; i < NACC; i += 4) {
-            acc[i] *= alpha[0];
-            acc[i + 1] *= alpha[0];
-            acc[i + 2] *= alpha[1];
-            acc[i + 3] *= alpha[1];
         }
     }
 #pragma unroll
@@ -101,6 +104,27 @@ __device__ __forceinline__ void online_softmax(float (*s)[4], float* m, float* l
         }
         l[h] += (rs[0] + rs[1]) + (rs[2] + rs[3]);
     }
+    return moved;
+}
+
+// The warp's NACC O accumulators (n-tiles of the C-fragment layout: rows lane / 4 and + 8) times
+// the two rows' factors alpha.
+template <int NACC>
+__device__ __forceinline__ void rescale(float* acc, const float* alpha) {
+#pragma unroll
+    for (int i = 0; i < NACC; i += 4) {
+        acc[i] *= alpha[0];
+        acc[i + 1] *= alpha[0];
+        acc[i + 2] *= alpha[1];
+        acc[i + 3] *= alpha[1];
+    }
+}
+
+// softmax_tile with O's rescale done at once.
+template <int NACC>
+__device__ __forceinline__ void online_softmax(float (*s)[4], float* m, float* l, float* acc, float sl2) {
+    float alpha[2];
+    if (softmax_tile(s, m, l, alpha, sl2)) rescale<NACC>(acc, alpha);
 }
 
 // The two rows' sums over their quads and their inverses (0 for a row that saw no key).

@@ -1,24 +1,29 @@
 // The query rows one block of the fused attention forward or of the fused dQ kernel owns (both
 // launched on grid (ceil(t·g / BR), b·nkv) by src/attention_cuda.rs): BR consecutive rows of one
 // (batch, kv head) slab in the grouped order, where row R is query R / g of head kv·g + R % g.
-// The last block takes the first rows, so blocks start in the order of their key ranges, longest
-// first.
+// Blocks start in the order of their key ranges, longest first, across all slabs: the block
+// launched L-th (L = blockIdx.x + gridDim.x·blockIdx.y, the order the GPU starts them in) takes
+// slab L % gridDim.y and the (L / gridDim.y)-th row block from the end. A causal block's work
+// grows with its rows, so the longest blocks start first on every slab and the short ones fill
+// the last wave (within one slab at a time, the slabs after the first wave would start with their
+// longest blocks late).
 #pragma once
 #include "common.cuh"
 
 template <int BR>
 struct GroupedRows {
-    int slab, bi, kvh;  // slab = blockIdx.y = bi·nkv + kvh
+    int slab, bi, kvh;  // slab = bi·nkv + kvh
     int rows, r0;       // rows t·g of the slab; this block's first row
     int qlo, qhi;       // the queries of its first and last row
 
     __device__ __forceinline__ GroupedRows(int nh, int g, int t) {
-        slab = blockIdx.y;
+        const int launched = blockIdx.x + gridDim.x * blockIdx.y;
+        slab = launched % gridDim.y;
         const int nkv = nh / g;
         bi = slab / nkv;
         kvh = slab % nkv;
         rows = t * g;
-        r0 = (gridDim.x - 1 - blockIdx.x) * BR;
+        r0 = (gridDim.x - 1 - launched / gridDim.y) * BR;
         qlo = r0 / g;
         qhi = (min(r0 + BR, rows) - 1) / g;
     }

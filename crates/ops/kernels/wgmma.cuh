@@ -170,9 +170,10 @@ __device__ __forceinline__ void sum_halves(float* c, float* xs, int wgi) {
 }
 
 // acc[0..NC/2) += A·B for the warp's A fragments `a` (64 rows × K, K / 16 steps) and the K rows of
-// the sw128 tile `b` (BROWS rows, read down its rows), columns 64·atom0 .. 64·atom0 + NC; waited for.
+// the sw128 tile `b` (BROWS rows, read down its rows), columns 64·atom0 .. 64·atom0 + NC: issued and
+// committed, not waited for (until a wait covers it, neither acc nor a may be touched).
 template <typename T, int K, int BROWS, int NC>
-__device__ __forceinline__ void accumulate(float* acc, const uint32_t (*a)[4], const T* b, int atom0) {
+__device__ __forceinline__ void accumulate_async(float* acc, const uint32_t (*a)[4], const T* b, int atom0) {
     static_assert(NC % 128 == 0, "128 columns a product");
     pin<NC / 2>(acc);
     fence();
@@ -183,6 +184,12 @@ __device__ __forceinline__ void accumulate(float* acc, const uint32_t (*a)[4], c
         for (int h = 0; h < NC / 128; ++h)
             mma_m64n128_rs<T>(acc + 64 * h, a[ks], step(db, 2 * h * BROWS * 64 + ks * 16 * 64));
     commit();
+}
+
+// accumulate_async, waited for.
+template <typename T, int K, int BROWS, int NC>
+__device__ __forceinline__ void accumulate(float* acc, const uint32_t (*a)[4], const T* b, int atom0) {
+    accumulate_async<T, K, BROWS, NC>(acc, a, b, atom0);
     wait<0>();
     pin<NC / 2>(acc);
 }

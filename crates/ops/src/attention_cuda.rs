@@ -499,7 +499,9 @@ impl<'a> Ctx<'a> {
         // bytes) or on mma.sync.
         let (f, smem) = match self.wgmma(plan) {
             Some(m) => {
-                let smem = (2 * qbr + 2 * qbc) * n.d * 2 + 1024 + wgmma_halves(n.d);
+                // Two K buffers at head dim 256, one at 512 (where the S and dP halves need room).
+                let k_buffers = if n.d == 256 { 2 } else { 1 };
+                let smem = (2 * qbr + (k_buffers + 1) * qbc) * n.d * 2 + 1024 + wgmma_halves(n.d);
                 let f = self.flash_func(m, &format!("attn_wgmma_bwd_q_d{}", n.d), smem)?;
                 (f, smem)
             }
