@@ -122,6 +122,8 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
             mma16::a_fragments<T, BC>(s, pa);
             __syncthreads();  // every warp is done with this K, the last V and the key mask
         }
+        // The last tile's P·V. The loop ran at least once: a block's first query sees itself, so
+        // klo <= qlo <= qhi.
         mma16::cp_async_wait_all();  // the last tile's V
         wg::fence_shared_for_async();
         __syncthreads();
