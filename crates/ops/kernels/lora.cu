@@ -6,7 +6,11 @@
 //   lora_dx_da:     one pass over x for the backward's adapter terms, the mask drawn once for both:
 //                   dA = dlowᵀ·drop(x) summed over one split of the rows (fp32, r × in per split),
 //                   and drop'(dlow·A) written over dx (dx may be x's memory) or added to it
-//   lora_da_finish: the splits added in order and stored in the gradient's dtype
+//   lora_dlow_db:   one pass over the output gradient g for the backward's two products of it,
+//                   dlow = g·B summed over one chunk of g's columns and dB = gᵀ·low over one split
+//                   of its rows (fp32 partial sums)
+//   lora_sum_splits: partial sums added in order, scaled, stored in the output's dtype (dlow; dA
+//                   and dB in one launch)
 //   lora_up_add:    y = r(y + scale·(low·Bᵀ))    (the forward's adapter term, in place)
 //   lora_up_geglu:  the same for the MLP's gate and up, and act = geglu(gate, up) in that pass
 //                   (or act alone, written over gate, for a forward that drops gate and up)
@@ -107,12 +111,19 @@ __device__ void lora_down(const T* x, const T* a, T* low, int m, int in, int r, 
     }
 }
 
-// out[i] = Σ_s part[s·n + i] in split order, rounded to O.
-template <typename O> __device__ void lora_da_finish(const float* part, O* out, int splits, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+// Two sets of partial sums, each added in split order, scaled and rounded to O: out0[i] =
+// r(scale0·Σ_s part0[s·n0 + i]) for i < n0, and the same for set 1 (n1 may be 0).
+template <typename O>
+__device__ void lora_sum_splits(const float* part0, O* out0, int splits0, size_t n0, float scale0, const float* part1,
+                                O* out1, int splits1, size_t n1, float scale1) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n0 + n1; i += (size_t)gridDim.x * blockDim.x) {
+        const bool first = i < n0;
+        const float* part = first ? part0 : part1;
+        const size_t n = first ? n0 : n1, j = first ? i : i - n0;
+        const int splits = first ? splits0 : splits1;
         float s = 0.f;
-        for (int k = 0; k < splits; ++k) s += part[k * n + i];
-        out[i] = from_f32<O>(s);
+        for (int k = 0; k < splits; ++k) s += part[k * n + j];
+        (first ? out0 : out1)[j] = from_f32<O>(s * (first ? scale0 : scale1));
     }
 }
 
@@ -351,6 +362,140 @@ __device__ void lora_up(T* y0, T* y1, T* act, const T* low0, const T* b0, const 
     }
 }
 
+// The backward's two products of the output gradient g (m × out) in one pass over it, with
+// B (out × r) and low (m × r): dlow = g·B and dB = gᵀ·low as fp32 partial sums that
+// lora_sum_splits adds in order, scales and rounds. Block (4 warps): the 256 columns of chunk
+// blockIdx.x of g and one split of its rows, in stages of 64 rows loaded through cp.async into two
+// buffers (the next stage loads while this one is multiplied), beside B's rows of the chunk
+// (loaded once) and the stage's rows of low, ranks zero-padded to 16·NP. Per stage, warp w
+// multiplies its 16 rows of the tile by B's chunk (16 k-steps) and stores them as the chunk's
+// partial dlow rows, pdlow[chunk][row][n]; and it accumulates its 64 columns of the tile,
+// transposed (ldmatrix.trans), times the stage's rows of low: dB's partial sums over the split,
+// stored at the end as pdb[split][col][n]. B's fragments are the same at every stage: kept in
+// registers where they fit (one pair of n-tiles).
+constexpr int GD_ROWS = 64, GD_COLS = 256, GD_LD = GD_COLS + 8;
+
+template <typename T, int NP>
+__device__ void lora_dlow_db(const T* g, const T* b, const T* low, float* pdlow, float* pdb, int m, int out, int r,
+                             int split_rows) {
+    constexpr int RP = 16 * NP, RLD = RP + 8, THREADS = 128;
+    extern __shared__ __align__(16) unsigned char gd_smem[];
+    T* gs = reinterpret_cast<T*>(gd_smem); // [2][GD_ROWS][GD_LD]
+    T* bs = gs + 2 * GD_ROWS * GD_LD;       // [GD_COLS][RLD]
+    T* ls = bs + GD_COLS * RLD;             // [2][GD_ROWS][RLD]
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, t = lane % 4;
+    const int c0 = blockIdx.x * GD_COLS;
+    const int rb = blockIdx.y * split_rows, re = min(m, rb + split_rows);
+    // `rows` rows of r ranks from src (row stride r) at row stride RLD; zeros past r and `valid`.
+    auto load_ranks = [&](T* dst, const T* src, int rows, int valid) {
+        constexpr int CH = RP / 8;
+        for (int e = tid; e < rows * CH; e += THREADS) {
+            const int row = e / CH, k = 8 * (e % CH);
+            const bool ok = row < valid && k < r;
+            mma16::cp_async16(dst + row * RLD + k, src + (ok ? (size_t)row * r + k : 0), ok);
+        }
+    };
+    // Stage rows r0.. of the chunk into buffer `buf`, with their rows of low.
+    auto load_stage = [&](int buf, int r0) {
+        constexpr int CH = GD_COLS / 8, STEP = THREADS / CH;
+        T* dst = gs + buf * GD_ROWS * GD_LD;
+        const int valid = re - r0, x = 8 * (tid % CH);
+        const bool col_ok = c0 + x < out;
+#pragma unroll
+        for (int i = 0; i < GD_ROWS / STEP; ++i) {
+            const int row = tid / CH + i * STEP;
+            const bool ok = row < valid && col_ok;
+            mma16::cp_async16(dst + row * GD_LD + x, g + (ok ? (size_t)(r0 + row) * out + c0 + x : 0), ok);
+        }
+        load_ranks(ls + buf * GD_ROWS * RLD, low + (size_t)r0 * r, GD_ROWS, valid);
+    };
+    float db[4][2 * NP][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2 * NP; ++nt) db[mt][nt][0] = db[mt][nt][1] = db[mt][nt][2] = db[mt][nt][3] = 0.f;
+    load_ranks(bs, b + (size_t)c0 * r, GD_COLS, out - c0);
+    load_stage(0, rb);
+    mma16::cp_async_commit();
+    // B's fragments of the chunk's 16 k-steps: read from shared memory once and kept for one pair
+    // of n-tiles (64 registers), read at every stage for two.
+    auto b_frag = [&](uint32_t* f, int ks, int np) {
+        mma16::ldsm4_trans(f, bs + (ks * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * RLD + np * 16 + 8 * (lane / 16));
+    };
+    constexpr bool B_IN_REGS = NP == 1;
+    uint32_t bkept[B_IN_REGS ? GD_COLS / 16 : 1][4];
+    int buf = 0;
+    for (int r0 = rb; r0 < re; r0 += GD_ROWS, buf ^= 1) {
+        if (r0 + GD_ROWS < re) load_stage(buf ^ 1, r0 + GD_ROWS);
+        mma16::cp_async_commit();
+        mma16::cp_async_wait_newer<1>();
+        __syncthreads();
+        if constexpr (B_IN_REGS)
+            if (r0 == rb)
+#pragma unroll
+                for (int ks = 0; ks < GD_COLS / 16; ++ks) b_frag(bkept[ks], ks, 0);
+        const T* gt = gs + buf * GD_ROWS * GD_LD;
+        const T* lt = ls + buf * GD_ROWS * RLD;
+        float dl[2 * NP][4];
+#pragma unroll
+        for (int nt = 0; nt < 2 * NP; ++nt) dl[nt][0] = dl[nt][1] = dl[nt][2] = dl[nt][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < GD_COLS / 16; ++ks) {
+            uint32_t a[4];
+            mma16::ldsm4(a, gt + (warp * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * GD_LD + ks * 16 + 8 * (lane / 16));
+#pragma unroll
+            for (int np = 0; np < NP; ++np) {
+                uint32_t loaded[4];
+                const uint32_t* bf = loaded;
+                if constexpr (B_IN_REGS)
+                    bf = bkept[ks];
+                else
+                    b_frag(loaded, ks, np);
+                mma16::mma<T>(dl[2 * np], a, bf[0], bf[1]);
+                mma16::mma<T>(dl[2 * np + 1], a, bf[2], bf[3]);
+            }
+        }
+        float* pd = pdlow + (size_t)blockIdx.x * m * r;
+#pragma unroll
+        for (int nt = 0; nt < 2 * NP; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = r0 + warp * 16 + gq + 8 * h, n = nt * 8 + 2 * t;
+                if (row < re && n < r)
+                    *reinterpret_cast<float2*>(pd + (size_t)row * r + n) = make_float2(dl[nt][2 * h], dl[nt][2 * h + 1]);
+            }
+#pragma unroll
+        for (int ks = 0; ks < GD_ROWS / 16; ++ks) {
+            uint32_t lf[NP][4];
+#pragma unroll
+            for (int np = 0; np < NP; ++np)
+                mma16::ldsm4_trans(lf[np], lt + (ks * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * RLD + np * 16 + 8 * (lane / 16));
+#pragma unroll
+            for (int mt = 0; mt < 4; ++mt) {
+                uint32_t a[4];
+                mma16::ldsm4_trans(a, gt + (ks * 16 + lane % 8 + 8 * (lane / 16)) * GD_LD + warp * 64 + mt * 16 + 8 * ((lane / 8) % 2));
+#pragma unroll
+                for (int np = 0; np < NP; ++np) {
+                    mma16::mma<T>(db[mt][2 * np], a, lf[np][0], lf[np][1]);
+                    mma16::mma<T>(db[mt][2 * np + 1], a, lf[np][2], lf[np][3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    float* pb = pdb + (size_t)blockIdx.y * out * r;
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2 * NP; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int col = c0 + warp * 64 + mt * 16 + gq + 8 * h, n = nt * 8 + 2 * t;
+                if (col < out && n < r)
+                    *reinterpret_cast<float2*>(pb + (size_t)col * r + n) = make_float2(db[mt][nt][2 * h], db[mt][nt][2 * h + 1]);
+            }
+}
+
 #define DOWN_INST(T, S, NT, WARPS)                                                                        \
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                              \
         lora_down_nt##NT##_##S(const T* x, const T* a, T* low, int m, int in, int r, uint64_t kk,         \
@@ -365,6 +510,12 @@ __device__ void lora_up(T* y0, T* y1, T* act, const T* low0, const T* b0, const 
         lora_dx_da<T, KS, ACC>(x, dlow, a, dx, part, m, in, r, split_rows, kk, thresh, scale);            \
     }
 #define DXDA_BOTH(T, S, KS) DXDA_INST(T, S, KS, false, set) DXDA_INST(T, S, KS, true, add)
+#define DLOW_DB_INST(T, S, NP)                                                                            \
+    extern "C" __global__ void __launch_bounds__(128)                                                     \
+        lora_dlow_db_np##NP##_##S(const T* g, const T* b, const T* low, float* pdlow, float* pdb, int m,  \
+                                  int out, int r, int split_rows) {                                       \
+        lora_dlow_db<T, NP>(g, b, low, pdlow, pdb, m, out, r, split_rows);                                \
+    }
 #define UP_ADD_INST(T, S, KS)                                                                             \
     extern "C" __global__ void __launch_bounds__(128)                                                     \
         lora_up_add_ks##KS##_##S(T* y, const T* low, const T* b, int m, int n, int r, float scale) {      \
@@ -381,13 +532,16 @@ __device__ void lora_up(T* y0, T* y1, T* act, const T* low0, const T* b0, const 
 #define LORA_INST(T, S)                                                                                   \
     DOWN_INST(T, S, 1, 32) DOWN_INST(T, S, 2, 32) DOWN_INST(T, S, 4, 16) DOWN_INST(T, S, 8, 8)            \
     DXDA_BOTH(T, S, 1) DXDA_BOTH(T, S, 2) DXDA_BOTH(T, S, 3) DXDA_BOTH(T, S, 4)                            \
+    DLOW_DB_INST(T, S, 1) DLOW_DB_INST(T, S, 2)                                                           \
     UP_ADD_INST(T, S, 1) UP_ADD_INST(T, S, 2) UP_ADD_INST(T, S, 3) UP_ADD_INST(T, S, 4)                    \
     UP_GEGLU_INST(T, S, 1) UP_GEGLU_INST(T, S, 2) UP_GEGLU_INST(T, S, 3) UP_GEGLU_INST(T, S, 4)
 LORA_INST(__nv_bfloat16, bf16)
 LORA_INST(__half, f16)
 
-#define FINISH_INST(O, S)                                                                                      \
-    extern "C" __global__ void lora_da_finish_##S(const float* part, O* out, int splits, size_t n) {           \
-        lora_da_finish<O>(part, out, splits, n);                                                                \
+#define FINISH_INST(O, S)                                                                                 \
+    extern "C" __global__ void lora_sum_splits_##S(const float* part0, O* out0, int splits0, size_t n0,        \
+                                                   float scale0, const float* part1, O* out1, int splits1,     \
+                                                   size_t n1, float scale1) {                                  \
+        lora_sum_splits<O>(part0, out0, splits0, n0, scale0, part1, out1, splits1, n1, scale1);                \
     }
 G4FT_FLOAT_TYPES(FINISH_INST)

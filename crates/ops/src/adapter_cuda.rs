@@ -13,11 +13,14 @@
 //! the GEMMs. The backward writes `dx`'s adapter term first, rounded to the element dtype (as the
 //! unfused path), or adds it in fp32 to a gradient already accumulated there; the `dx` GEMM then
 //! adds `g·W` (`beta = 1`), so `x`'s memory can take `dx` once the kernel has read it.
+//!
+//! With or without dropout, the backward's two products of the output gradient, `dlow` and `dB`,
+//! are one pass over it ([`grad_low_and_b`]), where two cuBLAS GEMMs read it once each.
 
 use crate::cuda::{self, cuda_module, Module};
 use crate::dropout::Keep;
 use candle_core::cuda_backend::cudarc::driver::{
-    DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Result};
@@ -29,6 +32,13 @@ const DX_ROWS: usize = 64;
 const DX_COLS: usize = 64;
 /// `lora_dx_da` blocks to aim for when splitting the rows: four per SM of an H100 / H200.
 const DXDA_BLOCKS_TARGET: usize = 528;
+/// Columns of the output gradient per `lora_dlow_db` block and rows per stage (as the kernel).
+const GD_COLS: usize = 256;
+const GD_ROWS: usize = 64;
+/// At most this many `lora_dlow_db` blocks when splitting the rows: two per SM of an H100 / H200
+/// (its shared memory allows two), so that they run in one wave; more splits would also write more
+/// partial sums of `dB`.
+const DLOW_DB_BLOCKS_MAX: usize = 264;
 
 /// The shape of one adapted projection: `m` rows of `inf` input features, rank `r`.
 #[derive(Debug, Clone, Copy)]
@@ -109,7 +119,8 @@ pub(crate) fn down(
 /// splits in fp32, then their sum in split order: deterministic, no atomics), and `dx (m, inf)`'s
 /// term `drop'(dlow·A)`, added to `dx` when `accumulate` (`dx = r(dx + (dlow·A)·1/(1−p))` where the
 /// mask keeps an element, unchanged elsewhere), else written over it (`r((dlow·A)·1/(1−p))` where
-/// kept, 0 elsewhere; `dx` may then be `x`'s memory).
+/// kept, 0 elsewhere; `dx` may then be `x`'s memory). `with_db`: other partial sums in `da_dtype`
+/// ([`grad_low_and_b`]'s `dB`) added in the same launch as `dA`'s.
 pub(crate) fn grad_x_and_a(
     dev: &CudaDevice,
     (x, dlow, a, dx, da): (u64, u64, u64, u64, u64),
@@ -117,6 +128,7 @@ pub(crate) fn grad_x_and_a(
     (dtype, da_dtype): (DType, DType),
     keep: Keep,
     accumulate: bool,
+    with_db: Option<Partials>,
 ) -> Result<()> {
     let tiles = d.inf.div_ceil(DX_COLS);
     let stages = d.m.div_ceil(DX_ROWS).max(1);
@@ -148,14 +160,160 @@ pub(crate) fn grad_x_and_a(
             keep,
         )
     }?;
-    let n = d.r * d.inf;
-    let f = cuda::func(dev, &MODULE, &cuda::kname_of("lora_da_finish", da_dtype)?)?;
-    let mut b = stream.launch_builder(&f);
-    let splits = splits as i32;
-    b.arg(&part_ptr).arg(&da).arg(&splits).arg(&n);
-    // SAFETY: part holds splits·n floats, da n elements of `da_dtype`.
-    unsafe { b.launch(cuda::elementwise(n)) }.w()?;
+    let da_sums = Partials {
+        _part: Some(part),
+        ptr: part_ptr,
+        out: da,
+        splits,
+        n: d.r * d.inf,
+        scale: 1.0,
+    };
+    // SAFETY: part holds splits·r·inf floats, da r·inf elements of `da_dtype`; `with_db` as its
+    // kernel wrote it, its output in the same dtype.
+    unsafe { sum_splits(dev, da_dtype, &da_sums, with_db.as_ref()) }
+}
+
+/// Partial sums waiting to be added in split order: `out[i] = scale·Σ_s part[s·n + i]`, stored in
+/// the output's dtype. `part` owns the sums when they come from a kernel whose caller finishes
+/// them later ([`grad_low_and_b`]'s `dB`).
+pub(crate) struct Partials {
+    /// The sums' buffer, held until their launch is queued (then freed in stream order).
+    _part: Option<CudaSlice<f32>>,
+    ptr: u64,
+    out: u64,
+    splits: usize,
+    n: usize,
+    scale: f32,
+}
+
+impl Partials {
+    /// Adds these sums alone, into an output of `out_dtype`.
+    pub(crate) fn finish(self, dev: &CudaDevice, out_dtype: DType) -> Result<()> {
+        // SAFETY: the sums and the output were sized by the kernel that wrote them.
+        unsafe { sum_splits(dev, out_dtype, &self, None) }
+    }
+}
+
+/// `lora_sum_splits` on `a` and, if given, `b` in one launch, both outputs in `out_dtype`.
+///
+/// # Safety
+/// Each set's `part` must hold `splits·n` floats written by the stream before, and its `out` `n`
+/// elements of `out_dtype`, alive until the stream has run the kernel.
+unsafe fn sum_splits(
+    dev: &CudaDevice,
+    out_dtype: DType,
+    a: &Partials,
+    b: Option<&Partials>,
+) -> Result<()> {
+    let f = cuda::func(dev, &MODULE, &cuda::kname_of("lora_sum_splits", out_dtype)?)?;
+    let stream = dev.cuda_stream();
+    let mut l = stream.launch_builder(&f);
+    let none = Partials {
+        _part: None,
+        ptr: 0,
+        out: 0,
+        splits: 0,
+        n: 0,
+        scale: 0.0,
+    };
+    let b = b.unwrap_or(&none);
+    let (splits_a, splits_b) = (a.splits as i32, b.splits as i32);
+    l.arg(&a.ptr)
+        .arg(&a.out)
+        .arg(&splits_a)
+        .arg(&a.n)
+        .arg(&a.scale);
+    l.arg(&b.ptr)
+        .arg(&b.out)
+        .arg(&splits_b)
+        .arg(&b.n)
+        .arg(&b.scale);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(cuda::elementwise(a.n + b.n)) }.w()?;
     Ok(())
+}
+
+/// Whether [`grad_low_and_b`] takes a projection of `m` rows, `out` outputs and rank `r`: bf16 /
+/// f16, `out % 8 == 0` (16-byte rows of the gradient), `r % 8 == 0` and `r <= 32` (the kernel's
+/// two rank instances), `m` and `out` positive and within `i32`, the gradient, `B` and `low`
+/// 16-byte aligned.
+pub(crate) fn grad_out_applies(
+    dtype: DType,
+    (m, out, r): (usize, usize, usize),
+    (g, b, low): (u64, u64, u64),
+) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16)
+        && out.is_multiple_of(8)
+        && r.is_multiple_of(8)
+        && (8..=32).contains(&r)
+        && m.min(out) > 0
+        && i32::try_from(m.max(out)).is_ok()
+        && [g, b, low].iter().all(|p| p.is_multiple_of(16))
+}
+
+/// The backward's two products of the output gradient `g (m, out)` in one pass over it:
+/// `dlow (m, r) = scale·g·B` in `dtype`, and `dB (out, r) = scale·gᵀ·low` for `db`, for
+/// `b (out, r)` and `low (m, r)` in `dtype`. The kernel writes fp32 partial sums, of `dlow` over
+/// chunks of 256 columns and of `dB` over splits of the rows; `dlow`'s are added here, `dB`'s are
+/// returned for the caller to add ([`Partials::finish`], or with `dA`'s in [`grad_x_and_a`]). Each
+/// sum runs in order (deterministic, no atomics), scaled and rounded once, as a GEMM with
+/// `alpha = scale`. Where cuBLAS reads `g` once per product, this reads it once for both.
+pub(crate) fn grad_low_and_b(
+    dev: &CudaDevice,
+    (g, b, low, dlow, db): (u64, u64, u64, u64, u64),
+    (m, out, r): (usize, usize, usize),
+    dtype: DType,
+    scale: f32,
+) -> Result<Partials> {
+    if m == 0 || out == 0 {
+        candle_core::bail!("lora_dlow_db: empty gradient ({m} rows of {out})");
+    }
+    let chunks = out.div_ceil(GD_COLS);
+    let stages = m.div_ceil(GD_ROWS);
+    let want = (DLOW_DB_BLOCKS_MAX / chunks).clamp(1, stages);
+    let split_rows = stages.div_ceil(want) * GD_ROWS;
+    let splits = m.div_ceil(split_rows);
+    // SAFETY: every chunk's m × r slice is written whole by the kernel before the sum reads it.
+    let pdlow = unsafe { dev.alloc::<f32>(chunks * m * r)? };
+    // SAFETY: every split's out × r slice is written whole by the kernel before the sum reads it.
+    let pdb = unsafe { dev.alloc::<f32>(splits * out * r)? };
+    let stream = dev.cuda_stream();
+    let (pdlow_ptr, pdb_ptr) = (pdlow.device_ptr(&stream).0, pdb.device_ptr(&stream).0);
+    let np = r.div_ceil(16);
+    let smem = (2 * GD_ROWS * (GD_COLS + 8) + (GD_COLS + 2 * GD_ROWS) * (16 * np + 8)) * 2;
+    let name = cuda::kname_of(&format!("lora_dlow_db_np{np}"), dtype)?;
+    let f = cuda::func_smem(dev, &MODULE, &name, smem)?;
+    let cfg = LaunchConfig {
+        grid_dim: (chunks as u32, splits as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let mut l = stream.launch_builder(&f);
+    let (mi, outi, ri, rows) = (m as i32, out as i32, r as i32, split_rows as i32);
+    l.arg(&g).arg(&b).arg(&low).arg(&pdlow_ptr).arg(&pdb_ptr);
+    l.arg(&mi).arg(&outi).arg(&ri).arg(&rows);
+    // SAFETY: g holds m·out elements, b out·r and low m·r of `dtype` (the caller's shapes, checked
+    // by grad_out_applies); block (chunk, split) writes its chunk's rows of the split in pdlow and
+    // its chunk's columns in the split's slice of pdb.
+    unsafe { l.launch(cfg) }.w()?;
+    let dlow_sums = Partials {
+        _part: Some(pdlow),
+        ptr: pdlow_ptr,
+        out: dlow,
+        splits: chunks,
+        n: m * r,
+        scale,
+    };
+    // SAFETY: pdlow holds chunks·m·r floats, dlow m·r elements of `dtype`.
+    unsafe { sum_splits(dev, dtype, &dlow_sums, None) }?;
+    Ok(Partials {
+        _part: Some(pdb),
+        ptr: pdb_ptr,
+        out: db,
+        splits,
+        n: out * r,
+        scale,
+    })
 }
 
 /// One adapter's up product `scale·low·Bᵀ` for `lora_up_add` / `lora_up_geglu`: the device

@@ -299,30 +299,35 @@ fn gpu_kernels_table() -> Result<()> {
         // multiples of 8 (r <= 64) take the fused adapter kernels: 512, 1032 (r 8), 96 (r 24: a
         // ragged rank tile), 136 (r 40) and 264 (r 64; ragged row and column tiles), so every
         // rank instance of each kernel runs in bf16; 1030 and 77 the dropout kernel + cuBLAS
-        // path. One f16 row (in the bf16 pass) covers the kernels' f16 products.
+        // path. One f16 row (in the bf16 pass) covers the kernels' f16 products. The backward's
+        // `dlow` / `dB` kernel (ranks 8 to 32, with or without dropout) takes the 384 outputs in
+        // a full and a ragged 256-column chunk; the last row, 4,096 outputs of 1,100 rows, runs
+        // 16 chunks and splits of two 64-row stages (the last split's second ragged).
         let mut shapes = vec![
-            ((64, 512, 16), dtype, dtype),
-            ((70, 264, 64), dtype, DType::F32),
-            ((37, 1032, 8), dtype, DType::F32),
-            ((19, 136, 40), dtype, DType::F32),
-            ((37, 1030, 8), dtype, DType::F32),
-            ((5, 96, 24), dtype, DType::F32),
-            ((21, 77, 4), dtype, DType::F32),
+            ((64, 512, 384, 16), dtype, dtype),
+            ((70, 264, 384, 64), dtype, DType::F32),
+            ((37, 1032, 384, 8), dtype, DType::F32),
+            ((19, 136, 384, 40), dtype, DType::F32),
+            ((37, 1030, 384, 8), dtype, DType::F32),
+            ((5, 96, 384, 24), dtype, DType::F32),
+            ((21, 77, 384, 4), dtype, DType::F32),
+            ((33, 520, 384, 32), dtype, DType::F32),
+            ((1100, 64, 4096, 16), dtype, DType::F32),
         ];
         if dtype == bf {
-            shapes.push(((64, 512, 16), DType::F16, DType::F32));
+            shapes.push(((64, 512, 384, 16), DType::F16, DType::F32));
         }
-        for (((m, inf, rank), xt, adapter), dropout) in shapes
+        for (((m, inf, out, rank), xt, adapter), dropout) in shapes
             .into_iter()
             .flat_map(|s| [(s, None), (s, Some((0.1, [1, 2, 3])))])
         {
-            let w = r(&[384, inf], xt, 4)?;
+            let w = r(&[out, inf], xt, 4)?;
             ok &= check(
                 &format!(
                     "lora_linear {xt:?} adapter {adapter:?} dropout={:?}",
                     dropout.map(|d| d.0)
                 ),
-                &format!("x ({m},{inf}) w (384,{inf}) r{rank}"),
+                &format!("x ({m},{inf}) w ({out},{inf}) r{rank}"),
                 &move |x| {
                     lora_linear(
                         &x[0],
@@ -335,7 +340,7 @@ fn gpu_kernels_table() -> Result<()> {
                 &[
                     r(&[m, inf], xt, 1)?,
                     r(&[rank, inf], adapter, 2)?,
-                    r(&[384, rank], adapter, 3)?,
+                    r(&[out, rank], adapter, 3)?,
                 ],
                 &[true, true, true],
                 tol,

@@ -15,7 +15,9 @@
 //! `dB = scale·gᵀ·low`, with `low = drop(x)·Aᵀ` kept from the forward (`tokens × r`) and the
 //! dropout mask regenerated from its key. With dropout on bf16 / f16 inputs of the usual shapes,
 //! the three products that read `drop(x)` or go through its mask are kernels that apply the mask
-//! as they read (`crate::adapter_cuda`): no dropout kernel, no `drop(x)` temporary. On the CPU
+//! as they read (`crate::adapter_cuda`): no dropout kernel, no `drop(x)` temporary. For bf16 /
+//! f16 and ranks 8 to 32 the two products of `g` (`dlow` and `dB`) are one kernel that reads `g`
+//! once for both, where the GEMMs read it once each. On the CPU
 //! both directions are the composite of Candle ops ([`lora_linear_slow`]'s math), so the CPU tests
 //! check the backward formulas against autograd.
 //! Numerics: fp32 accumulation in every GEMM; the adapter term is added to the rounded base output
@@ -858,13 +860,22 @@ pub(crate) mod cuda_impl {
             let db = da + (r * inf * gdt.size_in_bytes()) as u64;
             let dlow = dlow_buf.device_ptr(&stream).0;
             let scale = p.scale as f32;
-            // d(low) = scale·g·B; dB = scale·gᵀ·low (accumulated in fp32, stored in gdt).
-            gemm(&dev, (m, r, out), (false, false), (scale, 0.0), (mat(g, out, dt), mat(b, r, dt), mat(dlow, r, dt)))?;
-            gemm(&dev, (out, r, m), (true, false), (scale, 0.0), (mat(g, out, dt), mat(low, r, dt), mat(db, r, gdt)))?;
+            // d(low) = scale·g·B; dB = scale·gᵀ·low (accumulated in fp32, stored in gdt): one pass
+            // over g where the kernel applies, else a GEMM each.
+            // dB's partial sums from the kernel are added with dA's where the dA kernel runs.
+            let db_sums = if adapter_cuda::grad_out_applies(dt, (m, out, r), (g, b, low)) {
+                Some(adapter_cuda::grad_low_and_b(&dev, (g, b, low, dlow, db), (m, out, r), dt, scale)?)
+            } else {
+                gemm(&dev, (m, r, out), (false, false), (scale, 0.0), (mat(g, out, dt), mat(b, r, dt), mat(dlow, r, dt)))?;
+                gemm(&dev, (out, r, m), (true, false), (scale, 0.0), (mat(g, out, dt), mat(low, r, dt), mat(db, r, gdt)))?;
+                None
+            };
+            let finish_db = |sums: Option<adapter_cuda::Partials>| sums.map_or(Ok(()), |p| p.finish(&dev, gdt));
             // dA = d(low)ᵀ·drop(x) before dx is written (dx may take x's memory), and
             // dx (+)= g·W + drop'(d(low)·A).
             match p.dropout {
                 None => {
+                    finish_db(db_sums)?;
                     gemm(&dev, (r, inf, m), (true, false), (1.0, 0.0), (mat(dlow, r, dt), mat(x, inf, dt), mat(da, inf, gdt)))?;
                     gemm(&dev, (m, inf, out), (false, false), (1.0, dx_beta), (mat(g, out, dt), mat(w, inf, dt), mat(dx, inf, dt)))?;
                     gemm(&dev, (m, inf, r), (false, false), (1.0, 1.0), (mat(dlow, r, dt), mat(a, inf, dt), mat(dx, inf, dt)))?;
@@ -873,10 +884,11 @@ pub(crate) mod cuda_impl {
                     // One pass over x for dA and dx's adapter term (written over dx, or added to
                     // the accumulated one), then the frozen product added by the GEMM.
                     let (dims, keep) = (Dims { m, inf, r }, Keep::new(pr, key)?);
-                    adapter_cuda::grad_x_and_a(&dev, (x, dlow, a, dx, da), dims, (dt, gdt), keep, dx_beta != 0.0)?;
+                    adapter_cuda::grad_x_and_a(&dev, (x, dlow, a, dx, da), dims, (dt, gdt), keep, dx_beta != 0.0, db_sums)?;
                     gemm(&dev, (m, inf, out), (false, false), (1.0, 1.0), (mat(g, out, dt), mat(w, inf, dt), mat(dx, inf, dt)))?;
                 }
                 Some((pr, key)) => {
+                    finish_db(db_sums)?;
                     // Chunks of rows through one temporary t (fp32 accumulation of dA across them).
                     let rows = chunk_rows(m, inf);
                     // SAFETY: each chunk of it is written whole (dropout kernel, GEMM) before use.
