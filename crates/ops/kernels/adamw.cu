@@ -10,6 +10,7 @@
 extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* v, const float* clip,
                                      size_t n, float decay, float w1, float beta2, float one_m_beta2,
                                      float eps, float step_size, float bc2_sqrt) {
+    G4FT_KERNEL_ENTRY();
     float c = *clip;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float gi = __fmul_rn(g[i], c);
@@ -28,6 +29,7 @@ extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* 
 // The norm of clip_grad_norm_ without a host sync: per-block partial sums of g^2 (grid-stride), then
 // one block sums the partials in a fixed order (deterministic) and writes out[0] = the norm.
 extern "C" __global__ void sumsq_partial_f32(const float* g, float* partial, size_t n) {
+    G4FT_KERNEL_ENTRY();
     float s = 0.f;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float x = g[i];
@@ -38,6 +40,7 @@ extern "C" __global__ void sumsq_partial_f32(const float* g, float* partial, siz
 }
 
 extern "C" __global__ void norm_finish_f32(const float* partial, int nparts, float* out) {
+    G4FT_KERNEL_ENTRY();
     float s = 0.f;
     for (int i = threadIdx.x; i < nparts; i += blockDim.x) s += partial[i];
     s = block_sum(s);

@@ -111,6 +111,7 @@ __device__ void attn_round(const float* x, T* y, size_t n, int parts) {
                                                      const uint8_t* mask, const uint32_t* seq_start, \
                                                      int nh, int g, int t, int rows, int lk, int ld, \
                                                      int q0, int k0, int window, int nrows) {        \
+        G4FT_KERNEL_ENTRY();                                                                         \
         attn_softmax_rows<T>(s, p, lse, mask, seq_start, nh, g, t, rows, lk, ld, q0, k0, window,     \
                              nrows);                                                                 \
     }                                                                                                \
@@ -120,10 +121,12 @@ __device__ void attn_round(const float* x, T* y, size_t n, int parts) {
                                                 T* ds, T* p, float scale, int nh, int g, int t,      \
                                                 int d, int rows, int lk, int ld, int q0, int k0,     \
                                                 int window, int nrows) {                             \
+        G4FT_KERNEL_ENTRY();                                                                         \
         attn_ds_rows<T>(s, dp, o, dout, lse, mask, seq_start, ds, p, scale, nh, g, t, d, rows, lk,   \
                         ld, q0, k0, window, nrows);                                                  \
     }                                                                                                \
     extern "C" __global__ void attn_round_##S(const float* x, T* y, size_t n, int parts) {            \
+        G4FT_KERNEL_ENTRY();                                                                          \
         attn_round<T>(x, y, n, parts);                                                               \
     }
 G4FT_FLOAT_TYPES(INST)

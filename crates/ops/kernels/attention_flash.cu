@@ -163,6 +163,7 @@ __device__ __forceinline__ void fwd(const T* q, const T* k, const T* v, const ui
         attn_flash_fwd_d##D##_w##W##_##S(const T* q, const T* k, const T* v, const uint8_t* mask,    \
                                          const uint32_t* seq_start, T* o, float* lse, float scale,   \
                                          int nh, int g, int t, int window) {                         \
+        G4FT_KERNEL_ENTRY();                                                                         \
         flash::fwd<T, D, W, STAGES, DSPLIT>(q, k, v, mask, seq_start, o, lse, scale, nh, g, t,      \
                                             window);                                                 \
     }

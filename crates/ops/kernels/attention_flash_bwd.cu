@@ -318,6 +318,7 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dd,        \
         const uint8_t* mask, const uint32_t* seq_start, T* dk, T* dv, float* dk32, float* dv32,      \
         float scale, int nh, int g, int t, int window) {                                             \
+        G4FT_KERNEL_ENTRY();                                                                         \
         flash_bwd::kv<T, D, BC, BR, CSPLIT>(q, k, v, dout, lse, dd, mask, seq_start, dk, dv, dk32,   \
                                             dv32, scale, nh, g, t, window);                          \
     }                                                                                                \
@@ -325,12 +326,14 @@ __device__ __forceinline__ void dq(const T* q, const T* k, const T* v, const T* 
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dd,        \
         const uint8_t* mask, const uint32_t* seq_start, T* dq, float scale, int nh, int g, int t,    \
         int window) {                                                                                \
+        G4FT_KERNEL_ENTRY();                                                                         \
         flash_bwd::dq<T, D, QBC, 8, DSPLIT>(q, k, v, dout, lse, dd, mask, seq_start, dq, scale, nh,  \
                                             g, t, window);                                           \
     }
 #define FLASH_BWD_INST(T, S)                                                                        \
     extern "C" __global__ void attn_flash_bwd_dot_##S(const T* o, const T* dout, float* dd, int d,  \
                                                       int nrows) {                                  \
+        G4FT_KERNEL_ENTRY();                                                                        \
         flash_bwd::dot_rows<T>(o, dout, dd, d, nrows);                                              \
     }                                                                                               \
     FLASH_BWD_KERNELS(T, S, 256, 64, 64, 2, 64, 1) FLASH_BWD_KERNELS(T, S, 512, 32, 64, 4, 32, 2)

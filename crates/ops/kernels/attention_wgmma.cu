@@ -439,6 +439,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
         attn_wgmma_fwd_d##D##_##S(const T* q, const T* k, const T* v, const uint8_t* mask,           \
                                   const uint32_t* seq_start, T* o, float* lse, float scale, int nh,  \
                                   int g, int t, int window) {                                        \
+        G4FT_KERNEL_ENTRY();                                                                         \
         flash_wg::fwd<T, D, DSPLIT, STAGES>(q, k, v, mask, seq_start, o, lse, scale, nh, g, t,       \
                                             window);                                                 \
     }
@@ -451,6 +452,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dd,        \
         const uint8_t* mask, const uint32_t* seq_start, T* dq, float scale, int nh, int g, int t,    \
         int window) {                                                                                \
+        G4FT_KERNEL_ENTRY();                                                                         \
         flash_wg::dq<T, D, DSPLIT, BC>(q, k, v, dout, lse, dd, mask, seq_start, dq, scale, nh, g, t, \
                                        window);                                                      \
     }
@@ -462,6 +464,7 @@ __device__ __forceinline__ void kv(const T* q, const T* k, const T* v, const T* 
         const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dd,        \
         const uint8_t* mask, const uint32_t* seq_start, T* dk, T* dv, float* dk32, float* dv32,      \
         float scale, int nh, int g, int t, int window) {                                             \
+        G4FT_KERNEL_ENTRY();                                                                         \
         flash_wg::kv<T, 256>(q, k, v, dout, lse, dd, mask, seq_start, dk, dv, dk32, dv32, scale, nh, \
                              g, t, window);                                                          \
     }

@@ -22,6 +22,9 @@ template <typename T> __device__ void cast_segments(const CastSegments& s, T* ou
 }
 
 #define INST(T, S)                                                                                     \
-    extern "C" __global__ void cast_segments_##S(CastSegments s, T* out) { cast_segments<T>(s, out); }
+    extern "C" __global__ void cast_segments_##S(CastSegments s, T* out) {                            \
+        G4FT_KERNEL_ENTRY();                                                                           \
+        cast_segments<T>(s, out);                                                                      \
+    }
 INST(__nv_bfloat16, bf16)
 INST(__half, f16)

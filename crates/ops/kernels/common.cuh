@@ -17,6 +17,20 @@ template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return
 // x rounded to T and widened again (identity for float): one rounding of the reference.
 template <typename T> __device__ __forceinline__ float round_to(float x) { return to_f32(from_f32<T>(x)); }
 
+// The first statement of every g4ft-ops kernel. The host launches kernels with programmatic
+// stream serialization on Hopper (src/cuda.rs, `LaunchArgs`), so a kernel's blocks may start
+// before the kernel ahead of it on the stream has finished: `griddepcontrol.wait` holds them until
+// that kernel has completed and its writes are visible, before any memory is touched. Then
+// `griddepcontrol.launch_dependents` lets the next kernel's blocks be scheduled as soon as every
+// block of this one has started. Both are no-ops for a plain launch; before compute capability 9.0
+// the macro is empty.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define G4FT_KERNEL_ENTRY()                                                                        \
+    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define G4FT_KERNEL_ENTRY() ((void)0)
+#endif
+
 // log2(e): exponentials as exp2(x·log2(e)), one fma + one SFU ex2.
 #define G4FT_LOG2E 1.4426950408889634f
 

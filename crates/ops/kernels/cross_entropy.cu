@@ -111,10 +111,12 @@ __device__ void ce_grad(T* logits, const uint32_t* targets, const float* stats, 
 #define INST(T, S)                                                                                   \
     extern "C" __global__ void ce_stats_##S(const T* logits, const uint32_t* targets, float* stats,  \
                                             int v, float cap, float inv_cap) {                       \
+        G4FT_KERNEL_ENTRY();                                                                         \
         ce_stats<T>(logits, targets, stats, v, cap, inv_cap);                                        \
     }                                                                                                \
     extern "C" __global__ void ce_grad_##S(T* logits, const uint32_t* targets, const float* stats,   \
                                            int v, float cap, float inv_cap) {                        \
+        G4FT_KERNEL_ENTRY();                                                                         \
         ce_grad<T>(logits, targets, stats, v, cap, inv_cap);                                         \
     }
 G4FT_FLOAT_TYPES(INST)

@@ -33,6 +33,7 @@ template <typename T> __device__ __forceinline__ bool pair_aligned(const void* p
 }
 
 extern "C" __global__ void dropout_mask(uint8_t* out, size_t n, uint64_t kk, uint32_t thresh) {
+    G4FT_KERNEL_ENTRY();
     for_pairs(n, kk, thresh, [&](size_t i, bool k0, bool k1) {
         out[i] = k0;
         if (i + 1 < n) out[i + 1] = k1;
@@ -135,10 +136,12 @@ __device__ void dropout_acc(const T* t, T* dx, size_t n, uint64_t kk, uint32_t t
 #define INST(T, S)                                                                                   \
     extern "C" __global__ void dropout_##S(const T* x, T* y, size_t n, uint64_t kk, uint32_t thresh, \
                                            float scale) {                                            \
+        G4FT_KERNEL_ENTRY();                                                                         \
         dropout_apply<T>(x, y, n, kk, thresh, scale);                                                \
     }                                                                                                \
     extern "C" __global__ void dropout_acc_##S(const T* t, T* dx, size_t n, uint64_t kk,             \
                                                uint32_t thresh, float scale) {                       \
+        G4FT_KERNEL_ENTRY();                                                                         \
         dropout_acc<T>(t, dx, n, kk, thresh, scale);                                                 \
     }
 G4FT_FLOAT_TYPES(INST)

@@ -118,17 +118,21 @@ __device__ void geglu_halves_bwd(const T* gu, const T* g, T* dgu, size_t rows, i
 
 #define INST(T, S)                                                                                   \
     extern "C" __global__ void geglu_fwd_##S(const T* gate, const T* up, T* y, size_t n) {           \
+        G4FT_KERNEL_ENTRY();                                                                         \
         geglu_fwd<T>(gate, up, y, n);                                                                \
     }                                                                                                \
     extern "C" __global__ void geglu_bwd_##S(const T* gate, const T* up, const T* g, T* dgate,       \
                                              T* dup, size_t n) {                                     \
+        G4FT_KERNEL_ENTRY();                                                                         \
         geglu_bwd<T>(gate, up, g, dgate, dup, n);                                                    \
     }                                                                                                \
     extern "C" __global__ void geglu_halves_fwd_##S(const T* gu, T* y, size_t rows, int cols) {      \
+        G4FT_KERNEL_ENTRY();                                                                         \
         geglu_halves_fwd<T>(gu, y, rows, cols);                                                      \
     }                                                                                                \
     extern "C" __global__ void geglu_halves_bwd_##S(const T* gu, const T* g, T* dgu, size_t rows,    \
                                                     int cols) {                                      \
+        G4FT_KERNEL_ENTRY();                                                                         \
         geglu_halves_bwd<T>(gu, g, dgu, rows, cols);                                                 \
     }
 G4FT_FLOAT_TYPES(INST)

@@ -92,11 +92,13 @@ __device__ void heads_norm_rope_bwd(const T* x, const T* w, const T* cos, const 
     extern "C" __global__ void __launch_bounds__(256)                                                       \
         heads_norm_rope_fwd_##S(const T* x, const T* w, const T* cos, const T* sin, T* y, int rows, int t,  \
                                 int n, int d, int cos_b, float eps) {                                       \
+        G4FT_KERNEL_ENTRY();                                                                                \
         heads_norm_rope_fwd<T>(x, w, cos, sin, y, rows, t, n, d, cos_b, eps);                               \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                                       \
         heads_norm_rope_bwd_##S(const T* x, const T* w, const T* cos, const T* sin, const T* dy,            \
                                 const T* res, T* dx, int rows, int t, int n, int d, int cos_b, float eps) { \
+        G4FT_KERNEL_ENTRY();                                                                                \
         heads_norm_rope_bwd<T>(x, w, cos, sin, dy, res, dx, rows, t, n, d, cos_b, eps);                     \
     }
 // bf16 / f16 only: in f32 the compiler's fma contraction may differ from the separate kernels'

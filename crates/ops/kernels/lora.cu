@@ -500,6 +500,7 @@ __device__ void lora_dlow_db(const T* g, const T* b, const T* low, float* pdlow,
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                              \
         lora_down_nt##NT##_##S(const T* x, const T* a, T* low, int m, int in, int r, uint64_t kk,         \
                                uint32_t thresh, float scale) {                                            \
+        G4FT_KERNEL_ENTRY();                                                                              \
         lora_down<T, NT, WARPS>(x, a, low, m, in, r, kk, thresh, scale);                                  \
     }
 #define DXDA_INST(T, S, KS, ACC, NAME)                                                                    \
@@ -507,6 +508,7 @@ __device__ void lora_dlow_db(const T* g, const T* b, const T* low, float* pdlow,
         lora_dx_da_ks##KS##_##NAME##_##S(const T* x, const T* dlow, const T* a, T* dx, float* part, int m,    \
                                          int in, int r, int split_rows, uint64_t kk, uint32_t thresh,     \
                                          float scale) {                                                   \
+        G4FT_KERNEL_ENTRY();                                                                              \
         lora_dx_da<T, KS, ACC>(x, dlow, a, dx, part, m, in, r, split_rows, kk, thresh, scale);            \
     }
 #define DXDA_BOTH(T, S, KS) DXDA_INST(T, S, KS, false, set) DXDA_INST(T, S, KS, true, add)
@@ -514,11 +516,13 @@ __device__ void lora_dlow_db(const T* g, const T* b, const T* low, float* pdlow,
     extern "C" __global__ void __launch_bounds__(128)                                                     \
         lora_dlow_db_np##NP##_##S(const T* g, const T* b, const T* low, float* pdlow, float* pdb, int m,  \
                                   int out, int r, int split_rows) {                                       \
+        G4FT_KERNEL_ENTRY();                                                                              \
         lora_dlow_db<T, NP>(g, b, low, pdlow, pdb, m, out, r, split_rows);                                \
     }
 #define UP_ADD_INST(T, S, KS)                                                                             \
     extern "C" __global__ void __launch_bounds__(128)                                                     \
         lora_up_add_ks##KS##_##S(T* y, const T* low, const T* b, int m, int n, int r, float scale) {      \
+        G4FT_KERNEL_ENTRY();                                                                              \
         lora_up<T, KS, 1>(y, nullptr, nullptr, low, b, nullptr, nullptr, m, n, r, scale, 0.f, true);      \
     }
 #define UP_GEGLU_INST(T, S, KS)                                                                           \
@@ -526,6 +530,7 @@ __device__ void lora_dlow_db(const T* g, const T* b, const T* low, float* pdlow,
         lora_up_geglu_ks##KS##_##S(T* gate, T* up, T* act, const T* low_g, const T* b_g, const T* low_u,  \
                                    const T* b_u, int m, int n, int r, float s_g, float s_u,               \
                                    int store_sums) {                                                      \
+        G4FT_KERNEL_ENTRY();                                                                              \
         lora_up<T, KS, 2>(gate, up, act, low_g, b_g, low_u, b_u, m, n, r, s_g, s_u, store_sums != 0);     \
     }
 // Warps per lora_down block: 32 / 32 / 16 / 8 for NT = 1 / 2 / 4 / 8 (64 / 64 / 80 / 138 registers).
@@ -542,6 +547,7 @@ LORA_INST(__half, f16)
     extern "C" __global__ void lora_sum_splits_##S(const float* part0, O* out0, int splits0, size_t n0,        \
                                                    float scale0, const float* part1, O* out1, int splits1,     \
                                                    size_t n1, float scale1) {                                  \
+        G4FT_KERNEL_ENTRY();                                                                                   \
         lora_sum_splits<O>(part0, out0, splits0, n0, scale0, part1, out1, splits1, n1, scale1);                \
     }
 G4FT_FLOAT_TYPES(FINISH_INST)

@@ -30,6 +30,7 @@ using namespace mma16;
 constexpr int TOPK_MAX_PER_LANE = 16;  // up to 512 experts
 
 extern "C" __global__ void moe_topk(const float* probs, uint32_t* idx, int n, int e, int k) {
+    G4FT_KERNEL_ENTRY();
     const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
     const float* p = probs + (size_t)row * e;
@@ -84,6 +85,7 @@ __device__ __forceinline__ int block_sum_int(int v, int* buf) {
 
 // grid (E), block 256; out = [order (m) | token (m) | slot_pos (m) | offsets (E+1)].
 extern "C" __global__ void moe_group(const uint32_t* idx, uint32_t* out, int m, int e_count, int k) {
+    G4FT_KERNEL_ENTRY();
     __shared__ int buf[32];
     __shared__ int warp_base[32];
     const uint32_t e = blockIdx.x;
@@ -250,10 +252,12 @@ __device__ __forceinline__ void grouped_gemm(const T* x, const T* w, const uint3
 #define GROUPED_INST(T, S)                                                                                \
     extern "C" __global__ void __launch_bounds__(GTHREADS)                                               \
         grouped_gemm_nt_##S(const T* x, const T* w, const uint32_t* offsets, T* y, int e, int n, int k) { \
+        G4FT_KERNEL_ENTRY();                                                                              \
         grouped_gemm<T, true>(x, w, offsets, y, e, n, k);                                                 \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(GTHREADS)                                               \
         grouped_gemm_nn_##S(const T* x, const T* w, const uint32_t* offsets, T* y, int e, int n, int k) { \
+        G4FT_KERNEL_ENTRY();                                                                              \
         grouped_gemm<T, false>(x, w, offsets, y, e, n, k);                                                \
     }
 GROUPED_INST(__nv_bfloat16, bf16)
@@ -282,6 +286,7 @@ __device__ __forceinline__ void grouped_gemm_simple(const T* x, const T* w, cons
 #define SIMPLE_INST(T, S)                                                                                   \
     extern "C" __global__ void grouped_gemm_simple_##S(const T* x, const T* w, const uint32_t* offsets, T* y, \
                                                        int e, int m, int n, int k, int nt) {                  \
+        G4FT_KERNEL_ENTRY();                                                                                  \
         grouped_gemm_simple<T>(x, w, offsets, y, e, m, n, k, nt != 0);                                      \
     }
 SIMPLE_INST(float, f32)
@@ -360,14 +365,17 @@ __device__ __forceinline__ void gather_dot(const T* y, const T* g, const uint32_
 #define COMBINE_INST(T, S)                                                                                   \
     extern "C" __global__ void moe_combine_##S(const T* y, const uint32_t* slot_pos, const float* w, T* out,  \
                                                int h, int k) {                                                \
+        G4FT_KERNEL_ENTRY();                                                                                  \
         combine<T>(y, slot_pos, w, out, h, k);                                                               \
     }                                                                                                        \
     extern "C" __global__ void moe_gather_scaled_##S(const T* x, const float* w, const uint32_t* token, T* out, \
                                                      int m, int h, int packed) {                               \
+        G4FT_KERNEL_ENTRY();                                                                                   \
         gather_scaled<T>(x, w, token, out, m, h, packed != 0);                                                \
     }                                                                                                         \
     extern "C" __global__ void moe_gather_dot_##S(const T* y, const T* g, const uint32_t* token, float* dw,    \
                                                   int m, int h) {                                             \
+        G4FT_KERNEL_ENTRY();                                                                                  \
         gather_dot<T>(y, g, token, dw, m, h);                                                                \
     }
 COMBINE_INST(float, f32)

@@ -37,10 +37,12 @@ __device__ void rms_norm_bwd(const T* x, const T* w, const T* g, const T* res, T
 #define INST_LAYOUT(T, S, L, WARP)                                                                   \
     extern "C" __global__ void rms_norm_fwd_##L##S(const T* x, const T* w, const T* res, T* y,       \
                                                    int rows, int d, float eps) {                     \
+        G4FT_KERNEL_ENTRY();                                                                         \
         rms_norm_fwd<T, WARP>(x, w, res, y, rows, d, eps);                                           \
     }                                                                                                \
     extern "C" __global__ void rms_norm_bwd_##L##S(const T* x, const T* w, const T* g, const T* res, \
                                                    T* dx, int rows, int d, float eps) {              \
+        G4FT_KERNEL_ENTRY();                                                                         \
         rms_norm_bwd<T, WARP>(x, w, g, res, dx, rows, d, eps);                                       \
     }
 // rms_norm_{fwd,bwd}_warp_<T>: one warp per row; rms_norm_{fwd,bwd}_<T>: one block per row.

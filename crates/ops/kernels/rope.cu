@@ -38,6 +38,7 @@ __device__ void rope_kernel(const T* x, const T* cos, const T* sin, T* y, int b,
 #define INST(T, S)                                                                                   \
     extern "C" __global__ void rope_##S(const T* x, const T* cos, const T* sin, T* y, int b, int h,  \
                                         int t, int d, int cos_b, int backward, int small) {          \
+        G4FT_KERNEL_ENTRY();                                                                         \
         rope_kernel<T>(x, cos, sin, y, b, h, t, d, cos_b, backward, small);                          \
     }
 G4FT_FLOAT_TYPES(INST)

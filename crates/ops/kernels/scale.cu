@@ -37,6 +37,7 @@ template <typename T> __device__ void scale(const T* x, const T* v, T* y, float 
 #define INST(T, S)                                                                                   \
     extern "C" __global__ void scale_##S(const T* x, const T* v, T* y, float c, size_t n, int d,    \
                                          int order) {                                               \
+        G4FT_KERNEL_ENTRY();                                                                        \
         scale<T>(x, v, y, c, n, d, order);                                                           \
     }
 G4FT_FLOAT_TYPES(INST)

@@ -30,8 +30,12 @@ __device__ void softmax_bwd(const T* y, const T* g, T* dx, int d) {
 }
 
 #define INST(T, S)                                                                                   \
-    extern "C" __global__ void softmax_fwd_##S(const T* x, T* y, int d) { softmax_fwd<T>(x, y, d); } \
+    extern "C" __global__ void softmax_fwd_##S(const T* x, T* y, int d) {                            \
+        G4FT_KERNEL_ENTRY();                                                                         \
+        softmax_fwd<T>(x, y, d);                                                                     \
+    }                                                                                                \
     extern "C" __global__ void softmax_bwd_##S(const T* y, const T* g, T* dx, int d) {               \
+        G4FT_KERNEL_ENTRY();                                                                         \
         softmax_bwd<T>(y, g, dx, d);                                                                 \
     }
 G4FT_FLOAT_TYPES(INST)

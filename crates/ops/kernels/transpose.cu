@@ -28,6 +28,7 @@ __device__ void swap12(const T* x, T* y, int b, int a, int c, int d) {
 
 #define INST(T, S)                                                                                   \
     extern "C" __global__ void swap12_##S(const T* x, T* y, int b, int a, int c, int d) {            \
+        G4FT_KERNEL_ENTRY();                                                                         \
         swap12<T>(x, y, b, a, c, d);                                                                 \
     }
 G4FT_FLOAT_TYPES(INST)

@@ -19,9 +19,7 @@
 
 use crate::cuda::{self, cuda_module, Module};
 use crate::dropout::Keep;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Result};
 
@@ -76,7 +74,7 @@ unsafe fn launch(
 ) -> Result<()> {
     let f = cuda::func(dev, &MODULE, &cuda::kname_of(root, dtype)?)?;
     let stream = dev.cuda_stream();
-    let mut b = stream.launch_builder(&f);
+    let mut b = cuda::launch_args(&stream, &f);
     let (m, inf, r) = (d.m as i32, d.inf as i32, d.r as i32);
     for p in ptrs {
         b.arg(p);
@@ -207,7 +205,7 @@ unsafe fn sum_splits(
 ) -> Result<()> {
     let f = cuda::func(dev, &MODULE, &cuda::kname_of("lora_sum_splits", out_dtype)?)?;
     let stream = dev.cuda_stream();
-    let mut l = stream.launch_builder(&f);
+    let mut l = cuda::launch_args(&stream, &f);
     let none = Partials {
         _part: None,
         ptr: 0,
@@ -288,7 +286,7 @@ pub(crate) fn grad_low_and_b(
         block_dim: (128, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    let mut l = stream.launch_builder(&f);
+    let mut l = cuda::launch_args(&stream, &f);
     let (mi, outi, ri, rows) = (m as i32, out as i32, r as i32, split_rows as i32);
     l.arg(&g).arg(&b).arg(&low).arg(&pdlow_ptr).arg(&pdb_ptr);
     l.arg(&mi).arg(&outi).arg(&ri).arg(&rows);
@@ -375,7 +373,7 @@ pub(crate) unsafe fn up_add(
     let (name, cfg, [m, n, r]) = up_launch("lora_up_add", dtype, d)?;
     let f = cuda::func(dev, &MODULE, &name)?;
     let stream = dev.cuda_stream();
-    let mut b = stream.launch_builder(&f);
+    let mut b = cuda::launch_args(&stream, &f);
     b.arg(&y)
         .arg(&t.low)
         .arg(&t.b)
@@ -448,7 +446,7 @@ unsafe fn launch_up_geglu(
     let (name, cfg, [m, n, r]) = up_launch("lora_up_geglu", dtype, d)?;
     let f = cuda::func(dev, &MODULE, &name)?;
     let stream = dev.cuda_stream();
-    let mut b = stream.launch_builder(&f);
+    let mut b = cuda::launch_args(&stream, &f);
     b.arg(&gate).arg(&up).arg(&act);
     b.arg(&gate_t.low)
         .arg(&gate_t.b)

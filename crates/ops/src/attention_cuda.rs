@@ -50,7 +50,7 @@ use crate::cublas::{Gemm, Mat};
 use crate::cuda::{self, cuda_module, cuda_of, with_cuda_float_type, Module};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
 };
 use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Tensor, WithDType};
@@ -301,7 +301,7 @@ impl<'a> Ctx<'a> {
         ints: &[i32],
         cfg: LaunchConfig,
     ) -> Result<()> {
-        let mut b = self.stream.launch_builder(f);
+        let mut b = cuda::launch_args(&self.stream, f);
         for p in ptrs {
             b.arg(p);
         }
@@ -545,7 +545,7 @@ impl<'a> Ctx<'a> {
     /// element dtype.
     fn round(&self, x: u64, y: u64, len: usize, parts: usize) -> Result<()> {
         let f = self.func("attn_round")?;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = cuda::launch_args(&self.stream, &f);
         let parts = parts as i32;
         b.arg(&x).arg(&y).arg(&len).arg(&parts);
         // SAFETY: x holds parts·len f32, y len elements.

@@ -33,9 +33,7 @@ pub fn cast_together(tensors: &[&Tensor], dtype: DType) -> Result<Vec<Tensor>> {
 mod cuda_impl {
     use super::ALIGN;
     use crate::cuda::{self, cuda_module, Module};
-    use candle_core::cuda_backend::cudarc::driver::{
-        DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
-    };
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig};
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{DType, Result, Storage, Tensor};
 
@@ -52,9 +50,8 @@ mod cuda_impl {
         n: [u64; SEGMENTS],
     }
 
-    // SAFETY: plain `repr(C)` data, laid out as the kernel's struct (three arrays of 64-bit
-    // values).
-    unsafe impl DeviceRepr for CastSegments {}
+    // Plain `repr(C)` data, laid out as the kernel's struct (three arrays of 64-bit values).
+    cuda::value_args!(CastSegments);
 
     /// [`super::cast_together`] on CUDA: contiguous fp32 `tensors` to bf16 / f16 `dtype`.
     pub(super) fn cast_packed(
@@ -114,7 +111,7 @@ mod cuda_impl {
             let longest = chunk.iter().map(|t| t.elem_count()).max().unwrap_or(0);
             let mut cfg: LaunchConfig = cuda::elementwise(longest);
             cfg.grid_dim.1 = chunk.len() as u32;
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             b.arg(&s).arg(&out_ptr);
             // SAFETY: each source holds n[k] fp32 elements and stays alive (borrowed) until the
             // call returns, after the stream has the work queued in order; the output holds

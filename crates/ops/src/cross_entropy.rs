@@ -217,7 +217,6 @@ mod cuda_impl {
     use super::Cap;
     use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, Layout, Result};
 
@@ -241,7 +240,7 @@ mod cuda_impl {
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>("ce_stats"))?;
             let v_i = v as i32;
             let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             b.arg(&logits).arg(&targets).arg(&stats).arg(&v_i).arg(&cap.cap).arg(&cap.inv);
             // SAFETY: logits (c, v), targets (c,), stats (c, 2).
             unsafe { b.launch(cuda::per_row(c, cuda::row_threads(v).min(1024))) }.w()?;
@@ -269,7 +268,7 @@ mod cuda_impl {
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>("ce_grad"))?;
             let v_i = v as i32;
             let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             b.arg(&mut logits).arg(&targets).arg(&stats).arg(&v_i).arg(&cap.cap).arg(&cap.inv);
             // SAFETY: logits (c, v), targets (c,), stats (c, 2).
             unsafe { b.launch(cuda::per_row(c, cuda::row_threads(v).min(1024))) }.w()?;

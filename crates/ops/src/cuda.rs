@@ -1,8 +1,13 @@
 //! CUDA plumbing (feature `cuda`): the PTX modules `build.rs` compiles from `kernels/*.cu`, typed
-//! contiguous views of candle storages, launch shapes. Every kernel runs on candle's own stream
-//! (`CudaFunc::builder`), so ordering against candle's kernels needs no events.
+//! contiguous views of candle storages, launch shapes, and [`launch_args`], the one way a g4ft-ops
+//! kernel is launched. Every kernel runs on candle's own stream, so ordering against candle's
+//! kernels needs no events.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::sys::{self, CUdeviceptr};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+    DriverError, LaunchConfig, SyncOnDrop,
+};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage, DeviceId};
 use candle_core::{bail, Layout, Result};
 use std::cell::RefCell;
@@ -37,7 +42,7 @@ thread_local! {
 }
 
 /// Kernel `name` of module `m` (the module loaded by candle on first use, the handle cached per
-/// thread). Launch it on candle's stream: `let stream = dev.cuda_stream(); stream.launch_builder(&f)`.
+/// thread). Launch it on candle's stream: `launch_args(&dev.cuda_stream(), &f)`.
 pub(crate) fn func(dev: &CudaDevice, m: &Module, name: &str) -> Result<CudaFunction> {
     func_smem(dev, m, name, 0)
 }
@@ -77,6 +82,176 @@ pub(crate) fn func_smem(
         }
         Ok(entry.0.clone())
     })
+}
+
+/// The parameters of one kernel launch, built argument by argument ([`LaunchArgs::arg`]) in the
+/// kernel's parameter order, then [`LaunchArgs::launch`]ed on `stream`.
+///
+/// Launches go through `cuLaunchKernelEx`. On Hopper builds (`cfg(g4ft_hopper)`) each launch
+/// allows programmatic stream serialization: the kernel's blocks may be scheduled while the
+/// kernel before it on the stream is still finishing. Every g4ft-ops kernel opens with
+/// `G4FT_KERNEL_ENTRY()` (`kernels/common.cuh`), which waits for the previous kernel to complete
+/// and its writes to be visible before touching memory, so the order and the results are those
+/// of a plain launch; only the launch gap shrinks. After a kernel that does not signal (cuBLAS,
+/// candle's), the launch waits as a plain one does.
+pub(crate) struct LaunchArgs<'a> {
+    stream: &'a CudaStream,
+    func: &'a CudaFunction,
+    /// The arguments' bytes, each starting on an 8-byte word.
+    words: Vec<u64>,
+    /// The first word of each argument.
+    starts: Vec<usize>,
+    /// cudarc's read/write records of the buffers passed, made when they drop after the launch.
+    guards: Vec<SyncOnDrop<'a>>,
+}
+
+/// A launch of `func` on `stream`, its arguments to be added.
+pub(crate) fn launch_args<'a>(stream: &'a CudaStream, func: &'a CudaFunction) -> LaunchArgs<'a> {
+    LaunchArgs {
+        stream,
+        func,
+        words: Vec::with_capacity(16),
+        starts: Vec::with_capacity(16),
+        guards: Vec::new(),
+    }
+}
+
+/// Something passed to a kernel as one parameter: a plain value (its bytes, see [`value_args`])
+/// or a device buffer (its address).
+pub(crate) trait KernelArg<'a> {
+    /// Appends the parameter to `args`.
+    fn push_to(self, args: &mut LaunchArgs<'a>);
+}
+
+/// `value_args!(T, ...)`: each `T` is passed to kernels by value, as its bytes.
+///
+/// Only for `Copy` types laid out exactly as the kernel's parameter (primitives, `repr(C)`
+/// structs).
+macro_rules! value_args {
+    ($($t:ty),* $(,)?) => {
+        $(impl<'a> $crate::cuda::KernelArg<'a> for &$t {
+            fn push_to(self, args: &mut $crate::cuda::LaunchArgs<'a>) {
+                args.push_value(self);
+            }
+        })*
+    };
+}
+pub(crate) use value_args;
+
+value_args!(i32, u32, i64, u64, usize, f32);
+
+impl<'a, T> KernelArg<'a> for &'a CudaSlice<T> {
+    fn push_to(self, args: &mut LaunchArgs<'a>) {
+        let (ptr, guard) = self.device_ptr(args.stream);
+        args.push_buffer(ptr, guard);
+    }
+}
+
+impl<'a, T> KernelArg<'a> for &'a mut CudaSlice<T> {
+    fn push_to(self, args: &mut LaunchArgs<'a>) {
+        let (ptr, guard) = self.device_ptr_mut(args.stream);
+        args.push_buffer(ptr, guard);
+    }
+}
+
+impl<'a, 'b: 'a, T> KernelArg<'a> for &'a CudaView<'b, T> {
+    fn push_to(self, args: &mut LaunchArgs<'a>) {
+        let (ptr, guard) = self.device_ptr(args.stream);
+        args.push_buffer(ptr, guard);
+    }
+}
+
+impl<'a, 'b: 'a, T> KernelArg<'a> for &'a mut CudaViewMut<'b, T> {
+    fn push_to(self, args: &mut LaunchArgs<'a>) {
+        let (ptr, guard) = self.device_ptr_mut(args.stream);
+        args.push_buffer(ptr, guard);
+    }
+}
+
+impl<'a> LaunchArgs<'a> {
+    /// Appends the next parameter.
+    pub(crate) fn arg(&mut self, arg: impl KernelArg<'a>) -> &mut Self {
+        arg.push_to(self);
+        self
+    }
+
+    /// Appends `v`'s bytes as the next parameter (see [`value_args`]).
+    pub(crate) fn push_value<T: Copy>(&mut self, v: &T) {
+        let bytes = std::mem::size_of::<T>();
+        let start = self.words.len();
+        self.words.resize(start + bytes.div_ceil(8), 0);
+        // SAFETY: the words from `start` on hold at least `bytes` bytes, and `v` is `bytes` long.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (v as *const T).cast::<u8>(),
+                self.words[start..].as_mut_ptr().cast::<u8>(),
+                bytes,
+            )
+        };
+        self.starts.push(start);
+    }
+
+    fn push_buffer(&mut self, ptr: CUdeviceptr, guard: SyncOnDrop<'a>) {
+        self.push_value(&ptr);
+        self.guards.push(guard);
+    }
+
+    /// Queues the kernel on the stream with grid `cfg` (the buffers' records are made as the
+    /// arguments drop, after the launch).
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's parameters in number, order and type, and the
+    /// kernel must stay within the buffers they describe for that grid.
+    pub(crate) unsafe fn launch(
+        mut self,
+        cfg: LaunchConfig,
+    ) -> std::result::Result<(), DriverError> {
+        self.stream.context().bind_to_thread()?;
+        let base = self.words.as_mut_ptr();
+        // SAFETY: every start is an index into `words`.
+        let mut params: Vec<*mut std::ffi::c_void> = self
+            .starts
+            .iter()
+            .map(|&s| unsafe { base.add(s) }.cast())
+            .collect();
+        let mut attr = serialization_attribute();
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(PROGRAMMATIC_SERIALIZATION),
+        };
+        // SAFETY: `config` and `params` outlive the call (the driver copies the parameters
+        // before it returns); the kernel's own contract is the caller's.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.func.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+    }
+}
+
+/// Whether launches allow programmatic stream serialization (see [`LaunchArgs`]): Hopper builds,
+/// whose kernels are compiled for compute capability 90 and open with `griddepcontrol.wait`.
+const PROGRAMMATIC_SERIALIZATION: bool = cfg!(g4ft_hopper);
+
+/// The launch attribute that allows programmatic stream serialization.
+fn serialization_attribute() -> sys::CUlaunchAttribute {
+    // SAFETY: an all-zero attribute is a valid value of the plain C struct.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    attr
 }
 
 /// `root_f32` / `root_bf16` / `root_f16` for element type `T`.

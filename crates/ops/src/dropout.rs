@@ -155,7 +155,7 @@ mod cuda_impl {
     use super::Keep;
     use crate::cuda::{self, cuda_module, Module};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{bail, CudaStorage, DType, Layout, Result};
 
@@ -175,7 +175,7 @@ mod cuda_impl {
         let mut out = s.as_cuda_slice_mut::<u8>()?.slice_mut(a..b_off);
         let f = cuda::func(&dev, &MODULE, "dropout_mask")?;
         let stream = dev.cuda_stream();
-        let mut b = stream.launch_builder(&f);
+        let mut b = cuda::launch_args(&stream, &f);
         b.arg(&mut out).arg(&n).arg(&k.kk).arg(&k.thresh);
         // SAFETY: out holds n bytes.
         unsafe { b.launch(grid(n)) }.w()?;
@@ -198,7 +198,7 @@ mod cuda_impl {
         }
         let f = cuda::func(dev, &MODULE, &name)?;
         let stream = dev.cuda_stream();
-        let mut b = stream.launch_builder(&f);
+        let mut b = cuda::launch_args(&stream, &f);
         b.arg(&x)
             .arg(&y)
             .arg(&n)

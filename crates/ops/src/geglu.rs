@@ -195,7 +195,7 @@ impl candle_core::InplaceOp3 for GeGluBwdInPlace {
 mod cuda_impl {
     use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, Layout, Result};
 
@@ -218,7 +218,7 @@ mod cuda_impl {
             let gate = cuda::view::<T>(s1, l1, op, "gate")?;
             let gate_ptr = gate.device_ptr(&stream).0;
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>("geglu_bwd"))?;
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             b.arg(&gate_ptr).arg(&up_ptr).arg(&g).arg(&gate_ptr).arg(&up_ptr).arg(&n);
             // SAFETY: gate, up and g hold n elements; each thread reads element i of gate and up
             // before it writes d(gate)_i and d(up)_i there (the caller owns both buffers alone).
@@ -246,7 +246,7 @@ mod cuda_impl {
             let root = if grad.is_some() { "geglu_halves_bwd" } else { "geglu_halves_fwd" };
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(root))?;
             let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             b.arg(&gu);
             let g = match grad {
                 Some((gs, gl)) => Some(cuda::view::<T>(gs, gl, op, "grad")?),
@@ -286,7 +286,7 @@ mod cuda_impl {
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(root))?;
             let n_arg = n;
             let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             b.arg(&gate).arg(&up);
             let dup = y.slice(n.min(out_n - n)..);
             if let Some(g) = &g {

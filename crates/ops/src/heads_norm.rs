@@ -140,7 +140,7 @@ mod cuda_impl {
     use super::{Heads, RopeTables};
     use crate::cuda::{self, cuda_module, Module};
     use crate::util::tensor_from_storage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{DType, Result, Storage, Tensor};
 
@@ -182,7 +182,7 @@ mod cuda_impl {
         let f = cuda::func(dev, &MODULE, &cuda::kname_of(root, raw.dtype())?)?;
         let ints = [rows, t, n, d, cos_b].map(|v| v as i32);
         let stream = dev.cuda_stream();
-        let mut b = stream.launch_builder(&f);
+        let mut b = cuda::launch_args(&stream, &f);
         for p in ptrs {
             b.arg(p);
         }

@@ -2,9 +2,7 @@
 
 use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
-};
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr, LaunchConfig};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{bail, CudaStorage, DType, Layout, Result, Tensor};
 
@@ -55,7 +53,7 @@ pub(super) fn topk(
     let idx = unsafe { dev.alloc::<u32>(n * k)? };
     let f = cuda::func(&dev, &MODULE, "moe_topk")?;
     let stream = dev.cuda_stream();
-    let mut b = stream.launch_builder(&f);
+    let mut b = cuda::launch_args(&stream, &f);
     let (n_, e_, k_) = (as_i32(n, "tokens")?, as_i32(e, "experts")?, as_i32(k, "k")?);
     b.arg(&probs).arg(&idx).arg(&n_).arg(&e_).arg(&k_);
     // SAFETY: probs holds n·e floats, idx n·k; one warp per row.
@@ -77,7 +75,7 @@ pub(super) fn group(
     let out = unsafe { dev.alloc::<u32>(3 * m + e + 1)? };
     let f = cuda::func(&dev, &MODULE, "moe_group")?;
     let stream = dev.cuda_stream();
-    let mut b = stream.launch_builder(&f);
+    let mut b = cuda::launch_args(&stream, &f);
     let (m_, e_, k_) = (as_i32(m, "slots")?, as_i32(e, "experts")?, as_i32(k, "k")?);
     b.arg(&idx).arg(&out).arg(&m_).arg(&e_).arg(&k_);
     let cfg = LaunchConfig {
@@ -129,7 +127,7 @@ pub(super) fn grouped_matmul(
                     block_dim: (GEMM_THREADS, 1, 1),
                     shared_mem_bytes: smem as u32,
                 };
-                let mut b = stream.launch_builder(&f);
+                let mut b = cuda::launch_args(&stream, &f);
                 b.arg(&x).arg(&wv).arg(&offsets).arg(&y).arg(&e_).arg(&n_).arg(&k_);
                 // SAFETY: x holds m·k elements, w e·n·k, offsets e + 1 nondecreasing words ending
                 // at m, y m·n; K and N are multiples of 8 and the rows 16-byte aligned.
@@ -137,7 +135,7 @@ pub(super) fn grouped_matmul(
             } else {
                 let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>("grouped_gemm_simple"))?;
                 let nt = i32::from(transpose_w);
-                let mut b = stream.launch_builder(&f);
+                let mut b = cuda::launch_args(&stream, &f);
                 b.arg(&x).arg(&wv).arg(&offsets).arg(&y).arg(&e_).arg(&m_).arg(&n_).arg(&k_).arg(&nt);
                 // SAFETY: as above; one thread per output element in a grid-stride loop.
                 unsafe { b.launch(cuda::elementwise(m * n)) }.w()?;
@@ -170,7 +168,7 @@ pub(super) fn gather(
             let out = unsafe { dev.alloc::<T>(m * h)? };
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(op))?;
             let packed_ = i32::from(packed);
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             b.arg(&x).arg(&w_ptr).arg(&token).arg(&out).arg(&m_).arg(&h_).arg(&packed_);
             let threads = if packed { m * h / per_pack } else { m * h };
             // SAFETY: x holds n·h elements with every token < n, w (if not null) and token m,
@@ -201,7 +199,7 @@ pub(super) fn gather_dot(
         let dw = unsafe { dev.alloc::<f32>(m)? };
         let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(op))?;
         let stream = dev.cuda_stream();
-        let mut b = stream.launch_builder(&f);
+        let mut b = cuda::launch_args(&stream, &f);
         b.arg(&y).arg(&g).arg(&token).arg(&dw).arg(&m_).arg(&h_);
         // SAFETY: y holds m·h elements, g n·h with every token < n, dw m floats; a warp per row.
         unsafe { b.launch(cuda::warp_per_row(m)) }.w()?;
@@ -232,7 +230,7 @@ pub(super) fn combine(
             // SAFETY: every element is written.
             let out = unsafe { dev.alloc::<T>(n * h)? };
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(op))?;
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             b.arg(&y).arg(&slot_pos).arg(&w_ptr).arg(&out).arg(&h_).arg(&k_);
             // SAFETY: y holds n·k·h elements, slot_pos n·k positions < n·k, w (if not null)
             // n·k floats, out n·h; one block per token.

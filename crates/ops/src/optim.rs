@@ -179,7 +179,7 @@ impl InplaceOp3 for AdamWPass {
 mod cuda_impl {
     use super::AdamWScalars;
     use crate::cuda::{self, cuda_module, cuda_of, Module};
-    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{Result, Tensor};
 
@@ -216,7 +216,7 @@ mod cuda_impl {
             sc.step_size,
             sc.bias_correction2_sqrt,
         ];
-        let mut b = stream.launch_builder(&f);
+        let mut b = cuda::launch_args(&stream, &f);
         b.arg(&p)
             .arg(&views[1])
             .arg(&m)
@@ -247,12 +247,12 @@ mod cuda_impl {
         let partial = unsafe { dev.alloc::<f32>(nparts as usize)? };
         let out = unsafe { dev.alloc::<f32>(1)? };
         let f = cuda::func(&dev, &MODULE, "sumsq_partial_f32")?;
-        let mut b = stream.launch_builder(&f);
+        let mut b = cuda::launch_args(&stream, &f);
         b.arg(&g).arg(&partial).arg(&n);
         // SAFETY: g holds n f32, partial one per block.
         unsafe { b.launch(cfg) }.w()?;
         let f = cuda::func(&dev, &MODULE, "norm_finish_f32")?;
-        let mut b = stream.launch_builder(&f);
+        let mut b = cuda::launch_args(&stream, &f);
         b.arg(&partial).arg(&nparts).arg(&out);
         // SAFETY: one block reads nparts partials and writes 1 f32.
         unsafe { b.launch(cuda::per_row(1, 1024)) }.w()?;

@@ -299,7 +299,7 @@ impl CustomOp2 for RmsNormBwd {
 mod cuda_impl {
     use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, Layout, Result, Tensor};
 
@@ -346,7 +346,7 @@ mod cuda_impl {
             let (cfg, root) = launch_layout(rows, d, true);
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(root))?;
             let (rows_i, d_i, null) = (rows as i32, d as i32, 0u64);
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             b.arg(&x).arg(&w).arg(&g).arg(&null).arg(&x).arg(&rows_i).arg(&d_i).arg(&eps);
             // SAFETY: x and g hold rows·d elements of T, w holds d (or is null); each thread
             // reads its elements of x before it writes dx there, after the row's reductions.
@@ -389,7 +389,7 @@ mod cuda_impl {
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(root))?;
             let (rows_i, d_i, null) = (rows as i32, d as i32, 0u64);
             let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             b.arg(&x);
             match &w {
                 Some(w) => b.arg(w),

@@ -97,7 +97,6 @@ impl CustomOp1 for Rope {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
         use candle_core::backend::BackendStorage;
-        use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
         use candle_core::cuda_backend::WrapErr;
         const MODULE: Module = cuda_module!("rope");
 
@@ -119,7 +118,7 @@ impl CustomOp1 for Rope {
             // 32-bit index math when every element index fits.
             let small = i32::from(el <= u32::MAX as usize);
             let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             b.arg(&x).arg(&cos).arg(&sin).arg(&y);
             for a in &args {
                 b.arg(a);

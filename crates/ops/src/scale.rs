@@ -161,7 +161,6 @@ mod cuda_impl {
     use super::Scale;
     use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, Layout, Result};
 
@@ -190,7 +189,7 @@ mod cuda_impl {
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>("scale"))?;
             let order = op.order as i32;
             let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             // Without a vector the kernel never reads its `v` argument; x stands in.
             b.arg(&x).arg(vec.as_ref().unwrap_or(&x)).arg(&y).arg(&op.c).arg(&n).arg(&d_i).arg(&order);
             // SAFETY: x and y hold n elements, v (when read) d; y is a new buffer.

@@ -111,7 +111,6 @@ impl CustomOp2 for SoftmaxBwd {
 mod cuda_impl {
     use crate::cuda::{self, cuda_module, with_cuda_float_type, Module};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, Layout, Result};
 
@@ -139,7 +138,7 @@ mod cuda_impl {
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(root))?;
             let d_i = d as i32;
             let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
+            let mut b = cuda::launch_args(&stream, &f);
             b.arg(&x);
             if let Some(g) = &g {
                 b.arg(g);

@@ -88,13 +88,12 @@ pub(crate) unsafe fn cuda_swap12(
     dtype: candle_core::DType,
 ) -> Result<()> {
     use crate::cuda::{self, cuda_module, Module};
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
     use candle_core::cuda_backend::WrapErr;
     const MODULE: Module = cuda_module!("transpose");
     let f = cuda::func(dev, &MODULE, &cuda::kname_of("swap12", dtype)?)?;
     let ints = dims.map(|v| v as i32);
     let stream = dev.cuda_stream();
-    let mut lb = stream.launch_builder(&f);
+    let mut lb = cuda::launch_args(&stream, &f);
     lb.arg(&x).arg(&y);
     for v in &ints {
         lb.arg(v);
