@@ -7,6 +7,10 @@
 # folder can leave its kernels in this one's binaries, docs/cuda.md, so the folder records the
 # checkout that uses it and a build from another one stops with an error).
 # Usage: bash tools/gpu/build.sh            (from the repository root; HOST_PROFILE=1 below)
+#        VARIANT=NAME bash tools/gpu/build.sh  (only bench_train and the CUDA test binaries of the
+#        working tree, as .gpu/variants/NAME_{bench_train,ops_test,layerwise}.xz: several
+#        uncommitted versions side by side for tools/gpu/ab.sh, e.g. A=.gpu/variants/x_bench_train;
+#        an incremental build takes about 4 minutes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 eval "$(bash tools/cuda/setup_toolchain.sh)"
@@ -19,17 +23,28 @@ if [ -f "$owner" ] && [ "$(cat "$owner")" != "$PWD" ]; then
   exit 1
 fi
 mkdir -p "$CARGO_TARGET_DIR" && echo "$PWD" > "$owner"
-cargo build --release --features cuda -p g4ft -p g4ft-ddp --examples --bins
 mkdir -p .gpu
 # Test binaries run there: gemma4 parity + layer-wise backward (with G4FT_TEST_DEVICE=cuda; they read
 # the golden fixtures through the build-time path, so the run links the checkout to this repository's
 # path) and the ops' CUDA-vs-CPU checks.
-test_bin() { # <output name> <cargo test args...>
+test_bin() { # <output path under .gpu> <cargo test args...>
   local out=$1; shift
   local exe; exe=$(cargo test --release --features cuda "$@" --no-run --message-format=json \
     | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
   strip -o ".gpu/$out" "$exe" && xz -6 -f ".gpu/$out"
 }
+if [ -n "${VARIANT:-}" ]; then
+  cargo build --release --features cuda -p g4ft --example bench_train
+  mkdir -p .gpu/variants
+  strip -o ".gpu/variants/${VARIANT}_bench_train" "$CARGO_TARGET_DIR/release/examples/bench_train"
+  xz -6 -f ".gpu/variants/${VARIANT}_bench_train"
+  test_bin "variants/${VARIANT}_ops_test" -p g4ft-ops --lib
+  test_bin "variants/${VARIANT}_layerwise" -p g4ft -p g4ft-gemma4 --test layerwise
+  pwd > .gpu/source_dir
+  ls -la .gpu/variants
+  exit 0
+fi
+cargo build --release --features cuda -p g4ft -p g4ft-ddp --examples --bins
 test_bin gemma4_parity -p g4ft -p g4ft-gemma4 --test parity
 test_bin gemma4_layerwise -p g4ft -p g4ft-gemma4 --test layerwise
 test_bin g4ft_ops_test -p g4ft-ops --lib
