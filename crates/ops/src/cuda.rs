@@ -138,7 +138,7 @@ macro_rules! value_args {
 }
 pub(crate) use value_args;
 
-value_args!(i32, u32, i64, u64, usize, f32);
+value_args!(i32, u32, u64, usize, f32);
 
 impl<'a, T> KernelArg<'a> for &'a CudaSlice<T> {
     fn push_to(self, args: &mut LaunchArgs<'a>) {
