@@ -208,11 +208,11 @@ impl<'a> LaunchArgs<'a> {
     ) -> std::result::Result<(), DriverError> {
         self.stream.context().bind_to_thread()?;
         let base = self.words.as_mut_ptr();
+        // The parameter pointers take the starts' place (same size: the allocation is reused).
         // SAFETY: every start is an index into `words`.
-        let mut params: Vec<*mut std::ffi::c_void> = self
-            .starts
-            .iter()
-            .map(|&s| unsafe { base.add(s) }.cast())
+        let mut params: Vec<*mut std::ffi::c_void> = std::mem::take(&mut self.starts)
+            .into_iter()
+            .map(|s| unsafe { base.add(s) }.cast())
             .collect();
         let mut attr = serialization_attribute();
         let config = sys::CUlaunchConfig {
