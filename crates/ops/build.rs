@@ -24,5 +24,5 @@ fn main() {
             "cast",
         ],
     );
-    g4ft_ptx_build::compile_hopper_kernels("g4ft-ops", &["attention_wgmma"]);
+    g4ft_ptx_build::compile_hopper_kernels("g4ft-ops", &["attention_wgmma", "moe_wgmma"]);
 }

@@ -13,13 +13,15 @@
 //   barrier per tile). A warp whose 32 rows are all past the segment's end skips the products (the
 //   last tile of a segment is often short). 128×128 tiles read 64 FLOP per byte of shared-memory
 //   fill, against 43 for 64×128: the grouped GEMM streams every expert's weights once per row tile.
-//   Row tiles never straddle experts: tile → expert by a scan of the offsets.
+//   Row tiles never straddle experts: tile → expert by a scan of the offsets (grouped_tiles.cuh).
+//   Builds for Hopper run kernels/moe_wgmma.cu's wgmma version instead.
 // - grouped_gemm_simple: one thread per output element (f32, and shapes the tiled kernel does not
 //   take: K or N not a multiple of 8).
 // - moe_combine: one block per token; its k grouped rows in ascending position, weighted, fp32 sum.
 // - moe_gather_scaled / moe_gather_dot: the rows of the tokens in grouped order, optionally
 //   weighted (the experts' input, and the combine's backward d(rows)), and d(weights).
 #include "common.cuh"
+#include "grouped_tiles.cuh"
 #include "mma.cuh"
 
 using namespace mma16;
@@ -129,23 +131,6 @@ constexpr int LDA = GBK + 8;  // A tile row stride (elements): rows of K, padded
 constexpr int LDB_NT = GBK + 8;
 constexpr int LDB_NN = GBN + 8;
 
-// The expert of row tile `tile` and its first row / valid rows; false past the last tile.
-__device__ __forceinline__ bool tile_of(const uint32_t* offsets, int e_count, int tile, int& e, int& r0,
-                                        int& valid) {
-    int acc = 0;
-    for (int x = 0; x < e_count; ++x) {
-        const int lo = offsets[x], hi = offsets[x + 1], nt = (hi - lo + GBM - 1) / GBM;
-        if (tile < acc + nt) {
-            e = x;
-            r0 = lo + (tile - acc) * GBM;
-            valid = min(GBM, hi - r0);
-            return true;
-        }
-        acc += nt;
-    }
-    return false;
-}
-
 template <typename T, bool NT>
 __device__ __forceinline__ void load_stage(T* sa, T* sb, const T* x, const T* w, int r0, int valid, int n0,
                                            int k0, int n, int kdim) {
@@ -181,7 +166,7 @@ __device__ __forceinline__ void grouped_gemm(const T* x, const T* w, const uint3
     T (*const sa)[SA] = reinterpret_cast<T (*)[SA]>(smem_raw);
     T (*const sb)[SB] = reinterpret_cast<T (*)[SB]>(smem_raw + GSTAGES * SA * sizeof(T));
     int e, r0, valid;
-    if (!tile_of(offsets, e_count, blockIdx.y, e, r0, valid)) return;  // uniform per block
+    if (!tile_of<GBM>(offsets, e_count, blockIdx.y, e, r0, valid)) return;  // uniform per block
     const int n0 = blockIdx.x * GBN;
     const T* we = w + (size_t)e * n * kdim;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;

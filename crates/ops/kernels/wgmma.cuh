@@ -1,7 +1,8 @@
-// Hopper (sm_90a) warpgroup MMA building blocks for the fused attention: `wgmma.mma_async` with
-// bf16 / f16 operands and fp32 accumulators (A and B from shared memory, or A from registers), the
-// shared-memory matrix descriptors, and 16-byte cp.async copies into the 128-byte-swizzled tile
-// layout the descriptors describe. Compiled only for compute_90a (`g4ft-ptx-build`'s Hopper list).
+// Hopper (sm_90a) warpgroup MMA building blocks for the fused attention and the MoE grouped GEMM:
+// `wgmma.mma_async` with bf16 / f16 operands and fp32 accumulators (A and B from shared memory, or
+// A from registers), the shared-memory matrix descriptors, and 16-byte cp.async copies into the
+// 128-byte-swizzled tile layout the descriptors describe. Compiled only for compute_90a
+// (`g4ft-ptx-build`'s Hopper list).
 //
 // Tile layout ("sw128"): a ROWS × D tile of 16-bit elements (D a multiple of 64, ROWS of 8) is
 // D / 64 atoms of ROWS × 128 bytes (64 columns each, atom a holds columns 64a..64a+63), atoms one
@@ -117,6 +118,24 @@ template <int N> __device__ __forceinline__ void pin(float* d) {
                  : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)                      \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
 
+// SS at n256 (the grouped GEMM's 64 × 256 warpgroup tile); TB: imm-trans-b, 0 for a K-major B
+// (its rows are the output columns), 1 for an MN-major B (its rows run along the contraction).
+#define WG_SS_N256T(E, TB)                                                                                         \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." E "." E " {"                                       \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                          \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                \
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                \
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                \
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "    \
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"  \
+                 "}, %128, %129, p, 1, 1, 0, " TB ";\n}\n"                                                         \
+                 : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56),           \
+                   WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88), WG_D8(96), WG_D8(104), WG_D8(112), WG_D8(120)       \
+                 : "l"(da), "l"(db), "r"(1))
+
 // d[0..N/2) += A·Bᵀ for a 64 × 16 A (K-major descriptor `da`) and an N × 16 B (K-major `db`, its
 // rows are the N output columns), N = 32 or 64: one 16-wide step of S = Q·Kᵀ and its kin.
 template <typename T, int N> __device__ __forceinline__ void mma_ss(float* d, uint64_t da, uint64_t db) {
@@ -127,6 +146,16 @@ template <typename T, int N> __device__ __forceinline__ void mma_ss(float* d, ui
     } else {
         if constexpr (bf16) WG_SS_N32("bf16"); else WG_SS_N32("f16");
     }
+}
+
+// d[0..128) += A·B for a 64 × 16 A (K-major descriptor `da`) and a 16 × 256 B: K-major (`db`'s
+// rows are the 256 output columns) unless TRANS_B, then MN-major (rows along the contraction).
+template <typename T, bool TRANS_B> __device__ __forceinline__ void mma_ss_n256(float* d, uint64_t da, uint64_t db) {
+    constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+    if constexpr (bf16 && TRANS_B) WG_SS_N256T("bf16", "1");
+    else if constexpr (bf16) WG_SS_N256T("bf16", "0");
+    else if constexpr (TRANS_B) WG_SS_N256T("f16", "1");
+    else WG_SS_N256T("f16", "0");
 }
 
 // d[0..64) += A·B for the warp's A fragment `a` (16 rows × 16 of the contraction, mma.sync's

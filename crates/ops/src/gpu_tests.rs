@@ -386,8 +386,14 @@ fn gpu_kernels_table() -> Result<()> {
             )?;
         }
         // MoE: top-k with ties (logits on a 0.5 grid), grouping, both grouped-matmul layouts
-        // (tiled: K and N multiples of 8; per element otherwise), combine and its backward.
-        for (n, e, k, h, im) in [(300, 16, 4, 256, 136), (50, 8, 2, 20, 12)] {
+        // (tiled: K and N multiples of 8; per element otherwise), combine and its backward. The
+        // third shape gives segments of several row tiles, column tiles cut by N and K tiles cut
+        // by K.
+        for (n, e, k, h, im) in [
+            (300, 16, 4, 256, 136),
+            (50, 8, 2, 20, 12),
+            (1024, 8, 2, 712, 356),
+        ] {
             ok &= check_outputs(
                 &format!("moe topk/group/grouped_matmul nt+nn/combine(+bwd) {dn}"),
                 &format!("n {n} E {e} k {k} h {h} I {im}"),

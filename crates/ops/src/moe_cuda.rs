@@ -7,6 +7,12 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{bail, CudaStorage, DType, Layout, Result, Tensor};
 
 const MODULE: Module = cuda_module!("moe");
+/// The wgmma grouped GEMM (`kernels/moe_wgmma.cu`), built only for compute capability 90; other
+/// builds run `kernels/moe.cu`'s mma.sync one.
+#[cfg(g4ft_hopper)]
+static WGMMA: Option<Module> = Some(cuda_module!("moe_wgmma"));
+#[cfg(not(g4ft_hopper))]
+static WGMMA: Option<Module> = None;
 
 /// Experts the top-k kernel takes (16 per lane of a warp).
 const TOPK_MAX_EXPERTS: usize = 512;
@@ -31,6 +37,13 @@ fn gemm_smem(transpose_w: bool) -> usize {
     };
     GEMM_STAGES * (GEMM_ROWS * (GEMM_DEPTH + 8) + b) * 2
 }
+
+/// A wgmma grouped-GEMM block's rows and output columns, and its dynamic shared memory: 4 stages of
+/// a rows × 64 A tile and a columns × 64 B tile of 16-bit elements, plus 1024 bytes to align them
+/// (`grouped_wg` in `kernels/moe_wgmma.cu`).
+const WGMMA_GEMM_ROWS: usize = 128;
+const WGMMA_GEMM_COLS: usize = 256;
+const WGMMA_GEMM_SMEM: usize = 4 * (WGMMA_GEMM_ROWS + WGMMA_GEMM_COLS) * 64 * 2 + 1024;
 
 fn as_i32(x: usize, what: &str) -> Result<i32> {
     i32::try_from(x).map_err(|_| candle_core::Error::Msg(format!("moe: {what} = {x} exceeds i32")))
@@ -119,11 +132,22 @@ pub(super) fn grouped_matmul(
             let aligned = x.device_ptr(&stream).0 % 16 == 0 && wv.device_ptr(&stream).0 % 16 == 0;
             let tiled = sx.dtype() != DType::F32 && k.is_multiple_of(8) && n.is_multiple_of(8) && aligned;
             if tiled {
-                let root = if transpose_w { "grouped_gemm_nt" } else { "grouped_gemm_nn" };
-                let smem = gemm_smem(transpose_w);
-                let f = cuda::func_smem(&dev, &MODULE, &cuda::kname::<T>(root), smem)?;
+                let layout = if transpose_w { "nt" } else { "nn" };
+                let (f, (rows, cols), smem) = match WGMMA.as_ref() {
+                    Some(module) => {
+                        let name = cuda::kname::<T>(&format!("grouped_wgmma_{layout}"));
+                        let f = cuda::func_smem(&dev, module, &name, WGMMA_GEMM_SMEM)?;
+                        (f, (WGMMA_GEMM_ROWS, WGMMA_GEMM_COLS), WGMMA_GEMM_SMEM)
+                    }
+                    None => {
+                        let smem = gemm_smem(transpose_w);
+                        let name = cuda::kname::<T>(&format!("grouped_gemm_{layout}"));
+                        let f = cuda::func_smem(&dev, &MODULE, &name, smem)?;
+                        (f, (GEMM_ROWS, GEMM_COLS), smem)
+                    }
+                };
                 let cfg = LaunchConfig {
-                    grid_dim: (n.div_ceil(GEMM_COLS) as u32, (m.div_ceil(GEMM_ROWS) + e) as u32, 1),
+                    grid_dim: (n.div_ceil(cols) as u32, (m.div_ceil(rows) + e) as u32, 1),
                     block_dim: (GEMM_THREADS, 1, 1),
                     shared_mem_bytes: smem as u32,
                 };

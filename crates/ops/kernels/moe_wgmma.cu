@@ -1,0 +1,141 @@
+// The MoE grouped GEMM on Hopper's warpgroup MMA (sm_90a): y[r] = x[r]·W[e]ᵀ (W (E, N, K), NT) or
+// x[r]·W[e] (W (E, K, N), NN) for the rows r of expert e's segment, the same products as
+// kernels/moe.cu's mma.sync kernels (which other GPUs run) over the same row tiles
+// (grouped_tiles.cuh). Host side: src/moe_cuda.rs; CPU reference: src/moe.rs.
+//
+// A block owns one 128-row tile of a segment and 256 output columns: 2 warpgroups, each 64 rows ×
+// 256 columns of fp32 accumulators (128 per thread), one m64n256k16 wgmma per 16-deep step with A
+// and B read from shared memory (wgmma.cuh's 128-byte-swizzled tiles: A and an NT B K-major, an NN
+// B MN-major). K comes in 64-deep tiles through a 4-stage cp.async ring (48 KiB a stage); the
+// block loads tile k + 2 while the products of tile k are issued and those of tile k − 1 finish,
+// so one stage is being filled, one waits, and two are read by products in flight. 256 columns a
+// block halve the re-reads of x against 128 (each row tile is read once per column tile) and
+// every expert's weights are read once per row tile: the mma.sync kernel's 128 × 128 blocks were
+// bound by L2 traffic (docs/benchmarks.md §3). A warpgroup whose 64 rows are all past the
+// segment's end issues no products (it still loads its share and meets every barrier).
+#include "common.cuh"
+#include "grouped_tiles.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+namespace grouped_wg {
+
+constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, THREADS = 256;
+constexpr int A_TILE = BM * BK, B_TILE = BN * BK;  // elements of a stage's A and B tiles
+
+// Stage `st`'s A tile (BM rows of x from r0, K columns k0..k0 + BK: K-major, one swizzle atom) and
+// B tile (NT: W[e]'s rows n0..n0 + BN over the same K columns, K-major; NN: W[e]'s rows k0..k0 + BK,
+// columns n0..n0 + BN, four atoms of 64 columns, MN-major). Rows past `valid`, columns past K and
+// outputs past N are zero-filled (K and N are multiples of 8, so a 16-byte chunk is in or out).
+template <typename T, bool NT>
+__device__ __forceinline__ void load_stage(T* sa, T* sb, const T* x, const T* w, int r0, int valid, int n0,
+                                           int k0, int n, int kdim) {
+#pragma unroll
+    for (int i = 0; i < A_TILE / 8 / THREADS; ++i) {
+        const int c = threadIdx.x + i * THREADS, r = c / (BK / 8), ch = c % (BK / 8);
+        const bool ok = r < valid && k0 + ch * 8 < kdim;
+        mma16::cp_async16(sa + wg::sw128_chunk<BM>(r, ch), x + (ok ? (size_t)(r0 + r) * kdim + k0 + ch * 8 : 0), ok);
+    }
+#pragma unroll
+    for (int i = 0; i < B_TILE / 8 / THREADS; ++i) {
+        const int c = threadIdx.x + i * THREADS;
+        if (NT) {
+            const int r = c / (BK / 8), ch = c % (BK / 8);
+            const bool ok = n0 + r < n && k0 + ch * 8 < kdim;
+            mma16::cp_async16(sb + wg::sw128_chunk<BN>(r, ch), w + (ok ? (size_t)(n0 + r) * kdim + k0 + ch * 8 : 0),
+                              ok);
+        } else {
+            const int r = c / (BN / 8), ch = c % (BN / 8);
+            const bool ok = k0 + r < kdim && n0 + ch * 8 < n;
+            mma16::cp_async16(sb + wg::sw128_chunk<BK>(r, ch), w + (ok ? (size_t)(k0 + r) * n + n0 + ch * 8 : 0), ok);
+        }
+    }
+}
+
+// grid (ceil(N / BN), ceil(m / BM) + E), block 256, dynamic shared memory STAGES·(A_TILE +
+// B_TILE)·2 bytes plus 1024 to align the swizzled tiles (197,632; `WGMMA_GEMM_SMEM` in
+// src/moe_cuda.rs). K and N multiples of 8, 16-byte aligned rows.
+template <typename T, bool NT>
+__device__ __forceinline__ void gemm(const T* x, const T* w, const uint32_t* offsets, T* y, int e_count, int n,
+                                     int kdim) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* const sa = reinterpret_cast<T*>(smem_raw + ((1024 - mma16::smem_addr(smem_raw) % 1024) % 1024));
+    T* const sb = sa + STAGES * A_TILE;  // stage s: A at sa + s·A_TILE, B at sb + s·B_TILE
+    int e, r0, valid;
+    if (!tile_of<BM>(offsets, e_count, blockIdx.y, e, r0, valid)) return;  // uniform per block
+    const int n0 = blockIdx.x * BN;
+    const T* we = w + (size_t)e * n * kdim;
+    const int wgi = threadIdx.x / 128;
+    const bool busy = wgi * 64 < valid;  // warpgroup-uniform: it has rows in the segment
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) d[i] = 0.f;
+
+    // One commit group per K tile (empty past the last): before the products of tile kt, the
+    // groups of tiles kt + 1 .. kt + STAGES − 3 may still be in flight.
+    const int ktiles = (kdim + BK - 1) / BK;
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; ++s) {
+        if (s < ktiles) load_stage<T, NT>(sa + s * A_TILE, sb + s * B_TILE, x, we, r0, valid, n0, s * BK, n, kdim);
+        mma16::cp_async_commit();
+    }
+    for (int kt = 0; kt < ktiles; ++kt) {
+        mma16::cp_async_wait_newer<STAGES - 3>();  // this thread's copies of tile kt are in
+        wg::fence_shared_for_async();
+        // Everyone's copies of tile kt are in, and both warpgroups have waited for the products
+        // of tile kt − 2, so its stage can be refilled.
+        __syncthreads();
+        const int nk = kt + STAGES - 2;
+        if (nk < ktiles) {
+            const int st = nk % STAGES;
+            load_stage<T, NT>(sa + st * A_TILE, sb + st * B_TILE, x, we, r0, valid, n0, nk * BK, n, kdim);
+        }
+        mma16::cp_async_commit();
+        if (!busy) continue;  // it still loads its share and meets every barrier
+        const int st = kt % STAGES;
+        const uint64_t da = wg::desc(sa + st * A_TILE + wgi * 64 * 64, 16);
+        const uint64_t db = wg::desc(sb + st * B_TILE, NT ? 16 : BK * 128);
+        wg::pin<128>(d);
+        wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)  // K-major: 32 bytes on in the atom; MN-major: 16 rows on
+            wg::mma_ss_n256<T, !NT>(d, wg::step(da, kk * 16), wg::step(db, NT ? kk * 16 : kk * 16 * 64));
+        wg::commit();
+        wg::wait<1>();  // the products of tile kt − 1 are done
+        wg::pin<128>(d);
+    }
+    wg::wait<0>();
+    wg::pin<128>(d);
+    if (!busy) return;
+    // Accumulator i of a thread: columns 8·(i / 4) + 2·(lane % 4) + (i % 2) of row
+    // 16·(warp % 4) + lane / 4 + 8·((i / 2) % 2) of its warpgroup's 64 (mma.sync's fragments).
+    const int lane = threadIdx.x % 32, row0 = wgi * 64 + ((threadIdx.x / 32) % 4) * 16 + lane / 4;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const int col = n0 + j * 8 + 2 * (lane % 4);
+        if (col >= n) continue;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + 8 * h;
+            if (r < valid)
+                *reinterpret_cast<uint32_t*>(y + (size_t)(r0 + r) * n + col) =
+                    mma16::pack2<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        }
+    }
+}
+
+}  // namespace grouped_wg
+
+#define GROUPED_WGMMA_INST(T, S)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                  \
+        grouped_wgmma_nt_##S(const T* x, const T* w, const uint32_t* offsets, T* y, int e, int n, int k) { \
+        G4FT_KERNEL_ENTRY();                                                                              \
+        grouped_wg::gemm<T, true>(x, w, offsets, y, e, n, k);                                             \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                  \
+        grouped_wgmma_nn_##S(const T* x, const T* w, const uint32_t* offsets, T* y, int e, int n, int k) { \
+        G4FT_KERNEL_ENTRY();                                                                              \
+        grouped_wg::gemm<T, false>(x, w, offsets, y, e, n, k);                                            \
+    }
+GROUPED_WGMMA_INST(__nv_bfloat16, bf16)
+GROUPED_WGMMA_INST(__half, f16)
