@@ -12,7 +12,8 @@
 // block halve the re-reads of x against 128 (each row tile is read once per column tile) and
 // every expert's weights are read once per row tile: the mma.sync kernel's 128 × 128 blocks were
 // bound by L2 traffic (docs/benchmarks.md §3). A warpgroup whose 64 rows are all past the
-// segment's end issues no products (it still loads its share and meets every barrier).
+// segment's end issues no products (it still loads its share and meets every barrier). The output
+// tile leaves through shared memory, a warp storing whole rows.
 #include "common.cuh"
 #include "grouped_tiles.cuh"
 #include "mma.cuh"
@@ -106,21 +107,36 @@ __device__ __forceinline__ void gemm(const T* x, const T* w, const uint32_t* off
     }
     wg::wait<0>();
     wg::pin<128>(d);
+    // The stores go through shared memory, so that each warp writes whole rows (512 contiguous
+    // bytes) instead of 16-byte pieces of 8 rows: each warpgroup stages its 64 × 256 tile, rows
+    // OUT_LD elements apart (the pad spreads a warp's 8 rows over all banks), once both are done
+    // reading the stages.
+    __syncthreads();
     if (!busy) return;
-    // Accumulator i of a thread: columns 8·(i / 4) + 2·(lane % 4) + (i % 2) of row
-    // 16·(warp % 4) + lane / 4 + 8·((i / 2) % 2) of its warpgroup's 64 (mma.sync's fragments).
-    const int lane = threadIdx.x % 32, row0 = wgi * 64 + ((threadIdx.x / 32) % 4) * 16 + lane / 4;
+    constexpr int OUT_LD = BN + 8;
+    T* const so = sa + wgi * 64 * OUT_LD;
+    {
+        // Accumulator i of a thread: columns 8·(i / 4) + 2·(lane % 4) + (i % 2) of row
+        // 16·(warp % 4) + lane / 4 + 8·((i / 2) % 2) of its warpgroup's 64 (mma.sync's fragments).
+        const int lane = threadIdx.x % 32, row = ((threadIdx.x / 32) % 4) * 16 + lane / 4;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        const int col = n0 + j * 8 + 2 * (lane % 4);
-        if (col >= n) continue;
+        for (int j = 0; j < 32; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = row0 + 8 * h;
-            if (r < valid)
-                *reinterpret_cast<uint32_t*>(y + (size_t)(r0 + r) * n + col) =
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<uint32_t*>(so + (row + 8 * h) * OUT_LD + j * 8 + 2 * (lane % 4)) =
                     mma16::pack2<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-        }
+    }
+    if (wgi == 0)  // this warpgroup's tile is staged
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+    const int wt = threadIdx.x % 128;
+#pragma unroll
+    for (int i = 0; i < 64 * BN / 8 / 128; ++i) {
+        const int c = wt + i * 128, r = c / (BN / 8), col = n0 + (c % (BN / 8)) * 8;
+        if (wgi * 64 + r < valid && col < n)
+            *reinterpret_cast<uint4*>(y + (size_t)(r0 + wgi * 64 + r) * n + col) =
+                *reinterpret_cast<const uint4*>(so + r * OUT_LD + (c % (BN / 8)) * 8);
     }
 }
 
