@@ -132,20 +132,17 @@ pub(super) fn grouped_matmul(
             let aligned = x.device_ptr(&stream).0 % 16 == 0 && wv.device_ptr(&stream).0 % 16 == 0;
             let tiled = sx.dtype() != DType::F32 && k.is_multiple_of(8) && n.is_multiple_of(8) && aligned;
             if tiled {
-                let layout = if transpose_w { "nt" } else { "nn" };
-                let (f, (rows, cols), smem) = match WGMMA.as_ref() {
+                let (module, root, (rows, cols), smem) = match WGMMA.as_ref() {
                     Some(module) => {
-                        let name = cuda::kname::<T>(&format!("grouped_wgmma_{layout}"));
-                        let f = cuda::func_smem(&dev, module, &name, WGMMA_GEMM_SMEM)?;
-                        (f, (WGMMA_GEMM_ROWS, WGMMA_GEMM_COLS), WGMMA_GEMM_SMEM)
+                        let root = if transpose_w { "grouped_wgmma_nt" } else { "grouped_wgmma_nn" };
+                        (module, root, (WGMMA_GEMM_ROWS, WGMMA_GEMM_COLS), WGMMA_GEMM_SMEM)
                     }
                     None => {
-                        let smem = gemm_smem(transpose_w);
-                        let name = cuda::kname::<T>(&format!("grouped_gemm_{layout}"));
-                        let f = cuda::func_smem(&dev, &MODULE, &name, smem)?;
-                        (f, (GEMM_ROWS, GEMM_COLS), smem)
+                        let root = if transpose_w { "grouped_gemm_nt" } else { "grouped_gemm_nn" };
+                        (&MODULE, root, (GEMM_ROWS, GEMM_COLS), gemm_smem(transpose_w))
                     }
                 };
+                let f = cuda::func_smem(&dev, module, &cuda::kname::<T>(root), smem)?;
                 let cfg = LaunchConfig {
                     grid_dim: (n.div_ceil(cols) as u32, (m.div_ceil(rows) + e) as u32, 1),
                     block_dim: (GEMM_THREADS, 1, 1),
