@@ -100,7 +100,7 @@ __device__ __forceinline__ void gemm(const T* x, const T* w, const uint32_t* off
         wg::fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk)  // K-major: 32 bytes on in the atom; MN-major: 16 rows on
-            wg::mma_ss_n256<T, !NT>(d, wg::step(da, kk * 16), wg::step(db, NT ? kk * 16 : kk * 16 * 64));
+            wg::mma_ss<T, BN, !NT>(d, wg::step(da, kk * 16), wg::step(db, NT ? kk * 16 : kk * 16 * 64));
         wg::commit();
         wg::wait<1>();  // the products of tile kt − 1 are done
         wg::pin<128>(d);

@@ -136,26 +136,25 @@ template <int N> __device__ __forceinline__ void pin(float* d) {
                    WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88), WG_D8(96), WG_D8(104), WG_D8(112), WG_D8(120)       \
                  : "l"(da), "l"(db), "r"(1))
 
-// d[0..N/2) += A·Bᵀ for a 64 × 16 A (K-major descriptor `da`) and an N × 16 B (K-major `db`, its
-// rows are the N output columns), N = 32 or 64: one 16-wide step of S = Q·Kᵀ and its kin.
-template <typename T, int N> __device__ __forceinline__ void mma_ss(float* d, uint64_t da, uint64_t db) {
-    static_assert(N == 32 || N == 64, "wgmma shapes in use");
+// d[0..N/2) += A·B for a 64 × 16 A (K-major descriptor `da`) and a 16 × N B, N = 32, 64 or 256.
+// B is K-major (`db`'s rows are the N output columns: one 16-wide step of S = Q·Kᵀ and its kin)
+// unless TRANS_B (n256 only: the grouped GEMM's NN layout), then MN-major (rows along the
+// contraction).
+template <typename T, int N, bool TRANS_B = false>
+__device__ __forceinline__ void mma_ss(float* d, uint64_t da, uint64_t db) {
+    static_assert(N == 32 || N == 64 || N == 256, "wgmma shapes in use");
+    static_assert(!TRANS_B || N == 256, "MN-major B is instantiated at n256 only");
     constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
-    if constexpr (N == 64) {
+    if constexpr (N == 256) {
+        if constexpr (bf16 && TRANS_B) WG_SS_N256T("bf16", "1");
+        else if constexpr (bf16) WG_SS_N256T("bf16", "0");
+        else if constexpr (TRANS_B) WG_SS_N256T("f16", "1");
+        else WG_SS_N256T("f16", "0");
+    } else if constexpr (N == 64) {
         if constexpr (bf16) WG_SS_N64("bf16"); else WG_SS_N64("f16");
     } else {
         if constexpr (bf16) WG_SS_N32("bf16"); else WG_SS_N32("f16");
     }
-}
-
-// d[0..128) += A·B for a 64 × 16 A (K-major descriptor `da`) and a 16 × 256 B: K-major (`db`'s
-// rows are the 256 output columns) unless TRANS_B, then MN-major (rows along the contraction).
-template <typename T, bool TRANS_B> __device__ __forceinline__ void mma_ss_n256(float* d, uint64_t da, uint64_t db) {
-    constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
-    if constexpr (bf16 && TRANS_B) WG_SS_N256T("bf16", "1");
-    else if constexpr (bf16) WG_SS_N256T("bf16", "0");
-    else if constexpr (TRANS_B) WG_SS_N256T("f16", "1");
-    else WG_SS_N256T("f16", "0");
 }
 
 // d[0..64) += A·B for the warp's A fragment `a` (16 rows × 16 of the contraction, mma.sync's

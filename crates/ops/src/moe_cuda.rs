@@ -38,12 +38,16 @@ fn gemm_smem(transpose_w: bool) -> usize {
     GEMM_STAGES * (GEMM_ROWS * (GEMM_DEPTH + 8) + b) * 2
 }
 
-/// A wgmma grouped-GEMM block's rows and output columns, and its dynamic shared memory: 4 stages of
-/// a rows × 64 A tile and a columns × 64 B tile of 16-bit elements, plus 1024 bytes to align them
-/// (`grouped_wg` in `kernels/moe_wgmma.cu`).
+/// Rows, output columns and depth of a wgmma grouped-GEMM block tile and its pipeline stages (as
+/// `grouped_wg` in `kernels/moe_wgmma.cu`).
 const WGMMA_GEMM_ROWS: usize = 128;
 const WGMMA_GEMM_COLS: usize = 256;
-const WGMMA_GEMM_SMEM: usize = 4 * (WGMMA_GEMM_ROWS + WGMMA_GEMM_COLS) * 64 * 2 + 1024;
+const WGMMA_GEMM_DEPTH: usize = 64;
+const WGMMA_GEMM_STAGES: usize = 4;
+/// Its dynamic shared memory: the stages' A and B tiles of 16-bit elements, plus 1024 bytes to
+/// align the swizzled tiles.
+const WGMMA_GEMM_SMEM: usize =
+    WGMMA_GEMM_STAGES * (WGMMA_GEMM_ROWS + WGMMA_GEMM_COLS) * WGMMA_GEMM_DEPTH * 2 + 1024;
 
 fn as_i32(x: usize, what: &str) -> Result<i32> {
     i32::try_from(x).map_err(|_| candle_core::Error::Msg(format!("moe: {what} = {x} exceeds i32")))
