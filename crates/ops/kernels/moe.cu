@@ -3,8 +3,9 @@
 //
 // - moe_topk: one warp per token row of the router probabilities; k rounds of a warp arg-max
 //   (ties: lower expert index), taken experts masked in a per-lane bit set.
-// - moe_group: one block per expert; pass 1 counts the assignments to lower experts (the segment
-//   start), pass 2 places this expert's slots in slot order (ballot prefix sums), so the grouping
+// - moe_group: one block per expert; each thread counts a run of consecutive slots (the
+//   assignments to lower experts give the segment start, a block prefix sum of this expert's the
+//   run's place in it), then places its run's slots of this expert in slot order, so the grouping
 //   is stable and deterministic. Writes [order | token | slot_pos | offsets].
 // - grouped_gemm_{nt,nn}: y[r] = x[r]·W[e]ᵀ (W (E, N, K)) or x[r]·W[e] (W (E, K, N)) for the rows
 //   r of expert e's segment; a block owns a 128-row tile of one segment and 128 output columns,
@@ -17,7 +18,8 @@
 //   Builds for Hopper run kernels/moe_wgmma.cu's wgmma version instead.
 // - grouped_gemm_simple: one thread per output element (f32, and shapes the tiled kernel does not
 //   take: K or N not a multiple of 8).
-// - moe_combine: one block per token; its k grouped rows in ascending position, weighted, fp32 sum.
+// - moe_combine: one block per token; its k grouped rows in ascending position, weighted, fp32 sum,
+//   16-byte packs of columns where the rows allow.
 // - moe_gather_scaled / moe_gather_dot: the rows of the tokens in grouped order, optionally
 //   weighted (the experts' input, and the combine's backward d(rows)), and d(weights).
 #include "common.cuh"
@@ -72,54 +74,61 @@ extern "C" __global__ void moe_topk(const float* probs, uint32_t* idx, int n, in
 // ---------------------------------------------------------------------------------------------
 // grouping
 
-__device__ __forceinline__ int block_sum_int(int v, int* buf) {
-    __syncthreads();
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+// Exclusive prefix sum of `v` over the block's threads in thread order (blockDim.x a multiple of
+// 32, at most 1024); the block's sum in `total`.
+__device__ __forceinline__ int block_scan_int(int v, int* buf, int& total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    if (lane == 0) buf[warp] = v;
-    __syncthreads();
-    v = lane < nwarps ? buf[lane] : 0;
+    int incl = v;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+    for (int o = 1; o < 32; o *= 2) {
+        const int u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += u;
+    }
+    __syncthreads();  // buf may still be read by a previous call
+    if (lane == 31) buf[warp] = incl;
+    __syncthreads();
+    int before = 0;
+    total = 0;
+    for (int w = 0; w < nwarps; ++w) {
+        const int c = buf[w];
+        before += w < warp ? c : 0;
+        total += c;
+    }
+    return before + incl - v;
 }
 
-// grid (E), block 256; out = [order (m) | token (m) | slot_pos (m) | offsets (E+1)].
+// grid (E), block 256; out = [order (m) | token (m) | slot_pos (m) | offsets (E+1)]. Block e places
+// expert e's slots. Each thread owns a run of ceil(m / 256) consecutive slots: it counts the run's
+// slots of lower experts (their sum over the block is the segment's start) and of expert e (their
+// prefix sum over the runs is the run's first position in the segment), then places the run's
+// slots of e in slot order, so the grouping is stable and deterministic.
 extern "C" __global__ void moe_group(const uint32_t* idx, uint32_t* out, int m, int e_count, int k) {
     G4FT_KERNEL_ENTRY();
     __shared__ int buf[32];
-    __shared__ int warp_base[32];
     const uint32_t e = blockIdx.x;
-    int lower = 0;
-    for (int s = threadIdx.x; s < m; s += blockDim.x) lower += idx[s] < e;
-    const int base = block_sum_int(lower, buf);
+    const int per = (m + blockDim.x - 1) / blockDim.x;
+    const int s0 = min(m, (int)threadIdx.x * per), s1 = min(m, s0 + per);
+    int lower = 0, mine = 0;
+    for (int s = s0; s < s1; ++s) {
+        const uint32_t x = idx[s];
+        lower += x < e;
+        mine += x == e;
+    }
+    int base, count;
+    block_scan_int(lower, buf, base);
+    int pos = base + block_scan_int(mine, buf, count);
     if (threadIdx.x == 0) {
         out[3 * (size_t)m + e] = base;
         if (e + 1 == (uint32_t)e_count) out[3 * (size_t)m + e_count] = m;
     }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int running = base;
-    for (int c0 = 0; c0 < m; c0 += blockDim.x) {
-        const int s = c0 + threadIdx.x;
-        const bool mine = s < m && idx[s] == e;
-        const uint32_t ballot = __ballot_sync(0xffffffffu, mine);
-        __syncthreads();  // warp_base of the previous chunk has been read
-        if (lane == 0) warp_base[warp] = __popc(ballot);
-        __syncthreads();
-        int before = 0, total = 0;
-        for (int w = 0; w < nwarps; ++w) {
-            const int c = warp_base[w];
-            before += w < warp ? c : 0;
-            total += c;
-        }
-        if (mine) {
-            const int pos = running + before + __popc(ballot & ((1u << lane) - 1u));
+    for (int s = s0; mine > 0; ++s) {
+        if (idx[s] == e) {
             out[pos] = s;
             out[m + pos] = s / k;
             out[2 * (size_t)m + s] = pos;
+            ++pos;
+            --mine;
         }
-        running += total;
     }
 }
 
@@ -283,9 +292,29 @@ SIMPLE_INST(__half, f16)
 
 constexpr int COMBINE_MAX_K = 32;
 
-// grid (n), block 256: out[t] = Σ_p w[p]·y[p] over token t's grouped positions, ascending.
+// grid (n), block 256: out[t] = Σ_p w[p]·y[p] over token t's grouped positions, ascending, in
+// fp32; each thread sums V consecutive columns at a time (V = 16 bytes of T when `packed`: h a
+// multiple of it and y, out 16-byte aligned; else 1).
+template <typename T, int V>
+__device__ __forceinline__ void combine_cols(const T* y, const int* pos, const float* w, T* out, int h, int k) {
+    const int t = blockIdx.x;
+    for (int col = threadIdx.x * V; col < h; col += blockDim.x * V) {
+        float acc[V] = {};
+        for (int j = 0; j < k; ++j) {
+            const int p = pos[j];
+            const float wp = w ? w[p] : 1.f;
+            float v[V];
+            load_n<T, V>(y + (size_t)p * h + col, v);
+#pragma unroll
+            for (int c = 0; c < V; ++c) acc[c] += v[c] * wp;
+        }
+        store_n<T, V>(out + (size_t)t * h + col, acc);
+    }
+}
+
 template <typename T>
-__device__ __forceinline__ void combine(const T* y, const uint32_t* slot_pos, const float* w, T* out, int h, int k) {
+__device__ __forceinline__ void combine(const T* y, const uint32_t* slot_pos, const float* w, T* out, int h, int k,
+                                        bool packed) {
     __shared__ int pos[COMBINE_MAX_K];
     const int t = blockIdx.x;
     if (threadIdx.x == 0) {
@@ -296,14 +325,10 @@ __device__ __forceinline__ void combine(const T* y, const uint32_t* slot_pos, co
         }
     }
     __syncthreads();
-    for (int col = threadIdx.x; col < h; col += blockDim.x) {
-        float acc = 0.f;
-        for (int j = 0; j < k; ++j) {
-            const int p = pos[j];
-            acc += to_f32(y[(size_t)p * h + col]) * (w ? w[p] : 1.f);
-        }
-        out[(size_t)t * h + col] = from_f32<T>(acc);
-    }
+    if (packed)
+        combine_cols<T, 16 / sizeof(T)>(y, pos, w, out, h, k);
+    else
+        combine_cols<T, 1>(y, pos, w, out, h, k);
 }
 
 // out[p] = r(f32(x[token[p]]) · w[p]) (w null: 1, a copy), grid-stride over m·h elements, or over
@@ -349,9 +374,9 @@ __device__ __forceinline__ void gather_dot(const T* y, const T* g, const uint32_
 
 #define COMBINE_INST(T, S)                                                                                   \
     extern "C" __global__ void moe_combine_##S(const T* y, const uint32_t* slot_pos, const float* w, T* out,  \
-                                               int h, int k) {                                                \
+                                               int h, int k, int packed) {                                    \
         G4FT_KERNEL_ENTRY();                                                                                  \
-        combine<T>(y, slot_pos, w, out, h, k);                                                               \
+        combine<T>(y, slot_pos, w, out, h, k, packed != 0);                                                  \
     }                                                                                                        \
     extern "C" __global__ void moe_gather_scaled_##S(const T* x, const float* w, const uint32_t* token, T* out, \
                                                      int m, int h, int packed) {                               \

@@ -255,10 +255,16 @@ pub(super) fn combine(
             // SAFETY: every element is written.
             let out = unsafe { dev.alloc::<T>(n * h)? };
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(op))?;
+            let per_pack = 16 / std::mem::size_of::<T>();
+            let packed = h.is_multiple_of(per_pack)
+                && y.device_ptr(&stream).0 % 16 == 0
+                && out.device_ptr(&stream).0 % 16 == 0;
+            let packed_ = i32::from(packed);
             let mut b = cuda::launch_args(&stream, &f);
-            b.arg(&y).arg(&slot_pos).arg(&w_ptr).arg(&out).arg(&h_).arg(&k_);
+            b.arg(&y).arg(&slot_pos).arg(&w_ptr).arg(&out).arg(&h_).arg(&k_).arg(&packed_);
             // SAFETY: y holds n·k·h elements, slot_pos n·k positions < n·k, w (if not null)
-            // n·k floats, out n·h; one block per token.
+            // n·k floats, out n·h; one block per token; with `packed` the rows are 16-byte
+            // multiples and both buffers 16-byte aligned.
             unsafe { b.launch(cuda::per_row(n, 256)) }.w()?;
             Ok(cuda::wrap(out, &dev))
         })
