@@ -4,7 +4,8 @@
 // (grouped_tiles.cuh). Host side: src/moe_cuda.rs; CPU reference: src/moe.rs.
 //
 // A block owns one 128-row tile of a segment and 256 output columns: 2 warpgroups, each 64 rows ×
-// 256 columns of fp32 accumulators (128 per thread), one m64n256k16 wgmma per 16-deep step with A
+// 256 columns of fp32 accumulators (128 per thread), one m64n256k16 wgmma per 16-deep step (n192 or
+// n128 on a last column tile with that few columns left) with A
 // and B read from shared memory (wgmma.cuh's 128-byte-swizzled tiles: A and an NT B K-major, an NN
 // B MN-major). K comes in 64-deep tiles through a 4-stage cp.async ring (48 KiB a stage); the
 // block loads tile k + 2 while the products of tile k are issued and those of tile k − 1 finish,
@@ -53,24 +54,23 @@ __device__ __forceinline__ void load_stage(T* sa, T* sb, const T* x, const T* w,
     }
 }
 
-// grid (ceil(N / BN), ceil(m / BM) + E), block 256, dynamic shared memory STAGES·(A_TILE +
-// B_TILE)·2 bytes plus 1024 to align the swizzled tiles (197,632; `WGMMA_GEMM_SMEM` in
-// src/moe_cuda.rs). K and N multiples of 8, 16-byte aligned rows.
-template <typename T, bool NT>
-__device__ __forceinline__ void gemm(const T* x, const T* w, const uint32_t* offsets, T* y, int e_count, int n,
-                                     int kdim) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* const sa = reinterpret_cast<T*>(smem_raw + ((1024 - mma16::smem_addr(smem_raw) % 1024) % 1024));
-    T* const sb = sa + STAGES * A_TILE;  // stage s: A at sa + s·A_TILE, B at sb + s·B_TILE
-    int e, r0, valid;
-    if (!tile_of<BM>(offsets, e_count, blockIdx.y, e, r0, valid)) return;  // uniform per block
-    const int n0 = blockIdx.x * BN;
-    const T* we = w + (size_t)e * n * kdim;
-    const int wgi = threadIdx.x / 128;
-    const bool busy = wgi * 64 < valid;  // warpgroup-uniform: it has rows in the segment
-    float d[128];
+// One BK-deep tile's products into the warpgroup's accumulators d[0..N/2): N output columns of
+// the stage (K-major B: 32 bytes on in the atom per 16-deep step; MN-major: 16 rows on).
+template <typename T, bool NT, int N>
+__device__ __forceinline__ void tile_products(float* d, uint64_t da, uint64_t db) {
 #pragma unroll
-    for (int i = 0; i < 128; ++i) d[i] = 0.f;
+    for (int kk = 0; kk < BK / 16; ++kk)
+        wg::mma_ss<T, N, !NT>(d, wg::step(da, kk * 16), wg::step(db, NT ? kk * 16 : kk * 16 * 64));
+}
+
+// The block's tile with products W columns wide (W/2 accumulators a thread): the K loop and the
+// staged stores. `busy`: this warpgroup has rows in the segment.
+template <typename T, bool NT, int W>
+__device__ __forceinline__ void tile(T* sa, T* sb, const T* x, const T* we, T* y, int r0, int valid, int n0, int n,
+                                     int kdim, int wgi, bool busy) {
+    float d[W / 2];
+#pragma unroll
+    for (int i = 0; i < W / 2; ++i) d[i] = 0.f;
 
     // One commit group per K tile (empty past the last): before the products of tile kt, the
     // groups of tiles kt + 1 .. kt + STAGES − 3 may still be in flight.
@@ -96,17 +96,15 @@ __device__ __forceinline__ void gemm(const T* x, const T* w, const uint32_t* off
         const int st = kt % STAGES;
         const uint64_t da = wg::desc(sa + st * A_TILE + wgi * 64 * 64, 16);
         const uint64_t db = wg::desc(sb + st * B_TILE, NT ? 16 : BK * 128);
-        wg::pin<128>(d);
+        wg::pin<W / 2>(d);
         wg::fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk)  // K-major: 32 bytes on in the atom; MN-major: 16 rows on
-            wg::mma_ss<T, BN, !NT>(d, wg::step(da, kk * 16), wg::step(db, NT ? kk * 16 : kk * 16 * 64));
+        tile_products<T, NT, W>(d, da, db);
         wg::commit();
         wg::wait<1>();  // the products of tile kt − 1 are done
-        wg::pin<128>(d);
+        wg::pin<W / 2>(d);
     }
     wg::wait<0>();
-    wg::pin<128>(d);
+    wg::pin<W / 2>(d);
     // The stores go through shared memory, so that each warp writes whole rows (512 contiguous
     // bytes) instead of 16-byte pieces of 8 rows: each warpgroup stages its 64 × 256 tile, rows
     // OUT_LD elements apart (the pad spreads a warp's 8 rows over all banks), once both are done
@@ -120,7 +118,7 @@ __device__ __forceinline__ void gemm(const T* x, const T* w, const uint32_t* off
         // 16·(warp % 4) + lane / 4 + 8·((i / 2) % 2) of its warpgroup's 64 (mma.sync's fragments).
         const int lane = threadIdx.x % 32, row = ((threadIdx.x / 32) % 4) * 16 + lane / 4;
 #pragma unroll
-        for (int j = 0; j < 32; ++j)
+        for (int j = 0; j < W / 8; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 *reinterpret_cast<uint32_t*>(so + (row + 8 * h) * OUT_LD + j * 8 + 2 * (lane % 4)) =
@@ -140,6 +138,32 @@ __device__ __forceinline__ void gemm(const T* x, const T* w, const uint32_t* off
     }
 }
 
+// grid (ceil(N / BN), ceil(m / BM) + E), block 256, dynamic shared memory STAGES·(A_TILE +
+// B_TILE)·2 bytes plus 1024 to align the swizzled tiles (197,632; `WGMMA_GEMM_SMEM` in
+// src/moe_cuda.rs). K and N multiples of 8, 16-byte aligned rows.
+template <typename T, bool NT>
+__device__ __forceinline__ void gemm(const T* x, const T* w, const uint32_t* offsets, T* y, int e_count, int n,
+                                     int kdim) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* const sa = reinterpret_cast<T*>(smem_raw + ((1024 - mma16::smem_addr(smem_raw) % 1024) % 1024));
+    T* const sb = sa + STAGES * A_TILE;  // stage s: A at sa + s·A_TILE, B at sb + s·B_TILE
+    int e, r0, valid;
+    if (!tile_of<BM>(offsets, e_count, blockIdx.y, e, r0, valid)) return;  // uniform per block
+    const int n0 = blockIdx.x * BN;
+    const T* we = w + (size_t)e * n * kdim;
+    const int wgi = threadIdx.x / 128;
+    const bool busy = wgi * 64 < valid;  // warpgroup-uniform: it has rows in the segment
+    // The products' width: the columns left from n0, in steps of 64 from 128 on (the last column
+    // tile of an N that is not a multiple of BN multiplies no more zero columns than that). Each
+    // width is a whole tile of its own, so no accumulator is shared across products of two shapes.
+    const int width = max(128, min(BN, (n - n0 + 63) / 64 * 64));
+    if (width == BN)
+        tile<T, NT, BN>(sa, sb, x, we, y, r0, valid, n0, n, kdim, wgi, busy);
+    else if (width == 192)
+        tile<T, NT, 192>(sa, sb, x, we, y, r0, valid, n0, n, kdim, wgi, busy);
+    else
+        tile<T, NT, 128>(sa, sb, x, we, y, r0, valid, n0, n, kdim, wgi, busy);
+}
 }  // namespace grouped_wg
 
 #define GROUPED_WGMMA_INST(T, S)                                                                          \

@@ -136,25 +136,57 @@ template <int N> __device__ __forceinline__ void pin(float* d) {
                    WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88), WG_D8(96), WG_D8(104), WG_D8(112), WG_D8(120)       \
                  : "l"(da), "l"(db), "r"(1))
 
-// d[0..N/2) += A·B for a 64 × 16 A (K-major descriptor `da`) and a 16 × N B, N = 32, 64 or 256.
-// B is K-major (`db`'s rows are the N output columns: one 16-wide step of S = Q·Kᵀ and its kin)
-// unless TRANS_B (n256 only: the grouped GEMM's NN layout), then MN-major (rows along the
+// SS at n128 and n192 (the grouped GEMM's last column tile when fewer columns are left), TB as above.
+#define WG_SS_N128T(E, TB)                                                                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                         \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." E "." E " {"                                          \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                             \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                   \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                   \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                     \
+                 "}, %64, %65, p, 1, 1, 0, " TB ";\n}\n"                                                              \
+                 : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)               \
+                 : "l"(da), "l"(db), "r"(1))
+#define WG_SS_N192T(E, TB)                                                                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"                                                         \
+                 "wgmma.mma_async.sync.aligned.m64n192k16.f32." E "." E " {"                                          \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                             \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                   \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                   \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                   \
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                   \
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"                     \
+                 "}, %96, %97, p, 1, 1, 0, " TB ";\n}\n"                                                              \
+                 : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56),              \
+                   WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88)                                                         \
+                 : "l"(da), "l"(db), "r"(1))
+
+// d[0..N/2) += A·B for a 64 × 16 A (K-major descriptor `da`) and a 16 × N B, N = 32, 64, 128, 192
+// or 256. B is K-major (`db`'s rows are the N output columns: one 16-wide step of S = Q·Kᵀ and its
+// kin) unless TRANS_B (n128 to n256: the grouped GEMM's NN layout), then MN-major (rows along the
 // contraction).
 template <typename T, int N, bool TRANS_B = false>
 __device__ __forceinline__ void mma_ss(float* d, uint64_t da, uint64_t db) {
-    static_assert(N == 32 || N == 64 || N == 256, "wgmma shapes in use");
-    static_assert(!TRANS_B || N == 256, "MN-major B is instantiated at n256 only");
+    static_assert(N == 32 || N == 64 || N == 128 || N == 192 || N == 256, "wgmma shapes in use");
+    static_assert(!TRANS_B || N >= 128, "MN-major B is instantiated from n128 on");
     constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+#define WG_SS_TYPES(M)                                     \
+    if constexpr (bf16 && TRANS_B) M("bf16", "1");         \
+    else if constexpr (bf16) M("bf16", "0");               \
+    else if constexpr (TRANS_B) M("f16", "1");             \
+    else M("f16", "0");
     if constexpr (N == 256) {
-        if constexpr (bf16 && TRANS_B) WG_SS_N256T("bf16", "1");
-        else if constexpr (bf16) WG_SS_N256T("bf16", "0");
-        else if constexpr (TRANS_B) WG_SS_N256T("f16", "1");
-        else WG_SS_N256T("f16", "0");
+        WG_SS_TYPES(WG_SS_N256T)
+    } else if constexpr (N == 192) {
+        WG_SS_TYPES(WG_SS_N192T)
+    } else if constexpr (N == 128) {
+        WG_SS_TYPES(WG_SS_N128T)
     } else if constexpr (N == 64) {
         if constexpr (bf16) WG_SS_N64("bf16"); else WG_SS_N64("f16");
     } else {
         if constexpr (bf16) WG_SS_N32("bf16"); else WG_SS_N32("f16");
     }
+#undef WG_SS_TYPES
 }
 
 // d[0..64) += A·B for the warp's A fragment `a` (16 rows × 16 of the contraction, mma.sync's
