@@ -114,9 +114,9 @@ extern "C" __global__ void moe_group(const uint32_t* idx, uint32_t* out, int m, 
         lower += x < e;
         mine += x == e;
     }
-    int base, count;
+    int base, segment;  // the segment's start and length
     block_scan_int(lower, buf, base);
-    int pos = base + block_scan_int(mine, buf, count);
+    int pos = base + block_scan_int(mine, buf, segment);
     if (threadIdx.x == 0) {
         out[3 * (size_t)m + e] = base;
         if (e + 1 == (uint32_t)e_count) out[3 * (size_t)m + e_count] = m;
