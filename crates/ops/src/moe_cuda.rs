@@ -49,6 +49,17 @@ const WGMMA_GEMM_STAGES: usize = 4;
 const WGMMA_GEMM_SMEM: usize =
     WGMMA_GEMM_STAGES * (WGMMA_GEMM_ROWS + WGMMA_GEMM_COLS) * WGMMA_GEMM_DEPTH * 2 + 1024;
 
+/// Elements of `T` in a 16-byte pack.
+fn per_pack<T>() -> usize {
+    16 / std::mem::size_of::<T>()
+}
+
+/// Whether rows of `h` elements of `T` at the device addresses `addrs` go in 16-byte packs (the
+/// kernels' `packed`): `h` a multiple of a pack and every address 16-byte aligned.
+fn packs<T>(h: usize, addrs: &[u64]) -> bool {
+    h.is_multiple_of(per_pack::<T>()) && addrs.iter().all(|a| a % 16 == 0)
+}
+
 fn as_i32(x: usize, what: &str) -> Result<i32> {
     i32::try_from(x).map_err(|_| candle_core::Error::Msg(format!("moe: {what} = {x} exceeds i32")))
 }
@@ -187,15 +198,14 @@ pub(super) fn gather(
     let launch = |w_ptr: u64| -> Result<CudaStorage> {
         with_cuda_float_type!(sx, op, T => {
             let x = cuda::view::<T>(sx, lx, op, "x")?;
-            let per_pack = 16 / std::mem::size_of::<T>();
-            let packed = h.is_multiple_of(per_pack) && x.device_ptr(&stream).0 % 16 == 0;
+            let packed = packs::<T>(h, &[x.device_ptr(&stream).0]);
             // SAFETY: every element is written.
             let out = unsafe { dev.alloc::<T>(m * h)? };
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(op))?;
             let packed_ = i32::from(packed);
             let mut b = cuda::launch_args(&stream, &f);
             b.arg(&x).arg(&w_ptr).arg(&token).arg(&out).arg(&m_).arg(&h_).arg(&packed_);
-            let threads = if packed { m * h / per_pack } else { m * h };
+            let threads = if packed { m * h / per_pack::<T>() } else { m * h };
             // SAFETY: x holds n·h elements with every token < n, w (if not null) and token m,
             // out m·h; with `packed` the rows are 16-byte multiples and x 16-byte aligned.
             unsafe { b.launch(cuda::elementwise(threads)) }.w()?;
@@ -255,16 +265,13 @@ pub(super) fn combine(
             // SAFETY: every element is written.
             let out = unsafe { dev.alloc::<T>(n * h)? };
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(op))?;
-            let per_pack = 16 / std::mem::size_of::<T>();
-            let packed = h.is_multiple_of(per_pack)
-                && y.device_ptr(&stream).0 % 16 == 0
-                && out.device_ptr(&stream).0 % 16 == 0;
+            let packed = packs::<T>(h, &[y.device_ptr(&stream).0]);
             let packed_ = i32::from(packed);
             let mut b = cuda::launch_args(&stream, &f);
             b.arg(&y).arg(&slot_pos).arg(&w_ptr).arg(&out).arg(&h_).arg(&k_).arg(&packed_);
             // SAFETY: y holds n·k·h elements, slot_pos n·k positions < n·k, w (if not null)
             // n·k floats, out n·h; one block per token; with `packed` the rows are 16-byte
-            // multiples and both buffers 16-byte aligned.
+            // multiples and y 16-byte aligned (out, a fresh allocation, is).
             unsafe { b.launch(cuda::per_row(n, 256)) }.w()?;
             Ok(cuda::wrap(out, &dev))
         })
