@@ -1,6 +1,7 @@
 // Fused attention kernels on Hopper's warpgroup MMA (sm_90a) for 16-bit inputs: the forward and
 // the backward's dQ kernel at head dims 256 and 512, and its dK / dV kernel at head dim 256
-// (described where it is defined; head dim 512 keeps the mma.sync one, docs/benchmarks.md §1).
+// (described where it is defined; head dim 512 keeps the mma.sync one: docs/benchmarks.md, "Measured
+// and not kept").
 //
 // Forward: attention_flash.cu's scheme (one pass over the visible keys with an online softmax, the
 // grouped query rows of one (batch, kv head) slab, the same masks, O and lse; the per-tile softmax

@@ -26,7 +26,7 @@
 //! JIT-compiles it once per process. Chosen over NVRTC because the GPU machine then needs no CUDA
 //! headers or libnvrtc at run time, and kernel compile errors surface at build time. nvcc must match
 //! the driver's PTX ISA (13.0 for driver 580). `src/gpu_tests.rs` checks every CUDA op against
-//! its CPU reference and times it (`docs/benchmarks.md`, "Kernels").
+//! its CPU reference and times it (`docs/benchmarks.md` §4).
 //!
 //! Left out on purpose: gradients for frozen operands (norm weights, projection weights, the tied
 //! embedding in the loss) are never computed.

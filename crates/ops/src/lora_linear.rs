@@ -777,7 +777,7 @@ pub(crate) mod cuda_impl {
     /// `y (m, out) = r(y + scale·low·Bᵀ)` in place for the term's `low (m, r)` and `B (out, r)` in
     /// `dt`: the `lora_up_add` kernel where it applies, else a cuBLAS GEMM with `beta = 1` (whose
     /// epilogue rounds differently: up to one bf16 step in about a fifth of the elements at the
-    /// 12B's MLP shape, `docs/benchmarks.md` §1).
+    /// 12B's MLP shape, `docs/benchmarks.md` §4).
     ///
     /// # Safety
     /// The addresses must hold those elements, stay alive until the stream has run the work, and
