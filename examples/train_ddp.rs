@@ -20,7 +20,7 @@
 //! norm is taken and clipped after the all-reduce (same on every rank); AdamW steps; the cosine
 //! schedule advances.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -36,7 +36,7 @@ use g4ft::ddp::{DdpError, DdpOptions, DistributedDataParallel, GroupOptions, Pro
 use g4ft::gemma4::{Checkpoint, Config, Gemma4Model, Hub, ModelFiles};
 use g4ft::lora::{self, LoraConfig, ParamReport, TargetModules};
 use g4ft::trainer::checkpoint::resume::{self, Launch, StartPlan};
-use g4ft::trainer::checkpoint::run_dir::{self, RunRecord};
+use g4ft::trainer::checkpoint::run_dir::{self, OutputLock, RunRecord};
 use g4ft::trainer::checkpoint::state::{
     config_fingerprint, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
 };
@@ -132,22 +132,10 @@ fn train_in_group(
     // What the device could allocate before the model is loaded: --recompute auto's default budget.
     let free_at_start = memory::free_memory(device, group.env().local_world_size);
 
-    // The output folder: rank 0 locks it for the run's lifetime and claims it (a folder holding
-    // another run is refused unless --overwrite-output). Only rank 0 writes there.
+    // The output folder: rank 0 locks it for the run's lifetime and claims it. Only rank 0
+    // writes there; the lock is released when `run` drops, at the end of the run.
     let run = if is_main {
-        let holder = format!(
-            "pid {} on {} (started at unix time {})",
-            std::process::id(),
-            run_dir::host_name(),
-            SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs()
-        );
-        let lock = run_dir::lock(&cfg.output, &holder)?;
-        let fresh = RunRecord::new(
-            start.launch.launcher_run_id.clone(),
-            config_fingerprint(cfg),
-        );
-        let record = run_dir::claim(&cfg.output, &start.plan.claim, fresh)?;
-        Some((lock, record))
+        Some(claim_output(cfg, start)?)
     } else {
         None
     };
@@ -158,98 +146,30 @@ fn train_in_group(
     }
 
     // 2. Model: every rank loads its own copy of the frozen base.
-    let dtype = cfg.dtype.dtype();
-    //    A Hub id is downloaded once into the cache (config, weights, tokenizer, template).
-    let files = ModelFiles::resolve_with(&cfg.model, &Hub::from_env(cfg.revision.as_deref()))?;
-    let model_dir = files
-        .config
-        .parent()
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
-    let mut model = Gemma4Model::from_checkpoint(
-        Config::from_file(&files.config)?,
-        &Checkpoint::open(&files.weights)?,
-        dtype,
-        device,
-    )?;
-
-    // 3. LoRA: the same seed on every rank gives the same init (DDP's broadcast enforces it),
-    //    or the weights of the PEFT adapter or checkpoint the run starts from, with their
-    //    adapter_config.json (the settings table shows its values).
-    let lora_cfg = match start.plan.dir() {
-        Some(dir) => {
-            let mut c = lora::load_adapter(dir, model.projections_mut())?;
-            c.base_model_name_or_path = Some(cfg.model.clone());
-            c
-        }
-        None => {
-            let mut c = LoraConfig::new(
-                cfg.lora_r,
-                cfg.lora_alpha,
-                TargetModules::Regex(cfg.lora_targets.clone()),
-            );
-            c.lora_dropout = cfg.lora_dropout;
-            c.use_rslora = cfg.use_rslora;
-            c.base_model_name_or_path = Some(cfg.model.clone());
-            lora::attach(&c, model.projections_mut(), cfg.seed)?;
-            c
-        }
-    };
-    check_rank_fits(&model)?;
-
-    // 4. Recompute policy: which layers keep their activations for the backward and which are
-    //    recomputed, from the memory model's predicted peak for micro-batches of max_len tokens,
-    //    and where the recomputed layers' inputs wait (the gradients are the same bits either
-    //    way). Each rank plans for its own device.
-    let policy = memory::recompute_policy(cfg.recompute, cfg.memory_budget_gb, || free_at_start)?;
-    let (recompute, parked_note) = memory::apply_recompute(
-        &mut model,
-        policy,
-        cfg.offload_checkpoints,
-        cfg.micro_batch,
-        cfg.max_len,
-        || memory::host_room(group.env().local_world_size),
-    )?;
+    let (mut model, model_dir) = load_model(cfg, device)?;
+    // 3. LoRA adapters on the targeted projections.
+    let lora_cfg = attach_lora(cfg, start.plan, &mut model)?;
+    // 4. Recompute policy: which layers keep their activations for the backward.
+    plan_recompute(cfg, &mut model, free_at_start, group)?;
     if is_main {
-        println!("{recompute}");
-        if let Some(note) = &parked_note {
-            println!("{note}");
-        }
-        if !recompute.fits() {
-            eprintln!("warning: the predicted peak is over --memory-budget-gb even with every layer recomputed; lower --micro-batch or --max-len if the run runs out of memory");
-        }
-    }
-    if is_main {
-        let shapes: Vec<lora::ProjectionShape> = model
-            .projections()
-            .map(|p| lora::ProjectionShape {
-                path: p.path().into(),
-                in_features: p.in_features(),
-                out_features: p.out_features(),
-            })
-            .collect();
-        println!(
-            "{}",
-            ParamReport::new(&lora_cfg, &shapes, model.config().num_text_parameters())?
-        );
+        println!("{}", param_report(&model, &lora_cfg)?);
     }
 
     // 5. Data: DistributedSampler(seed, drop_last) + loader with drop_last on every rank. Opened
     //    before the first collective, so that bad data is every rank's own error.
-    let loader = open_loader(
-        cfg,
-        &model_dir,
-        model.config(),
-        &cfg.data,
-        rank,
-        world_size,
-        true,
-    )?;
-    let eval_loader = cfg
-        .eval_data
-        .as_ref()
-        .map(|p| open_loader(cfg, &model_dir, model.config(), p, rank, world_size, false))
-        .transpose()?;
+    let data = |path: &Path, train: bool| {
+        open_loader(
+            cfg,
+            &model_dir,
+            model.config(),
+            path,
+            rank,
+            world_size,
+            train,
+        )
+    };
+    let loader = data(&cfg.data, true)?;
+    let eval_loader = cfg.eval_data.as_ref().map(|p| data(p, false)).transpose()?;
 
     // 6. DDP wrap: checks names/shapes on every rank, broadcasts rank 0's values, builds the
     //    reverse-order buckets that hold the gradients (gradient_as_bucket_view).
@@ -295,38 +215,11 @@ fn train_in_group(
     }
 
     // 8. Continue where the checkpoint stopped: moments, schedule, data position, dropout counter.
-    let mut pos = Position {
-        step: 0,
-        epoch: 0,
-        step_in_epoch: 0,
-        micro_step: 0,
-        skipped_in_a_row: 0,
-    };
+    let mut pos = Position::default();
     if let resume::Start::Checkpoint { dir, state, .. } = &start.plan.start {
-        opt.load_state(
-            state.optimizer_step,
-            &TrainerState::read_moments(dir, device)?,
-        )?;
-        // This run's schedule settings at the saved step: the same curve unless they changed.
-        sched = state
-            .scheduler
-            .rebuilt(sched.kind, sched.base_lr, sched.warmup, sched.total);
-        let mut changes = start.changes.to_vec();
-        if sched != state.scheduler {
-            changes.push(format!(
-                "schedule {} → {} (rebuilt at step {})",
-                describe_schedule(&state.scheduler),
-                describe_schedule(&sched),
-                state.step
-            ));
-        }
-        pos = Position {
-            step: state.step,
-            epoch: state.sampler.epoch,
-            step_in_epoch: state.sampler.micro_batches as usize / cfg.accum,
-            micro_step: state.rng.micro_step,
-            skipped_in_a_row: state.skipped_in_a_row,
-        };
+        let (resumed, changes) =
+            resume_from(dir, state, start.changes, &mut opt, &mut sched, cfg, device)?;
+        pos = resumed;
         if pos.step_in_epoch >= steps_per_epoch {
             (pos.epoch, pos.step_in_epoch) = (pos.epoch + 1, 0);
         }
@@ -359,34 +252,10 @@ fn train_in_group(
         }
     }
     let mut logger = if is_main {
-        // MFU against --peak-tflops, else the data-sheet peak of a known GPU (none on the CPU).
-        let peak = cfg
-            .peak_tflops
-            .or_else(|| g4ft_trainer::metrics::mfu::device_peak_tflops(device));
-        let mfu = peak.map(|peak_tflops| MfuSpec {
-            model: step::flops_model(&model),
-            peak_tflops,
-        });
-        // metrics.jsonl keeps the steps up to the resumed one; the plot covers them too.
-        let jsonl = cfg.output.join("metrics.jsonl");
-        let history = truncate_metrics(&jsonl, pos.step)?;
-        let title = format!("{} LoRA, world {world_size}", cfg.model);
-        let mut logger = MetricsLogger::new(run_steps, world_size, Some(&jsonl), mfu, true)?
-            .with_history(history)
-            .with_plot(&cfg.output.join("loss.svg"), &title);
-        if cfg.report_to == ReportTo::Tensorboard {
-            let events = EventWriter::create(&cfg.output.join("tensorboard"), pos.step)?;
-            println!("tensorboard: {}", events.path().display());
-            logger = logger.with_tensorboard(events);
-        }
-        let splits = [("train", Some(&loader))].into_iter();
-        for (split, l) in splits.chain([("eval", eval_loader.as_ref())]) {
-            if let Some(l) = l {
-                let ds = l.dataset();
-                logger.log_dataset(split, ds.data_path(), ds.report().to_json())?;
-            }
-        }
-        Some(logger)
+        let splits = [("train", Some(&loader)), ("eval", eval_loader.as_ref())];
+        Some(open_logger(
+            cfg, device, &model, &splits, run_steps, world_size, pos.step,
+        )?)
     } else {
         None
     };
@@ -507,24 +376,12 @@ fn train_in_group(
                     logger.progress_to(pos.step);
                 }
             }
-            if cfg
-                .save_every
-                .is_some_and(|n| pos.step.is_multiple_of(n as u64))
-            {
-                ckpt.save(
-                    &format!("step-{}", pos.step),
-                    epoch,
-                    &opt,
-                    &sched,
-                    &pos,
-                    logger.as_ref(),
-                )?;
+            if every(cfg.save_every, pos.step) {
+                let name = format!("step-{}", pos.step);
+                ckpt.save(&name, epoch, &opt, &sched, &pos, logger.as_ref())?;
                 last_saved = Some(pos.step);
             }
-            if cfg
-                .eval_every
-                .is_some_and(|n| pos.step.is_multiple_of(n as u64))
-            {
+            if every(cfg.eval_every, pos.step) {
                 run_eval(
                     &model,
                     eval_loader.as_ref(),
@@ -537,26 +394,14 @@ fn train_in_group(
         }
         // Epoch end: rank 0 writes, the others wait at the barrier.
         pos.step_in_epoch = 0;
-        ckpt.save(
-            &format!("epoch-{epoch}"),
-            epoch + 1,
-            &opt,
-            &sched,
-            &pos,
-            logger.as_ref(),
-        )?;
+        let name = format!("epoch-{epoch}");
+        ckpt.save(&name, epoch + 1, &opt, &sched, &pos, logger.as_ref())?;
         last_saved = Some(pos.step);
     }
     if last_saved != Some(pos.step) {
         // Stopped by --max-steps mid-epoch: keep the final adapter too.
-        ckpt.save(
-            &format!("step-{}", pos.step),
-            pos.epoch,
-            &opt,
-            &sched,
-            &pos,
-            logger.as_ref(),
-        )?;
+        let name = format!("step-{}", pos.step);
+        ckpt.save(&name, pos.epoch, &opt, &sched, &pos, logger.as_ref())?;
     }
     if last_eval != Some(pos.step) {
         run_eval(
@@ -594,6 +439,199 @@ fn train_in_group(
     Ok(())
 }
 
+/// Whether a `--save-every` / `--eval-every` interval falls on `step`.
+fn every(interval: Option<usize>, step: u64) -> bool {
+    interval.is_some_and(|n| step.is_multiple_of(n as u64))
+}
+
+/// Rank 0's hold on the output folder: locked for the run's lifetime (a second run into the
+/// same folder is refused while this one lives) and claimed (a folder holding another run is
+/// refused unless --overwrite-output).
+fn claim_output(cfg: &TrainConfig, start: &Start<'_>) -> Result<(OutputLock, RunRecord)> {
+    let holder = format!(
+        "pid {} on {} (started at unix time {})",
+        std::process::id(),
+        run_dir::host_name(),
+        SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs()
+    );
+    let lock = run_dir::lock(&cfg.output, &holder)?;
+    let fresh = RunRecord::new(
+        start.launch.launcher_run_id.clone(),
+        config_fingerprint(cfg),
+    );
+    let record = run_dir::claim(&cfg.output, &start.plan.claim, fresh)?;
+    Ok((lock, record))
+}
+
+/// The frozen base in `--dtype` on `device`, and the folder holding its tokenizer and chat
+/// template. A Hub id is downloaded once into the cache (config, weights, tokenizer, template).
+fn load_model(cfg: &TrainConfig, device: &Device) -> Result<(Gemma4Model, PathBuf)> {
+    let files = ModelFiles::resolve_with(&cfg.model, &Hub::from_env(cfg.revision.as_deref()))?;
+    let model_dir = files
+        .config
+        .parent()
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let model = Gemma4Model::from_checkpoint(
+        Config::from_file(&files.config)?,
+        &Checkpoint::open(&files.weights)?,
+        cfg.dtype.dtype(),
+        device,
+    )?;
+    Ok((model, model_dir))
+}
+
+/// Attaches the run's adapters and returns their config: the same seed on every rank gives the
+/// same init (DDP's broadcast enforces it), or the weights of the PEFT adapter or checkpoint the
+/// run starts from, with their adapter_config.json (the settings table shows its values).
+fn attach_lora(cfg: &TrainConfig, plan: &StartPlan, model: &mut Gemma4Model) -> Result<LoraConfig> {
+    let mut lora_cfg = match plan.dir() {
+        Some(dir) => lora::load_adapter(dir, model.projections_mut())?,
+        None => {
+            let mut c = LoraConfig::new(
+                cfg.lora_r,
+                cfg.lora_alpha,
+                TargetModules::Regex(cfg.lora_targets.clone()),
+            );
+            c.lora_dropout = cfg.lora_dropout;
+            c.use_rslora = cfg.use_rslora;
+            lora::attach(&c, model.projections_mut(), cfg.seed)?;
+            c
+        }
+    };
+    lora_cfg.base_model_name_or_path = Some(cfg.model.clone());
+    check_rank_fits(model)?;
+    Ok(lora_cfg)
+}
+
+/// Which layers keep their activations for the backward and which are recomputed, from the
+/// memory model's predicted peak for micro-batches of max_len tokens, and where the recomputed
+/// layers' inputs wait (the gradients are the same bits either way). Each rank plans for its
+/// own device; rank 0 prints the plan.
+fn plan_recompute(
+    cfg: &TrainConfig,
+    model: &mut Gemma4Model,
+    free_at_start: Result<u64>,
+    group: &ProcessGroup,
+) -> Result<()> {
+    let local_world_size = group.env().local_world_size;
+    let policy = memory::recompute_policy(cfg.recompute, cfg.memory_budget_gb, || free_at_start)?;
+    let (recompute, parked_note) = memory::apply_recompute(
+        model,
+        policy,
+        cfg.offload_checkpoints,
+        cfg.micro_batch,
+        cfg.max_len,
+        || memory::host_room(local_world_size),
+    )?;
+    if group.rank() == 0 {
+        println!("{recompute}");
+        if let Some(note) = &parked_note {
+            println!("{note}");
+        }
+        if !recompute.fits() {
+            eprintln!("warning: the predicted peak is over --memory-budget-gb even with every layer recomputed; lower --micro-batch or --max-len if the run runs out of memory");
+        }
+    }
+    Ok(())
+}
+
+/// The table of trainable parameters per adapted projection.
+fn param_report(model: &Gemma4Model, lora_cfg: &LoraConfig) -> Result<ParamReport> {
+    let shapes: Vec<lora::ProjectionShape> = model
+        .projections()
+        .map(|p| lora::ProjectionShape {
+            path: p.path().into(),
+            in_features: p.in_features(),
+            out_features: p.out_features(),
+        })
+        .collect();
+    Ok(ParamReport::new(
+        lora_cfg,
+        &shapes,
+        model.config().num_text_parameters(),
+    )?)
+}
+
+/// The position in training saved in a checkpoint's trainer state, with the optimizer's
+/// moments and the schedule restored, and the settings this run changes (those of the start
+/// plan, and the schedule if it is rebuilt).
+fn resume_from(
+    dir: &Path,
+    state: &TrainerState,
+    changes: &[String],
+    opt: &mut AdamW,
+    sched: &mut LrSchedule,
+    cfg: &TrainConfig,
+    device: &Device,
+) -> Result<(Position, Vec<String>)> {
+    opt.load_state(
+        state.optimizer_step,
+        &TrainerState::read_moments(dir, device)?,
+    )?;
+    // This run's schedule settings at the saved step: the same curve unless they changed.
+    let rebuilt = state
+        .scheduler
+        .rebuilt(sched.kind, sched.base_lr, sched.warmup, sched.total);
+    let mut changes = changes.to_vec();
+    if rebuilt != state.scheduler {
+        changes.push(format!(
+            "schedule {} → {} (rebuilt at step {})",
+            describe_schedule(&state.scheduler),
+            describe_schedule(&rebuilt),
+            state.step
+        ));
+    }
+    *sched = rebuilt;
+    let pos = Position {
+        step: state.step,
+        epoch: state.sampler.epoch,
+        step_in_epoch: state.sampler.micro_batches as usize / cfg.accum,
+        micro_step: state.rng.micro_step,
+        skipped_in_a_row: state.skipped_in_a_row,
+    };
+    Ok((pos, changes))
+}
+
+/// Rank 0's metrics: the step log (with MFU against --peak-tflops, else the data-sheet peak of
+/// a known GPU; none on the CPU), metrics.jsonl kept up to the resumed step, the loss plot,
+/// TensorBoard events if asked, and each data split's report.
+fn open_logger(
+    cfg: &TrainConfig,
+    device: &Device,
+    model: &Gemma4Model,
+    splits: &[(&str, Option<&DataLoader>)],
+    run_steps: u64,
+    world_size: usize,
+    step: u64,
+) -> Result<MetricsLogger> {
+    let peak = cfg
+        .peak_tflops
+        .or_else(|| g4ft_trainer::metrics::mfu::device_peak_tflops(device));
+    let mfu = peak.map(|peak_tflops| MfuSpec {
+        model: step::flops_model(model),
+        peak_tflops,
+    });
+    let jsonl = cfg.output.join("metrics.jsonl");
+    let history = truncate_metrics(&jsonl, step)?;
+    let title = format!("{} LoRA, world {world_size}", cfg.model);
+    let mut logger = MetricsLogger::new(run_steps, world_size, Some(&jsonl), mfu, true)?
+        .with_history(history)
+        .with_plot(&cfg.output.join("loss.svg"), &title);
+    if cfg.report_to == ReportTo::Tensorboard {
+        let events = EventWriter::create(&cfg.output.join("tensorboard"), step)?;
+        println!("tensorboard: {}", events.path().display());
+        logger = logger.with_tensorboard(events);
+    }
+    for (split, loader) in splits {
+        if let Some(l) = loader {
+            let ds = l.dataset();
+            logger.log_dataset(split, ds.data_path(), ds.report().to_json())?;
+        }
+    }
+    Ok(logger)
+}
+
 /// A LoRA rank above a layer's smaller dimension adds parameters without adding rank: an error
 /// naming the first such layer.
 fn check_rank_fits(model: &Gemma4Model) -> Result<()> {
@@ -626,6 +664,7 @@ fn describe_schedule(s: &LrSchedule) -> String {
 }
 
 /// Where training stands (saved in the trainer state).
+#[derive(Default)]
 struct Position {
     step: u64,
     epoch: usize,
