@@ -346,49 +346,8 @@ impl Config {
                 return Err(ctx.err(name, "must be > 0"));
             }
         }
-        if let Some(act) = &raw.hidden_activation {
-            if act != "gelu_pytorch_tanh" {
-                return Err(ctx.err(
-                    "hidden_activation",
-                    format!("expected gelu_pytorch_tanh, got `{act}`"),
-                ));
-            }
-        }
-        if raw.attention_bias == Some(true) {
-            return Err(ctx.err(
-                "attention_bias",
-                "true is not supported (no release uses it)",
-            ));
-        }
-        if raw.tie_word_embeddings == Some(false) {
-            return Err(ctx.err(
-                "tie_word_embeddings",
-                "false is not supported: the head is tied to embed_tokens in every release",
-            ));
-        }
-        let bidir = raw.use_bidirectional_attention.clone().or(if unified {
-            Some("vision".to_string())
-        } else {
-            None
-        });
-        if let Some(b) = &bidir {
-            if b != "vision" && b != "all" {
-                return Err(ctx.err(
-                    "use_bidirectional_attention",
-                    format!("expected null, \"vision\" or \"all\", got `{b}`"),
-                ));
-            }
-        }
-        let mut sliding_window = raw
-            .sliding_window
-            .unwrap_or(if unified { 1024 } else { 512 });
-        let is_causal = bidir.as_deref() != Some("all");
-        if !is_causal {
-            sliding_window = sliding_window / 2 + 1;
-        }
-        if sliding_window == 0 {
-            return Err(ctx.err("sliding_window", "must be > 0"));
-        }
+        check_supported(raw, ctx)?;
+        let (bidir, is_causal, sliding_window) = derive_attention_mode(raw, unified, ctx)?;
 
         let layer_types = derive_layer_types(raw, num_hidden_layers, ctx)?;
         let (rope_sliding, rope_full) = derive_rope(raw, ctx)?;
@@ -403,22 +362,7 @@ impl Config {
             )
         };
         let moe = if !unified && raw.enable_moe_block.unwrap_or(false) {
-            let get = |name: &str, v: Option<usize>| {
-                v.filter(|&v| v > 0)
-                    .ok_or_else(|| ctx.err(name, "required (> 0) when enable_moe_block is true"))
-            };
-            let m = MoeConfig {
-                num_experts: get("num_experts", raw.num_experts)?,
-                top_k_experts: get("top_k_experts", raw.top_k_experts)?,
-                moe_intermediate_size: get("moe_intermediate_size", raw.moe_intermediate_size)?,
-            };
-            if m.top_k_experts > m.num_experts {
-                return Err(ctx.err(
-                    "top_k_experts",
-                    format!("{} exceeds num_experts {}", m.top_k_experts, m.num_experts),
-                ));
-            }
-            Some(m)
+            Some(derive_moe(raw, ctx)?)
         } else {
             None
         };
@@ -441,67 +385,18 @@ impl Config {
         )?;
         let sharing = derive_kv_sharing(&layer_types, num_kv_shared_layers, ctx)?;
 
-        let mut layers = Vec::with_capacity(num_hidden_layers);
-        for (i, &layer_type) in layer_types.iter().enumerate() {
-            let (d, kv) = overrides[i];
-            if !num_attention_heads.is_multiple_of(kv) {
-                return Err(ctx.err(
-                    "num_key_value_heads",
-                    format!("layer {i}: {num_attention_heads} attention heads not divisible by {kv} kv heads"),
-                ));
-            }
-            let kv_sharing = sharing[i];
-            let reuse = matches!(kv_sharing, KvSharing::Reuse { .. });
-            layers.push(LayerConfig {
-                layer_type,
-                head_dim: d,
-                num_key_value_heads: kv,
-                has_v_proj: !(attention_k_eq_v && layer_type == LayerType::Full),
-                kv_sharing,
-                intermediate_size: intermediate_size
-                    * if use_double_wide_mlp && reuse { 2 } else { 1 },
-            });
-        }
-        // Consumers use the producer's K/V, so both must agree on the K/V geometry.
-        for (i, l) in layers.iter().enumerate() {
-            if let KvSharing::Reuse { producer } = l.kv_sharing {
-                let p = &layers[producer];
-                if (p.head_dim, p.num_key_value_heads) != (l.head_dim, l.num_key_value_heads) {
-                    return Err(ctx.err(
-                        "per_layer_config",
-                        format!(
-                            "layer {i} reuses K/V of layer {producer} but their (head_dim, kv heads) differ: {:?} vs {:?}",
-                            (l.head_dim, l.num_key_value_heads),
-                            (p.head_dim, p.num_key_value_heads)
-                        ),
-                    ));
-                }
-            }
-        }
-        let rope_check = |t: LayerType| -> Result<()> {
-            if let Some(l) = layers.iter().find(|l| l.layer_type == t) {
-                if l.head_dim % 2 != 0 {
-                    return Err(
-                        ctx.err("head_dim", format!("{} must be even for RoPE", l.head_dim))
-                    );
-                }
-                if layers
-                    .iter()
-                    .any(|o| o.layer_type == t && o.head_dim != l.head_dim)
-                {
-                    return Err(ctx.err(
-                        "per_layer_config",
-                        format!(
-                            "all {} layers must share one head_dim (RoPE table)",
-                            t.name()
-                        ),
-                    ));
-                }
-            }
-            Ok(())
-        };
-        rope_check(LayerType::Sliding)?;
-        rope_check(LayerType::Full)?;
+        let layers = derive_layers(
+            &layer_types,
+            &overrides,
+            &sharing,
+            LayerShape {
+                num_attention_heads,
+                intermediate_size,
+                attention_k_eq_v,
+                use_double_wide_mlp,
+            },
+            ctx,
+        )?;
 
         Ok(Config {
             model_type,
@@ -623,6 +518,172 @@ impl Config {
         }
         n
     }
+}
+
+/// Settings no release uses and the model does not implement: an error naming the field.
+fn check_supported(raw: &RawTextConfig, ctx: &Ctx) -> Result<()> {
+    if let Some(act) = &raw.hidden_activation {
+        if act != "gelu_pytorch_tanh" {
+            return Err(ctx.err(
+                "hidden_activation",
+                format!("expected gelu_pytorch_tanh, got `{act}`"),
+            ));
+        }
+    }
+    if raw.attention_bias == Some(true) {
+        return Err(ctx.err(
+            "attention_bias",
+            "true is not supported (no release uses it)",
+        ));
+    }
+    if raw.tie_word_embeddings == Some(false) {
+        return Err(ctx.err(
+            "tie_word_embeddings",
+            "false is not supported: the head is tied to embed_tokens in every release",
+        ));
+    }
+    Ok(())
+}
+
+/// `use_bidirectional_attention` (the unified class defaults to `"vision"`), whether the text
+/// attends causally (not with `"all"`), and the sliding window, which bidirectional attention
+/// turns into `window / 2 + 1` tokens each side.
+fn derive_attention_mode(
+    raw: &RawTextConfig,
+    unified: bool,
+    ctx: &Ctx,
+) -> Result<(Option<String>, bool, usize)> {
+    let bidir = raw.use_bidirectional_attention.clone().or(if unified {
+        Some("vision".to_string())
+    } else {
+        None
+    });
+    if let Some(b) = &bidir {
+        if b != "vision" && b != "all" {
+            return Err(ctx.err(
+                "use_bidirectional_attention",
+                format!("expected null, \"vision\" or \"all\", got `{b}`"),
+            ));
+        }
+    }
+    let mut sliding_window = raw
+        .sliding_window
+        .unwrap_or(if unified { 1024 } else { 512 });
+    let is_causal = bidir.as_deref() != Some("all");
+    if !is_causal {
+        sliding_window = sliding_window / 2 + 1;
+    }
+    if sliding_window == 0 {
+        return Err(ctx.err("sliding_window", "must be > 0"));
+    }
+    Ok((bidir, is_causal, sliding_window))
+}
+
+/// The expert settings of a config with `enable_moe_block`: each required and > 0, top-k at
+/// most the expert count.
+fn derive_moe(raw: &RawTextConfig, ctx: &Ctx) -> Result<MoeConfig> {
+    let get = |name: &str, v: Option<usize>| {
+        v.filter(|&v| v > 0)
+            .ok_or_else(|| ctx.err(name, "required (> 0) when enable_moe_block is true"))
+    };
+    let m = MoeConfig {
+        num_experts: get("num_experts", raw.num_experts)?,
+        top_k_experts: get("top_k_experts", raw.top_k_experts)?,
+        moe_intermediate_size: get("moe_intermediate_size", raw.moe_intermediate_size)?,
+    };
+    if m.top_k_experts > m.num_experts {
+        return Err(ctx.err(
+            "top_k_experts",
+            format!("{} exceeds num_experts {}", m.top_k_experts, m.num_experts),
+        ));
+    }
+    Ok(m)
+}
+
+/// The settings every layer's shape derives from, besides its type and overrides.
+struct LayerShape {
+    num_attention_heads: usize,
+    intermediate_size: usize,
+    attention_k_eq_v: bool,
+    use_double_wide_mlp: bool,
+}
+
+/// One [`LayerConfig`] per layer from its type, its `(head_dim, kv heads)` override and its K/V
+/// sharing mode, checking what the model relies on: the query heads divide into the kv heads,
+/// a layer reusing K/V has its producer's geometry, and each layer type has one even head_dim
+/// (its RoPE table).
+fn derive_layers(
+    layer_types: &[LayerType],
+    overrides: &[(usize, usize)],
+    sharing: &[KvSharing],
+    shape: LayerShape,
+    ctx: &Ctx,
+) -> Result<Vec<LayerConfig>> {
+    let LayerShape {
+        num_attention_heads,
+        intermediate_size,
+        attention_k_eq_v,
+        use_double_wide_mlp,
+    } = shape;
+    let mut layers = Vec::with_capacity(layer_types.len());
+    for (i, &layer_type) in layer_types.iter().enumerate() {
+        let (d, kv) = overrides[i];
+        if !num_attention_heads.is_multiple_of(kv) {
+            return Err(ctx.err(
+                "num_key_value_heads",
+                format!("layer {i}: {num_attention_heads} attention heads not divisible by {kv} kv heads"),
+            ));
+        }
+        let kv_sharing = sharing[i];
+        let reuse = matches!(kv_sharing, KvSharing::Reuse { .. });
+        layers.push(LayerConfig {
+            layer_type,
+            head_dim: d,
+            num_key_value_heads: kv,
+            has_v_proj: !(attention_k_eq_v && layer_type == LayerType::Full),
+            kv_sharing,
+            intermediate_size: intermediate_size * if use_double_wide_mlp && reuse { 2 } else { 1 },
+        });
+    }
+    // Consumers use the producer's K/V, so both must agree on the K/V geometry.
+    for (i, l) in layers.iter().enumerate() {
+        if let KvSharing::Reuse { producer } = l.kv_sharing {
+            let p = &layers[producer];
+            if (p.head_dim, p.num_key_value_heads) != (l.head_dim, l.num_key_value_heads) {
+                return Err(ctx.err(
+                    "per_layer_config",
+                    format!(
+                        "layer {i} reuses K/V of layer {producer} but their (head_dim, kv heads) differ: {:?} vs {:?}",
+                        (l.head_dim, l.num_key_value_heads),
+                        (p.head_dim, p.num_key_value_heads)
+                    ),
+                ));
+            }
+        }
+    }
+    let rope_check = |t: LayerType| -> Result<()> {
+        if let Some(l) = layers.iter().find(|l| l.layer_type == t) {
+            if l.head_dim % 2 != 0 {
+                return Err(ctx.err("head_dim", format!("{} must be even for RoPE", l.head_dim)));
+            }
+            if layers
+                .iter()
+                .any(|o| o.layer_type == t && o.head_dim != l.head_dim)
+            {
+                return Err(ctx.err(
+                    "per_layer_config",
+                    format!(
+                        "all {} layers must share one head_dim (RoPE table)",
+                        t.name()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    };
+    rope_check(LayerType::Sliding)?;
+    rope_check(LayerType::Full)?;
+    Ok(layers)
 }
 
 fn derive_layer_types(raw: &RawTextConfig, n: usize, ctx: &Ctx) -> Result<Vec<LayerType>> {
