@@ -49,7 +49,7 @@ use anyhow::{bail, Result};
 use candle_core::Var;
 use clap::Parser;
 use g4ft_data::Batch;
-use g4ft_ddp::{DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
+use g4ft_ddp::{DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup};
 use g4ft_gemma4::{Config, Gemma4Model};
 use g4ft_hash::{mix64, GAMMA};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, TargetModules};
@@ -279,17 +279,15 @@ fn run(args: &Args) -> Result<()> {
         bail!("--steps, --accum, --micro-batch must be >= 1 and --seq >= 2");
     }
     let dtype = shape.dtype()?;
-    let local_rank: usize = std::env::var("LOCAL_RANK")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let env = DistEnv::from_env()?;
     let device = match args.device.as_str() {
         "cpu" => g4ft_trainer::device::cpu_training_device(),
-        "cuda" => g4ft_trainer::device::cuda_training_device(local_rank)?,
+        "cuda" => g4ft_trainer::device::cuda_training_device(env.local_rank)?,
         other => bail!("--device: expected cuda or cpu, got {other:?}"),
     };
     let probe = MemProbe::new(&device)?;
-    let group = ProcessGroup::from_env(
+    let group = ProcessGroup::new(
+        env,
         &device,
         GroupOptions {
             timeout: Duration::from_secs(1800),

@@ -21,7 +21,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use g4ft_gemma4::memory::GB;
-use g4ft_gemma4::{Config, MemoryBudget, MemoryModel, Parked, StepShape};
+use g4ft_gemma4::{Config, MemoryBudget, MemoryModel, Parked, Recompute, RecomputePlan, StepShape};
 use g4ft_lora::{count_trainable, LoraConfig, ProjectionShape, TargetModules};
 use g4ft_trainer::config::cli::ShapeArgs;
 use g4ft_trainer::config::POST_LORA_TARGETS;
@@ -58,8 +58,45 @@ fn run(args: &Args) -> Result<()> {
     if world == 0 || a.micro_batch == 0 || a.seq == 0 || a.lora_r == 0 {
         bail!("--seq, --micro-batch, --lora-r and --world must be >= 1");
     }
-    let dtype = a.dtype()?;
     let cfg = Config::from_file(&a.config)?;
+    let shape = step_shape(a, &cfg)?;
+    let policy = a.recompute_policy(|| {
+        bail!("memory_plan reads no device: give --memory-budget-gb with --recompute auto")
+    })?;
+    let host_bytes = match args.host_memory_gb {
+        Some(_) if !a.offload_checkpoints => {
+            bail!("--host-memory-gb bounds the tensors --offload-checkpoints parks; add it")
+        }
+        Some(gb) => Some(positive_gb("--host-memory-gb", gb)?),
+        None => None,
+    };
+    match args.longest_within_gb {
+        Some(gb) => {
+            let budget = MemoryBudget {
+                device_bytes: positive_gb("--longest-within-gb", gb)?,
+                host_bytes,
+            };
+            print_longest(args, &cfg, shape, policy, budget, gb)
+        }
+        None => {
+            let plan = match host_bytes {
+                Some(host) => MemoryModel::plan_within_host(&cfg, shape, policy, host)
+                    .with_context(|| {
+                        format!(
+                            "not even the recomputed layers' inputs fit {} GB of host memory",
+                            host as f64 / GB
+                        )
+                    })?,
+                None => MemoryModel::new(&cfg, shape).plan(policy),
+            };
+            print_budget(args, &cfg, shape, &plan)
+        }
+    }
+}
+
+/// The step the flags describe: LoRA on the post's 7 projections at α = 2r, parking the most
+/// with --offload-checkpoints.
+fn step_shape(a: &ShapeArgs, cfg: &Config) -> Result<StepShape> {
     let lcfg = LoraConfig::new(
         a.lora_r,
         2.0 * a.lora_r as f64,
@@ -70,91 +107,86 @@ fn run(args: &Args) -> Result<()> {
         .iter()
         .map(|s| ProjectionShape::new(s.path.clone(), s.in_features, s.out_features))
         .collect();
-    let trainable = count_trainable(&lcfg, &shapes)?;
-    let shape = StepShape {
+    Ok(StepShape {
         micro_batch: a.micro_batch,
         seq: a.seq,
         lora_r: a.lora_r,
-        trainable,
-        dtype,
+        trainable: count_trainable(&lcfg, &shapes)?,
+        dtype: a.dtype()?,
         parked: a.offload_checkpoints.then_some(Parked::MOST),
-    };
-    let policy = a.recompute_policy(|| {
-        bail!("memory_plan reads no device: give --memory-budget-gb with --recompute auto")
-    })?;
-    let positive_gb = |flag: &str, gb: f64| {
-        if gb.is_finite() && gb > 0.0 {
-            Ok((gb * GB) as u64)
-        } else {
-            bail!("{flag}: expected a positive number of GB, got {gb}")
-        }
-    };
-    let host_bytes = match args.host_memory_gb {
-        Some(_) if !a.offload_checkpoints => {
-            bail!("--host-memory-gb bounds the tensors --offload-checkpoints parks; add it")
-        }
-        Some(gb) => Some(positive_gb("--host-memory-gb", gb)?),
-        None => None,
-    };
-    if let Some(gb) = args.longest_within_gb {
-        let budget = MemoryBudget {
-            device_bytes: positive_gb("--longest-within-gb", gb)?,
-            host_bytes,
-        };
-        let within = match args.host_memory_gb {
-            Some(host) => format!("{gb} GB and {host} GB of host memory"),
-            None => format!("{gb} GB"),
-        };
-        let Some((seq, plan)) = MemoryModel::longest_seq(&cfg, shape, policy, budget, LONGEST_STEP)
-        else {
-            bail!(
-                "not even {LONGEST_STEP} tokens per sample fit {within} under this policy (micro-batch {})",
-                a.micro_batch
-            );
-        };
-        println!(
-            "longest sequence within {within}: {seq} tokens per sample, micro-batch {} ({})",
-            a.micro_batch,
-            a.config.display()
-        );
-        println!("{plan}");
-        // One step longer, parking the same tensors.
-        let next = MemoryModel::new(
-            &cfg,
-            StepShape {
-                seq: seq + LONGEST_STEP,
-                parked: plan.parked.or(shape.parked),
-                ..shape
-            },
-        )
-        .plan(policy);
-        let host = match a.offload_checkpoints {
-            true => format!(", {:.3} GB in host memory", next.host_parked as f64 / GB),
-            false => String::new(),
-        };
-        println!(
-            "{} tokens: predicted peak {:.3} GB{host}",
-            seq + LONGEST_STEP,
-            next.peak.bytes as f64 / GB
-        );
-        return Ok(());
+    })
+}
+
+/// `gb` in bytes, or an error naming `flag` unless it is a positive number.
+fn positive_gb(flag: &str, gb: f64) -> Result<u64> {
+    if gb.is_finite() && gb > 0.0 {
+        Ok((gb * GB) as u64)
+    } else {
+        bail!("{flag}: expected a positive number of GB, got {gb}")
     }
-    let plan = match host_bytes {
-        Some(host) => {
-            MemoryModel::plan_within_host(&cfg, shape, policy, host).with_context(|| {
-                format!(
-                    "not even the recomputed layers' inputs fit {} GB of host memory",
-                    host as f64 / GB
-                )
-            })?
-        }
-        None => MemoryModel::new(&cfg, shape).plan(policy),
+}
+
+/// `--longest-within-gb` (`gb`, as given): the longest sequence whose step fits `budget`, its
+/// plan, and the predicted peak one step longer.
+fn print_longest(
+    args: &Args,
+    cfg: &Config,
+    shape: StepShape,
+    policy: Recompute,
+    budget: MemoryBudget,
+    gb: f64,
+) -> Result<()> {
+    let a = &args.shape;
+    let within = match args.host_memory_gb {
+        Some(host) => format!("{gb} GB and {host} GB of host memory"),
+        None => format!("{gb} GB"),
     };
+    let Some((seq, plan)) = MemoryModel::longest_seq(cfg, shape, policy, budget, LONGEST_STEP)
+    else {
+        bail!(
+            "not even {LONGEST_STEP} tokens per sample fit {within} under this policy (micro-batch {})",
+            a.micro_batch
+        );
+    };
+    println!(
+        "longest sequence within {within}: {seq} tokens per sample, micro-batch {} ({})",
+        a.micro_batch,
+        a.config.display()
+    );
+    println!("{plan}");
+    // One step longer, parking the same tensors.
+    let next = MemoryModel::new(
+        cfg,
+        StepShape {
+            seq: seq + LONGEST_STEP,
+            parked: plan.parked.or(shape.parked),
+            ..shape
+        },
+    )
+    .plan(policy);
+    let host = match a.offload_checkpoints {
+        true => format!(", {:.3} GB in host memory", next.host_parked as f64 / GB),
+        false => String::new(),
+    };
+    println!(
+        "{} tokens: predicted peak {:.3} GB{host}",
+        seq + LONGEST_STEP,
+        next.peak.bytes as f64 / GB
+    );
+    Ok(())
+}
+
+/// The memory budget of one step under `plan`, term by term, the communication per optimizer
+/// step, the plan, and a `PLAN` line of the same numbers for scripts.
+fn print_budget(args: &Args, cfg: &Config, shape: StepShape, plan: &RecomputePlan) -> Result<()> {
+    let (a, world) = (&args.shape, args.world);
+    let trainable = shape.trainable;
+    let wbytes = shape.dtype.size_in_bytes();
     let shape = StepShape {
         parked: plan.parked.or(shape.parked),
         ..shape
     };
-    let memory = MemoryModel::new(&cfg, shape);
+    let memory = MemoryModel::new(cfg, shape);
     let (saved, tapes) = memory.held_by_kind(&plan.keep);
     let (worst_layer, worst) = memory
         .layers
@@ -171,7 +203,6 @@ fn run(args: &Args) -> Result<()> {
         cfg.num_hidden_layers,
         cfg.vocab_size,
     );
-    let wbytes = dtype.size_in_bytes();
     let n = world as f64;
     let ring = 2.0 * (n - 1.0) / n;
     let comm = ring * 4.0 * trainable as f64;

@@ -32,7 +32,9 @@ use g4ft::data::{
     detect_format, Batch, Batching, DataLoader, DatasetOptions, Encoder, Format, LabelMode,
     LoaderConfig, PrepareOptions, TokenDataset,
 };
-use g4ft::ddp::{DdpError, DdpOptions, DistributedDataParallel, GroupOptions, ProcessGroup};
+use g4ft::ddp::{
+    DdpError, DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup,
+};
 use g4ft::gemma4::{Checkpoint, Config, Gemma4Model, Hub, ModelFiles};
 use g4ft::lora::{self, LoraConfig, ParamReport, TargetModules};
 use g4ft::trainer::checkpoint::resume::{self, Launch, StartPlan};
@@ -71,15 +73,13 @@ fn train(matches: &ArgMatches) -> Result<()> {
 
     // 1. Device first, then the process group bound to it (torchrun sets RANK, LOCAL_RANK,
     //    WORLD_SIZE, MASTER_ADDR, MASTER_PORT; without them: one process).
-    let local_rank: usize = std::env::var("LOCAL_RANK")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let device = cfg.device.open(local_rank)?;
+    let env = DistEnv::from_env()?;
+    let device = cfg.device.open(env.local_rank)?;
     // Peak memory for the log line: the CUDA pool's high-water mark, or peak RSS on CPU.
     let mem = MemProbe::new(&device)?;
     let timeout = Duration::from_secs(cfg.collective_timeout_s);
-    let group = ProcessGroup::from_env(
+    let group = ProcessGroup::new(
+        env,
         &device,
         GroupOptions {
             timeout,

@@ -485,3 +485,14 @@ fn adapter_settings_that_cannot_train_are_errors() {
     );
     assert_eq!(err.lines().count(), 1, "one error line: {err}");
 }
+
+#[test]
+fn a_malformed_launcher_variable_is_one_error_line_naming_it() {
+    let out = tmp("badenv");
+    let env = [("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "first")];
+    let outs = run(1, &base_args(&out), &env);
+    assert!(!outs[0].status.success(), "LOCAL_RANK=first must fail");
+    let err = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(err.contains("LOCAL_RANK") && err.contains("first"), "{err}");
+    assert_eq!(err.lines().count(), 1, "one error line: {err}");
+}
