@@ -46,11 +46,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use candle_core::Var;
+use candle_core::{DType, Device, Var};
 use clap::Parser;
 use g4ft_data::Batch;
 use g4ft_ddp::{DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup};
-use g4ft_gemma4::{Config, Gemma4Model};
+use g4ft_gemma4::{Config, Gemma4Model, RecomputePlan};
 use g4ft_hash::{mix64, GAMMA};
 use g4ft_lora::{attach, lora_parameters, LoraConfig, TargetModules};
 use g4ft_ops::{AttentionBackward, AttentionForward, AttentionPlan};
@@ -300,15 +300,7 @@ fn run(args: &Args) -> Result<()> {
     let free_at_start = memory::free_memory(&device, group.env().local_world_size);
     let t0 = Instant::now();
     let mut model = Gemma4Model::random_init(&cfg, dtype, &device, args.seed)?;
-    let default_plan = AttentionPlan::default();
-    let attention = AttentionPlan {
-        forward: args.attention_forward,
-        backward: args.attention_backward,
-        score_bytes: args
-            .attention_score_mib
-            .map_or(default_plan.score_bytes, |mib| mib.saturating_mul(1 << 20)),
-        wgmma: args.attention_wgmma.unwrap_or(default_plan.wgmma),
-    };
+    let attention = attention_plan(args);
     model.set_attention_plan(attention);
     let mut lcfg = LoraConfig::new(
         shape.lora_r,
@@ -316,7 +308,7 @@ fn run(args: &Args) -> Result<()> {
         TargetModules::Regex(POST_LORA_TARGETS.to_string()),
     );
     lcfg.lora_dropout = args.lora_dropout;
-    let adapted = attach(&lcfg, model.projections_mut(), args.seed)?;
+    let adapted = attach(&lcfg, model.projections_mut(), args.seed)?.len();
     let policy = shape.recompute_policy(|| free_at_start)?;
     let (recompute, parked_note) = memory::apply_recompute(
         &mut model,
@@ -341,41 +333,23 @@ fn run(args: &Args) -> Result<()> {
         },
     )?;
     device.synchronize()?;
-    let weights_bytes = probe.current()?;
+    let setup = Setup {
+        args,
+        cfg: &cfg,
+        dtype,
+        device: &device,
+        world,
+        built_s: t0.elapsed().as_secs_f64(),
+        weights_bytes: probe.current()?,
+        attention,
+        adapted,
+        trainable,
+        buckets: ddp.buckets()?.len(),
+        recompute,
+    };
     let main_rank = rank == 0;
     if main_rank {
-        println!(
-            "model layers={} hidden={} vocab={} dtype={:?} device={:?} world={world} built_in={:.1}s mem_after_build={:.2} GB attention={attention:?}",
-            cfg.num_hidden_layers,
-            cfg.hidden_size,
-            cfg.vocab_size,
-            dtype,
-            device.location(),
-            t0.elapsed().as_secs_f64(),
-            weights_bytes as f64 / 1e9
-        );
-        println!(
-            "lora r={} alpha={} dropout={} adapted={} trainable={trainable} buckets={}",
-            shape.lora_r,
-            args.lora_alpha,
-            args.lora_dropout,
-            adapted.len(),
-            ddp.buckets()?.len(),
-        );
-        println!("{recompute}");
-        if let Some(note) = &parked_note {
-            println!("{note}");
-        }
-        let head_dims: std::collections::BTreeSet<usize> =
-            cfg.layers.iter().map(|l| l.head_dim).collect();
-        let backward: Vec<String> = head_dims
-            .iter()
-            .map(|&d| {
-                let dims = (shape.micro_batch, cfg.num_attention_heads, shape.seq, d);
-                format!("head dim {d} {:?}", attention.backward_for(dtype, dims))
-            })
-            .collect();
-        println!("attention backward on CUDA: {}", backward.join(", "));
+        setup.print(parked_note.as_deref());
     }
 
     let optim = AdamW::new(
@@ -394,7 +368,7 @@ fn run(args: &Args) -> Result<()> {
         micro_step: 0,
     };
     let (b, t) = (shape.micro_batch, shape.seq);
-    let step_tokens = b * t * args.accum * world;
+    let step_tokens = setup.step_tokens();
     let token_seed = args.seed.wrapping_add(rank as u64);
     let window = |step: usize| -> Vec<Batch> {
         (0..args.accum)
@@ -451,48 +425,16 @@ fn run(args: &Args) -> Result<()> {
         let samples = sampler.write(path)?;
         println!("host profile: {samples} samples in {}", path.display());
     }
-    let window_s = (step_ends[n] - step_ends[lo]).as_secs_f64();
-    let tps = (step_tokens * (n - lo)) as f64 / window_s;
-    let s_per_step = window_s / (n - lo) as f64;
-    let peak = probe.peak()?;
-    let fl = step::flops_model(&model).flops_per_token(t);
-    let peak_tflops = args
-        .peak_tflops
-        .or_else(|| g4ft_trainer::metrics::mfu::device_peak_tflops(&device));
-    // MFU per GPU: tokens/s of this rank's device.
-    let tps_device = tps / world as f64;
-    let achieved = tps_device * fl.hardware / 1e12;
-    let mfu_of = |flops: f64| peak_tflops.map(|p| mfu(tps_device, flops, p));
-    let show = |m: Option<f64>| m.map_or_else(|| "-".to_string(), |m| format!("{m:.3}"));
     if main_rank {
-        println!(
-            "SUMMARY tokens_per_s={tps:.0} s_per_step={s_per_step:.3} (steps {lo}..{}) peak_gb={:.2} mfu_model={} mfu_hw={} achieved_tflops_hw={achieved:.1} predicted_peak_gb={:.2} kept_layers={}/{} trainable={trainable} world={world}",
-            n - 1,
-            peak as f64 / 1e9,
-            show(mfu_of(fl.model)),
-            show(mfu_of(fl.hardware)),
-            recompute.peak.bytes as f64 / 1e9,
-            recompute.keep.kept(),
-            recompute.keep.len(),
-        );
-        let res = serde_json::json!({
-            "seq": t, "micro_batch": b, "accum": args.accum, "world": world, "steps": n,
-            "window_steps": n - lo, "window_s": window_s, "tokens_per_s": tps,
-            "s_per_step": s_per_step, "step_s_all": durs,
-            "peak_GB": peak as f64 / 1e9, "peak_GiB": peak as f64 / (1u64 << 30) as f64,
-            "peak_what": probe.what(), "mem_after_build_GB": weights_bytes as f64 / 1e9,
-            "trainable_params": trainable, "flops_per_token_model": fl.model,
-            "flops_per_token_hw": fl.hardware, "flops_per_token_brief": fl.brief,
-            "attn_fwd_flops_per_token": fl.attention_forward,
-            "achieved_TFLOPs_hw": achieved, "peak_matmul_TFLOPs": peak_tflops,
-            "MFU_model": mfu_of(fl.model), "MFU_hw": mfu_of(fl.hardware),
-            "MFU_brief": mfu_of(fl.brief),
-            "recompute": recompute.to_string(), "kept_layers": recompute.keep.kept(),
-            "predicted_peak_GB": recompute.peak.bytes as f64 / 1e9,
-            "dtype": format!("{dtype:?}"), "lora_r": shape.lora_r,
-            "bucket_cap_mb": args.bucket_cap_mb,
-        });
-        println!("RESULT_JSON {res}");
+        let steady = Steady {
+            lo,
+            n,
+            window_s: (step_ends[n] - step_ends[lo]).as_secs_f64(),
+            step_s: durs,
+            peak_bytes: probe.peak()?,
+            peak_what: probe.what(),
+        };
+        setup.print_summary(&model, &steady);
     }
 
     if args.profile {
@@ -527,6 +469,152 @@ fn run(args: &Args) -> Result<()> {
     drop(stepper);
     drop(group);
     Ok(())
+}
+
+/// The attention kernels of the flags: the default plan with each given flag's choice.
+fn attention_plan(args: &Args) -> AttentionPlan {
+    let default_plan = AttentionPlan::default();
+    AttentionPlan {
+        forward: args.attention_forward,
+        backward: args.attention_backward,
+        score_bytes: args
+            .attention_score_mib
+            .map_or(default_plan.score_bytes, |mib| mib.saturating_mul(1 << 20)),
+        wgmma: args.attention_wgmma.unwrap_or(default_plan.wgmma),
+    }
+}
+
+/// The job as built: what the setup lines and the summary report besides the timings.
+struct Setup<'a> {
+    args: &'a Args,
+    cfg: &'a Config,
+    dtype: DType,
+    device: &'a Device,
+    world: usize,
+    /// Seconds to build the model and its adapters.
+    built_s: f64,
+    /// Device memory in use once the model, the adapters and the buckets are built.
+    weights_bytes: u64,
+    attention: AttentionPlan,
+    /// Projections with an adapter.
+    adapted: usize,
+    trainable: usize,
+    buckets: usize,
+    recompute: RecomputePlan,
+}
+
+/// The measured steps' timings: the steady window is steps `lo..n`.
+struct Steady {
+    lo: usize,
+    n: usize,
+    window_s: f64,
+    /// Every step's seconds, warm-up included.
+    step_s: Vec<f64>,
+    peak_bytes: u64,
+    peak_what: &'static str,
+}
+
+impl Setup<'_> {
+    /// Tokens of one optimizer step over all ranks.
+    fn step_tokens(&self) -> usize {
+        let shape = &self.args.shape;
+        shape.micro_batch * shape.seq * self.args.accum * self.world
+    }
+
+    /// The model, LoRA, recompute and attention lines printed before the first step.
+    fn print(&self, parked_note: Option<&str>) {
+        let (args, cfg, shape) = (self.args, self.cfg, &self.args.shape);
+        println!(
+            "model layers={} hidden={} vocab={} dtype={:?} device={:?} world={} built_in={:.1}s mem_after_build={:.2} GB attention={:?}",
+            cfg.num_hidden_layers,
+            cfg.hidden_size,
+            cfg.vocab_size,
+            self.dtype,
+            self.device.location(),
+            self.world,
+            self.built_s,
+            self.weights_bytes as f64 / 1e9,
+            self.attention
+        );
+        println!(
+            "lora r={} alpha={} dropout={} adapted={} trainable={} buckets={}",
+            shape.lora_r,
+            args.lora_alpha,
+            args.lora_dropout,
+            self.adapted,
+            self.trainable,
+            self.buckets,
+        );
+        println!("{}", self.recompute);
+        if let Some(note) = parked_note {
+            println!("{note}");
+        }
+        let head_dims: std::collections::BTreeSet<usize> =
+            cfg.layers.iter().map(|l| l.head_dim).collect();
+        let backward: Vec<String> = head_dims
+            .iter()
+            .map(|&d| {
+                let dims = (shape.micro_batch, cfg.num_attention_heads, shape.seq, d);
+                format!(
+                    "head dim {d} {:?}",
+                    self.attention.backward_for(self.dtype, dims)
+                )
+            })
+            .collect();
+        println!("attention backward on CUDA: {}", backward.join(", "));
+    }
+
+    /// The `SUMMARY` line and the `RESULT_JSON` line of the steady window (MFU per GPU, both
+    /// ways, against --peak-tflops or the device's data-sheet peak).
+    fn print_summary(&self, model: &Gemma4Model, steady: &Steady) {
+        let (args, shape, world) = (self.args, &self.args.shape, self.world);
+        let (b, t) = (shape.micro_batch, shape.seq);
+        let Steady {
+            lo, n, window_s, ..
+        } = *steady;
+        let tps = (self.step_tokens() * (n - lo)) as f64 / window_s;
+        let s_per_step = window_s / (n - lo) as f64;
+        let peak = steady.peak_bytes;
+        let fl = step::flops_model(model).flops_per_token(t);
+        let peak_tflops = args
+            .peak_tflops
+            .or_else(|| g4ft_trainer::metrics::mfu::device_peak_tflops(self.device));
+        // MFU per GPU: tokens/s of this rank's device.
+        let tps_device = tps / world as f64;
+        let achieved = tps_device * fl.hardware / 1e12;
+        let mfu_of = |flops: f64| peak_tflops.map(|p| mfu(tps_device, flops, p));
+        let show = |m: Option<f64>| m.map_or_else(|| "-".to_string(), |m| format!("{m:.3}"));
+        let recompute = &self.recompute;
+        let trainable = self.trainable;
+        println!(
+            "SUMMARY tokens_per_s={tps:.0} s_per_step={s_per_step:.3} (steps {lo}..{}) peak_gb={:.2} mfu_model={} mfu_hw={} achieved_tflops_hw={achieved:.1} predicted_peak_gb={:.2} kept_layers={}/{} trainable={trainable} world={world}",
+            n - 1,
+            peak as f64 / 1e9,
+            show(mfu_of(fl.model)),
+            show(mfu_of(fl.hardware)),
+            recompute.peak.bytes as f64 / 1e9,
+            recompute.keep.kept(),
+            recompute.keep.len(),
+        );
+        let res = serde_json::json!({
+            "seq": t, "micro_batch": b, "accum": args.accum, "world": world, "steps": n,
+            "window_steps": n - lo, "window_s": window_s, "tokens_per_s": tps,
+            "s_per_step": s_per_step, "step_s_all": steady.step_s,
+            "peak_GB": peak as f64 / 1e9, "peak_GiB": peak as f64 / (1u64 << 30) as f64,
+            "peak_what": steady.peak_what, "mem_after_build_GB": self.weights_bytes as f64 / 1e9,
+            "trainable_params": trainable, "flops_per_token_model": fl.model,
+            "flops_per_token_hw": fl.hardware, "flops_per_token_brief": fl.brief,
+            "attn_fwd_flops_per_token": fl.attention_forward,
+            "achieved_TFLOPs_hw": achieved, "peak_matmul_TFLOPs": peak_tflops,
+            "MFU_model": mfu_of(fl.model), "MFU_hw": mfu_of(fl.hardware),
+            "MFU_brief": mfu_of(fl.brief),
+            "recompute": recompute.to_string(), "kept_layers": recompute.keep.kept(),
+            "predicted_peak_GB": recompute.peak.bytes as f64 / 1e9,
+            "dtype": format!("{:?}", self.dtype), "lora_r": shape.lora_r,
+            "bucket_cap_mb": args.bucket_cap_mb,
+        });
+        println!("RESULT_JSON {res}");
+    }
 }
 
 /// What one [`Stepper::step`] reports.
