@@ -39,6 +39,7 @@ pub struct RawTextConfig {
     pub tie_word_embeddings: Option<bool>,
     pub rope_parameters: Option<BTreeMap<String, RawRopeParameters>>,
     pub attention_bias: Option<bool>,
+    pub attention_dropout: Option<f64>,
     pub sliding_window: Option<usize>,
     pub layer_types: Option<Vec<String>>,
     pub final_logit_softcapping: Option<f64>,
@@ -534,6 +535,12 @@ fn check_supported(raw: &RawTextConfig, ctx: &Ctx) -> Result<()> {
         return Err(ctx.err(
             "attention_bias",
             "true is not supported (no release uses it)",
+        ));
+    }
+    if let Some(p) = raw.attention_dropout.filter(|&p| p != 0.0) {
+        return Err(ctx.err(
+            "attention_dropout",
+            format!("{p} is not supported: attention dropout is not implemented (every release has 0.0)"),
         ));
     }
     if raw.tie_word_embeddings == Some(false) {

@@ -177,6 +177,23 @@ fn bare_text_config_defaults_and_errors() {
         err.contains("bad.json") && err.contains("text_config.layer_types[0]"),
         "{err}"
     );
+    // Settings the model does not implement name their field instead of training differently.
+    for (field, value) in [
+        ("attention_dropout", "0.1"),
+        ("attention_bias", "true"),
+        ("hidden_activation", "\"silu\""),
+    ] {
+        let json = format!(r#"{{"model_type":"gemma4_text","{field}":{value}}}"#);
+        let err = Config::from_json_str(&json, "x.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("x.json") && err.contains(field), "{err}");
+    }
+    Config::from_json_str(
+        r#"{"model_type":"gemma4_text","attention_dropout":0.0}"#,
+        "zero.json",
+    )
+    .unwrap();
     let err = Config::from_json_str(r#"{"model_type":"llama"}"#, "l.json")
         .unwrap_err()
         .to_string();
