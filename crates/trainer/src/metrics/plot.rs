@@ -49,106 +49,135 @@ pub fn loss_svg(train: &[(u64, f64)], eval: &[(u64, f64)], title: &str) -> Strin
         svg.push_str("</svg>\n");
         return svg;
     }
+    let frame = Frame::around(&all);
+    frame.draw_axes(&mut svg);
+    frame.draw_curves(&mut svg, &train, &eval);
+    draw_legend(&mut svg, !train.is_empty(), !eval.is_empty());
+    svg.push_str("</svg>\n");
+    svg
+}
 
-    let (x0, x1) = padded_range(all.iter().map(|p| p.0));
-    let (y0, y1) = padded_range(all.iter().map(|p| p.1));
-    let (x_ticks, y_ticks) = (ticks(x0, x1, 8), ticks(y0, y1, 6));
-    let (x0, x1) = (
-        x0.min(x_ticks[0]),
-        x1.max(*x_ticks.last().expect("ticks() returns at least one")),
-    );
-    let (y0, y1) = (
-        y0.min(y_ticks[0]),
-        y1.max(*y_ticks.last().expect("ticks() returns at least one")),
-    );
-    let px = |x: f64| LEFT + (x - x0) / (x1 - x0) * (W - LEFT - RIGHT);
-    let py = |y: f64| H - BOTTOM - (y - y0) / (y1 - y0) * (H - TOP - BOTTOM);
+/// The plot area: the data ranges widened to whole ticks, and the ticks.
+struct Frame {
+    x: (f64, f64),
+    y: (f64, f64),
+    x_ticks: Vec<f64>,
+    y_ticks: Vec<f64>,
+}
 
-    // grid, ticks and labels
-    for &t in &x_ticks {
-        let x = px(t);
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#e5e5e5"/>"##,
-            H - BOTTOM
-        );
-        let _ = writeln!(
-            svg,
-            r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            H - BOTTOM + 16.0,
-            label(t)
-        );
-    }
-    for &t in &y_ticks {
-        let y = py(t);
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e5e5e5"/>"##,
-            W - RIGHT
-        );
-        let _ = writeln!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-            LEFT - 6.0,
-            y + 4.0,
-            label(t)
-        );
-    }
-    let _ = writeln!(
-        svg,
-        r#"<rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{:.1}" fill="none" stroke="black"/>"#,
-        W - LEFT - RIGHT,
-        H - TOP - BOTTOM
-    );
-    let _ = writeln!(
-        svg,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">optimizer step</text>"#,
-        (LEFT + W - RIGHT) / 2.0,
-        H - 12.0
-    );
-    let _ = writeln!(
-        svg,
-        r#"<text x="18" y="{:.1}" text-anchor="middle" transform="rotate(-90 18 {:.1})">loss</text>"#,
-        (TOP + H - BOTTOM) / 2.0,
-        (TOP + H - BOTTOM) / 2.0
-    );
-
-    // data
-    let points = |pts: &[(f64, f64)]| -> String {
-        pts.iter()
-            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    if !train.is_empty() {
-        let _ = writeln!(
-            svg,
-            r#"<polyline points="{}" fill="none" stroke="{TRAIN_COLOR}" stroke-width="1.8"/>"#,
-            points(&train)
-        );
-    }
-    if !eval.is_empty() {
-        let _ = writeln!(
-            svg,
-            r#"<polyline points="{}" fill="none" stroke="{EVAL_COLOR}" stroke-width="1.5" stroke-dasharray="5,4"/>"#,
-            points(&eval)
-        );
-        for &(x, y) in &eval {
-            let _ = writeln!(
-                svg,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{EVAL_COLOR}"/>"#,
-                px(x),
-                py(y)
-            );
+impl Frame {
+    /// The frame of `points` (at least one): padded ranges with 1-2-5 ticks that cover them.
+    fn around(points: &[(f64, f64)]) -> Frame {
+        let (x0, x1) = padded_range(points.iter().map(|p| p.0));
+        let (y0, y1) = padded_range(points.iter().map(|p| p.1));
+        let (x_ticks, y_ticks) = (ticks(x0, x1, 8), ticks(y0, y1, 6));
+        let last = |t: &[f64]| *t.last().expect("ticks() returns at least one");
+        Frame {
+            x: (x0.min(x_ticks[0]), x1.max(last(&x_ticks))),
+            y: (y0.min(y_ticks[0]), y1.max(last(&y_ticks))),
+            x_ticks,
+            y_ticks,
         }
     }
 
-    // legend
+    /// Pixel column of step `x`.
+    fn px(&self, x: f64) -> f64 {
+        LEFT + (x - self.x.0) / (self.x.1 - self.x.0) * (W - LEFT - RIGHT)
+    }
+
+    /// Pixel row of loss `y`.
+    fn py(&self, y: f64) -> f64 {
+        H - BOTTOM - (y - self.y.0) / (self.y.1 - self.y.0) * (H - TOP - BOTTOM)
+    }
+
+    /// Grid lines, tick labels, the frame and the axis titles.
+    fn draw_axes(&self, svg: &mut String) {
+        for &t in &self.x_ticks {
+            let x = self.px(t);
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#e5e5e5"/>"##,
+                H - BOTTOM
+            );
+            let _ = writeln!(
+                svg,
+                r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                H - BOTTOM + 16.0,
+                label(t)
+            );
+        }
+        for &t in &self.y_ticks {
+            let y = self.py(t);
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e5e5e5"/>"##,
+                W - RIGHT
+            );
+            let _ = writeln!(
+                svg,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+                LEFT - 6.0,
+                y + 4.0,
+                label(t)
+            );
+        }
+        let _ = writeln!(
+            svg,
+            r#"<rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{:.1}" fill="none" stroke="black"/>"#,
+            W - LEFT - RIGHT,
+            H - TOP - BOTTOM
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">optimizer step</text>"#,
+            (LEFT + W - RIGHT) / 2.0,
+            H - 12.0
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="18" y="{:.1}" text-anchor="middle" transform="rotate(-90 18 {:.1})">loss</text>"#,
+            (TOP + H - BOTTOM) / 2.0,
+            (TOP + H - BOTTOM) / 2.0
+        );
+    }
+
+    /// The training loss as a line, the evaluation loss as dots joined by a dashed line.
+    fn draw_curves(&self, svg: &mut String, train: &[(f64, f64)], eval: &[(f64, f64)]) {
+        let points = |pts: &[(f64, f64)]| -> String {
+            pts.iter()
+                .map(|&(x, y)| format!("{:.1},{:.1}", self.px(x), self.py(y)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        if !train.is_empty() {
+            let _ = writeln!(
+                svg,
+                r#"<polyline points="{}" fill="none" stroke="{TRAIN_COLOR}" stroke-width="1.8"/>"#,
+                points(train)
+            );
+        }
+        if !eval.is_empty() {
+            let _ = writeln!(
+                svg,
+                r#"<polyline points="{}" fill="none" stroke="{EVAL_COLOR}" stroke-width="1.5" stroke-dasharray="5,4"/>"#,
+                points(eval)
+            );
+            for &(x, y) in eval {
+                let _ = writeln!(
+                    svg,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{EVAL_COLOR}"/>"#,
+                    self.px(x),
+                    self.py(y)
+                );
+            }
+        }
+    }
+}
+
+/// The legend's entries in the top right corner, for the curves drawn.
+fn draw_legend(svg: &mut String, train: bool, eval: bool) {
     let mut ly = TOP + 16.0;
-    for (name, color, shown) in [
-        ("train", TRAIN_COLOR, !train.is_empty()),
-        ("eval", EVAL_COLOR, !eval.is_empty()),
-    ] {
+    for (name, color, shown) in [("train", TRAIN_COLOR, train), ("eval", EVAL_COLOR, eval)] {
         if shown {
             let lx = W - RIGHT - 90.0;
             let _ = writeln!(
@@ -165,8 +194,6 @@ pub fn loss_svg(train: &[(u64, f64)], eval: &[(u64, f64)], title: &str) -> Strin
             ly += 18.0;
         }
     }
-    svg.push_str("</svg>\n");
-    svg
 }
 
 /// Writes [`loss_svg`] to `path` atomically (a viewer never sees half a file).
