@@ -32,15 +32,14 @@ pub struct AttentionPlan {
     pub backward: AttentionBackward,
     /// Upper bound in bytes of one fp32 score buffer (`b·nh·rows·t` floats) of the blocked path,
     /// forward and backward: it sets the query block size (at least 16 rows). Default 32 MiB:
-    /// 256-row blocks for the 12B shape (16 heads, t = 2048), 5,693 tokens/s in the 12B step
-    /// against 5,438 with 16 MiB and 5,055 with 8 MiB.
+    /// 256-row blocks for the 12B shape (16 heads, t = 2048), faster in the 12B step than 16 or
+    /// 8 MiB (`CHANGELOG.md`).
     pub score_bytes: usize,
     /// In builds for compute capability 90 (H100 / H200), run the fused kernels that have a
     /// version on Hopper's warpgroup MMA (`kernels/attention_wgmma.cu`: the forward and the
     /// backward's dQ kernel at head dims 256 and 512, its dK / dV kernel at 256) on it; other
-    /// builds ignore it. Default on: the 12B step on one H200 runs 5,790 against 5,609 tokens/s
-    /// at 2k tokens with every layer recomputed, 7,906 against 7,709 with none, and 3,555
-    /// against 3,057 at 32k (`docs/benchmarks.md`).
+    /// builds ignore it. Default on: the 12B step on one H200 is faster with it at 2k and 32k
+    /// tokens (`docs/benchmarks.md` §1d).
     pub wgmma: bool,
 }
 
@@ -111,7 +110,7 @@ pub enum AttentionForward {
     /// (always 8: two warps per 16 query rows).
     FusedW4,
     /// As [`AttentionForward::FusedW4`] but head dim 256 runs 8 warps per block with
-    /// double-buffered K/V: 5,668 against 4 warps' 5,583 tokens/s in the 12B step.
+    /// double-buffered K/V, the faster of the two in the 12B step (`CHANGELOG.md`).
     FusedW8,
 }
 
@@ -125,9 +124,8 @@ pub enum AttentionBackward {
     Fused,
     /// Fused at head dim 256; at head dim 512 fused only when the blocked path's query blocks
     /// would be shorter than 64 rows (long sequences: [`AttentionPlan::score_bytes`] bounds the
-    /// blocks). On one H200 (`docs/benchmarks.md`): at head dim 256 the fused backward is as fast
-    /// as 256-row blocked blocks (t 2048), at head dim 512 256-row blocks take 1.1 ms against the
-    /// fused 2.3 ms, and at t 32,768 (16-row blocks) the 12B step runs 1.58x faster fused.
+    /// blocks): on one H200 the blocked backward is the faster at head dim 512 at 2k tokens, the
+    /// fused one at 32k (`docs/benchmarks.md` §1c, §1d).
     Auto,
 }
 
