@@ -103,7 +103,7 @@ fn packed_loss_is_the_sum_of_the_samples_losses() {
         .sum();
     let rel = (got - alone).abs() / alone.abs();
     assert!(rel < 1e-5, "packed {got} vs alone {alone} (rel {rel:.2e})");
-    // What the glue used to do: an attention mask makes the model ignore the segments.
+    // Without the position ids (an attention mask alone) the segments attend to each other.
     let mut masked = packed.clone();
     masked.position_ids = None;
     let leaked = loss_sum(&model, &masked);
