@@ -11,16 +11,17 @@
 //! `--max-shard-bytes` (default 5 GB), and the base directory's other files (config, generation
 //! config, tokenizer, chat template). `--dtype` casts every floating tensor first and sets
 //! `dtype` in `config.json`; without it each tensor keeps the base's dtype. `--out` must not exist
-//! or be empty, so a failed merge never overwrites a checkpoint. Prints one JSON line
-//! `{"out", "shards", "merged", "bytes"}`.
+//! or be empty, and appears whole or not at all (written beside it, then renamed), so a failed
+//! merge never leaves half a checkpoint. A line on stderr per weight file written; at the end one
+//! JSON line on stdout, `{"out", "shards", "merged", "bytes"}`.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use candle_core::DType;
 use clap::Parser;
 use g4ft::gemma4::ModelFiles;
-use g4ft::lora::{merge_adapter_dir, MergeOptions, MergeReport};
+use g4ft::lora::{merge_adapter_dir, MergeOptions, MergeReport, ShardWritten};
 
 #[derive(Parser, Debug)]
 #[command(about = "Merge a LoRA adapter into its Gemma 4 base model (full checkpoint)")]
@@ -50,16 +51,6 @@ pub fn run(args: &Args) -> Result<MergeReport> {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
-    if args.out.exists() {
-        let same = args.out.canonicalize()? == base.canonicalize()?;
-        let empty = args.out.is_dir() && std::fs::read_dir(&args.out)?.next().is_none();
-        if same || !empty {
-            bail!(
-                "--out {} exists and is not an empty directory; choose a new one",
-                args.out.display()
-            );
-        }
-    }
     let dtype = args.dtype.as_deref().map(|d| match d {
         "bf16" => DType::BF16,
         _ => DType::F32,
@@ -67,9 +58,21 @@ pub fn run(args: &Args) -> Result<MergeReport> {
     let opts = MergeOptions {
         max_shard_bytes: args.max_shard_bytes,
         dtype,
+        on_shard: Some(print_progress),
     };
     merge_adapter_dir(&base, &args.adapter, &args.out, opts)
         .with_context(|| format!("merging {} into {}", args.adapter.display(), base.display()))
+}
+
+/// One stderr line per weight file written.
+fn print_progress(p: &ShardWritten) {
+    eprintln!(
+        "merge: {}/{} weight files written ({:.2} of {:.2} GB)",
+        p.shard,
+        p.shards,
+        p.bytes as f64 / 1e9,
+        p.total_bytes as f64 / 1e9
+    );
 }
 
 fn main() -> std::process::ExitCode {

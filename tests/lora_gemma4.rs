@@ -270,7 +270,7 @@ fn merged_checkpoint_gives_adapted_logits() {
     })
     .unwrap_err();
     assert!(
-        err.to_string().contains("is not an empty directory"),
+        format!("{err:#}").contains("is not an empty directory"),
         "{err}"
     );
     checks.finish();

@@ -105,6 +105,17 @@ pub enum LoraError {
         why: String,
     },
 
+    // --- merge ---------------------------------------------------------------------------------
+    /// The merge's output directory exists and holds files: a merge never writes over them.
+    #[error(
+        "{}: exists and is not an empty directory; choose a new output directory",
+        path.display()
+    )]
+    OutputExists {
+        /// The output directory.
+        path: PathBuf,
+    },
+
     // --- tensors -------------------------------------------------------------------------------
     /// A Candle operation failed; `context` says on which module / tensor.
     #[error("{context}: {source}")]

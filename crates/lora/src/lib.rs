@@ -45,5 +45,6 @@ pub use linear::{
 };
 pub use merge::{
     merge_adapter_dir, merge_deltas, merge_projections, MergeDelta, MergeOptions, MergeReport,
+    ShardWritten,
 };
 pub use target::{ProjectionShape, Targeting};

@@ -9,6 +9,10 @@
 //!
 //! Arithmetic as PEFT's `merge_and_unload` (`peft/tuners/lora/layer.py`): the delta
 //! `(B @ A)·scale` in fp32, cast to the weight's dtype, then added in that dtype.
+//!
+//! The output directory appears whole or not at all: the files are written into a staging
+//! directory beside it (`.<name>.partial-<pid>`), removed if the merge fails, and renamed to the
+//! output directory at the end. The output directory must not exist or be empty.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -49,6 +53,9 @@ pub struct MergeOptions {
     /// Weights are cast before the delta is added, as `from_pretrained(dtype=...)` followed by
     /// `merge_and_unload` does, and `dtype` / `torch_dtype` in `config.json` are set to match.
     pub dtype: Option<DType>,
+    /// Called after each weight file is written (e.g. to print progress: a large model's merge
+    /// takes minutes).
+    pub on_shard: Option<fn(&ShardWritten)>,
 }
 
 impl Default for MergeOptions {
@@ -56,8 +63,22 @@ impl Default for MergeOptions {
         Self {
             max_shard_bytes: 5_000_000_000,
             dtype: None,
+            on_shard: None,
         }
     }
+}
+
+/// Where a merge stands after writing a weight file ([`MergeOptions::on_shard`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardWritten {
+    /// 1-based number of the file just written.
+    pub shard: usize,
+    /// Number of weight files.
+    pub shards: usize,
+    /// Tensor bytes written so far.
+    pub bytes: u64,
+    /// Tensor bytes of the whole checkpoint.
+    pub total_bytes: u64,
 }
 
 /// What a merge wrote.
@@ -115,9 +136,10 @@ pub fn merge_projections<'a>(
     merge_deltas(base_dir, out_dir, &deltas, opts)
 }
 
-/// Writes `base + deltas` to `out_dir` (see the module doc). Errors when a delta's
-/// `<path>.weight` is not in the base checkpoint or has a shape other than `(out, in)` of its
-/// adapter, and on I/O errors (naming the file).
+/// Writes `base + deltas` to `out_dir` (see the module doc). Errors when `out_dir` exists and is
+/// not an empty directory, when a delta's `<path>.weight` is not in the base checkpoint or has a
+/// shape other than `(out, in)` of its adapter, and on I/O errors (naming the file); a failed
+/// merge leaves `out_dir` as it was.
 pub fn merge_deltas(
     base_dir: &Path,
     out_dir: &Path,
@@ -130,6 +152,74 @@ pub fn merge_deltas(
             msg: format!("merge dtype must be f32, bf16 or f16, got {dt:?}"),
         })?;
     }
+    let out_exists = out_dir.exists();
+    if out_exists && !is_empty_dir(out_dir)? {
+        return Err(LoraError::OutputExists {
+            path: out_dir.to_path_buf(),
+        });
+    }
+    let staging = staging_dir(out_dir)?;
+    let written = write_merged(base_dir, &staging, deltas, opts).and_then(|report| {
+        if out_exists {
+            std::fs::remove_dir(out_dir).map_err(io_err(out_dir))?;
+        }
+        std::fs::rename(&staging, out_dir).map_err(io_err(out_dir))?;
+        Ok(report)
+    });
+    match written {
+        Ok(mut report) => {
+            for shard in &mut report.shards {
+                *shard = out_dir.join(shard.file_name().expect("a shard is a file"));
+            }
+            Ok(report)
+        }
+        Err(e) => {
+            // Best effort: the error that stopped the merge is the one to report.
+            let _ = std::fs::remove_dir_all(&staging);
+            Err(e)
+        }
+    }
+}
+
+/// Whether `dir` is a directory with no entries.
+fn is_empty_dir(dir: &Path) -> Result<bool> {
+    if !dir.is_dir() {
+        return Ok(false);
+    }
+    Ok(std::fs::read_dir(dir)
+        .map_err(io_err(dir))?
+        .next()
+        .is_none())
+}
+
+/// A fresh `.<name>.partial-<pid>` beside `out_dir` (one left by a crashed merge of the same
+/// process id is removed first).
+fn staging_dir(out_dir: &Path) -> Result<PathBuf> {
+    let name = out_dir
+        .file_name()
+        .ok_or_else(|| LoraError::Io {
+            path: out_dir.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the output directory needs a name",
+            ),
+        })?
+        .to_string_lossy();
+    let staging = out_dir.with_file_name(format!(".{name}.partial-{}", std::process::id()));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(io_err(&staging))?;
+    }
+    std::fs::create_dir_all(&staging).map_err(io_err(&staging))?;
+    Ok(staging)
+}
+
+/// Writes the merged checkpoint into `dir` (an empty directory).
+fn write_merged(
+    base_dir: &Path,
+    dir: &Path,
+    deltas: &[MergeDelta],
+    opts: MergeOptions,
+) -> Result<MergeReport> {
     let inputs = input_shards(base_dir)?;
     // SAFETY: the base checkpoint files must not be modified while the merge runs (the mmaps
     // would change under us); they are only read.
@@ -171,7 +261,6 @@ pub fn merge_deltas(
                 .into(),
         });
     }
-    std::fs::create_dir_all(out_dir).map_err(io_err(out_dir))?;
     let plan = plan_shards(&sizes, opts.max_shard_bytes);
     let n = plan.len();
     let mut report = MergeReport {
@@ -180,6 +269,9 @@ pub fn merge_deltas(
         total_bytes: sizes.iter().map(|(_, s)| s).sum(),
     };
     let mut weight_map = BTreeMap::new();
+    let size_of: BTreeMap<&str, u64> = sizes.iter().map(|(k, s)| (k.as_str(), *s)).collect();
+    let sizes_of = |names: &[String]| -> u64 { names.iter().map(|k| size_of[k.as_str()]).sum() };
+    let mut written = 0;
     for (i, names) in plan.iter().enumerate() {
         let file = if n == 1 {
             SINGLE_NAME.to_string()
@@ -207,18 +299,27 @@ pub fn merge_deltas(
             weight_map.insert(name.clone(), file.clone());
             tensors.push((name.clone(), w));
         }
-        let path = out_dir.join(&file);
+        let path = dir.join(&file);
         write_safetensors(&path, tensors)?;
         report.shards.push(path);
+        written += sizes_of(names);
+        if let Some(on_shard) = opts.on_shard {
+            on_shard(&ShardWritten {
+                shard: i + 1,
+                shards: n,
+                bytes: written,
+                total_bytes: report.total_bytes,
+            });
+        }
     }
     if n > 1 {
         let index =
             json!({"metadata": {"total_size": report.total_bytes}, "weight_map": weight_map});
-        write_json(&out_dir.join(INDEX_NAME), &index)?;
+        write_json(&dir.join(INDEX_NAME), &index)?;
     }
-    copy_side_files(base_dir, out_dir)?;
+    copy_side_files(base_dir, dir)?;
     if let Some(dt) = opts.dtype {
-        set_config_dtype(&out_dir.join("config.json"), dt)?;
+        set_config_dtype(&dir.join("config.json"), dt)?;
     }
     Ok(report)
 }
