@@ -496,3 +496,23 @@ fn a_malformed_launcher_variable_is_one_error_line_naming_it() {
     assert!(err.contains("LOCAL_RANK") && err.contains("first"), "{err}");
     assert_eq!(err.lines().count(), 1, "one error line: {err}");
 }
+
+/// A checkpoint's weights get the permissions of the JSON files beside them (those of a file the
+/// process creates), so the other users of a machine can read what they can read of the rest.
+#[cfg(unix)]
+#[test]
+fn checkpoint_weights_are_as_readable_as_their_json() {
+    use std::os::unix::fs::PermissionsExt;
+    let out = tmp("modes");
+    run_ok(1, &args_with(&out, &["--max-steps", "2"]), &[]);
+    let last = checkpoints(&out).pop().expect("a checkpoint");
+    let mode = |f: &str| {
+        let meta = std::fs::metadata(out.join(&last).join(f)).unwrap();
+        meta.permissions().mode() & 0o777
+    };
+    assert_eq!(
+        mode("adapter_model.safetensors"),
+        mode("adapter_config.json")
+    );
+    assert_eq!(mode("optimizer.safetensors"), mode("trainer_state.json"));
+}

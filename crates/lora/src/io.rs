@@ -289,13 +289,41 @@ pub fn save_adapter<'a>(
     write_safetensors(&dir.join(WEIGHTS_NAME), tensors)
 }
 
-/// Writes tensors with PEFT/transformers' metadata `{"format": "pt"}`.
-pub(crate) fn write_safetensors(path: &Path, tensors: Vec<(String, Tensor)>) -> Result<()> {
+/// Writes `tensors` to the safetensors file `path` with PEFT/transformers' metadata
+/// `{"format": "pt"}`: atomically (a temporary file renamed into place), and with the
+/// permissions of a file this process creates (`0o666` less the umask, as the JSON files beside
+/// it), which the safetensors crate's temporary file (mode `0o600`) would not give: weights
+/// other users of a shared machine (a serving process, a teammate) could not read.
+pub fn write_safetensors(path: &Path, tensors: Vec<(String, Tensor)>) -> Result<()> {
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
     safetensors::serialize_to_file(tensors, Some(metadata), path).map_err(|e| {
         LoraError::Safetensors {
             path: path.to_path_buf(),
             msg: e.to_string(),
         }
-    })
+    })?;
+    give_created_mode(path)
+}
+
+/// Sets `path`'s permission bits to those of a file created beside it now (a probe file,
+/// removed at once): the process umask applied to `0o666`.
+#[cfg(unix)]
+fn give_created_mode(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let name = path
+        .file_name()
+        .map_or_else(Default::default, |n| n.to_string_lossy());
+    let probe = path.with_file_name(format!(".{name}.mode-probe-{}", std::process::id()));
+    let created = std::fs::File::create(&probe)
+        .and_then(|f| f.metadata())
+        .map(|m| m.permissions().mode() & 0o777);
+    let _ = std::fs::remove_file(&probe);
+    let mode = created.map_err(io_err(&probe))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io_err(path))
+}
+
+/// Permission bits are the file system's default where there is no umask.
+#[cfg(not(unix))]
+fn give_created_mode(_path: &Path) -> Result<()> {
+    Ok(())
 }

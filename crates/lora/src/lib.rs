@@ -36,8 +36,8 @@ pub use error::{LoraError, Result};
 pub use gguf::{write_gguf_adapter, GgufReport};
 pub use init::init_adapter_values;
 pub use io::{
-    load_adapter, peft_key, read_adapter, save_adapter, AdapterWeights, CONFIG_NAME, KEY_PREFIX,
-    WEIGHTS_NAME,
+    load_adapter, peft_key, read_adapter, save_adapter, write_safetensors, AdapterWeights,
+    CONFIG_NAME, KEY_PREFIX, WEIGHTS_NAME,
 };
 pub use linear::{
     hold_adapter_copies, Adapter, AdapterCopies, AdapterGrads, LoraContext, LoraLinear,

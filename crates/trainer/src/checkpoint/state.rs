@@ -106,11 +106,12 @@ impl TrainerState {
             source,
         })?;
         let path = dir.join(OPTIMIZER_FILE);
-        let map: HashMap<String, Tensor> = moments.iter().cloned().collect();
-        candle_core::safetensors::save(&map, &path).map_err(|e| Error::CheckpointInvalid {
-            path,
-            reason: format!("cannot write the optimizer moments: {e}"),
-            hint: "check free disk space and permissions of the output directory",
+        g4ft_lora::write_safetensors(&path, moments.to_vec()).map_err(|e| {
+            Error::CheckpointInvalid {
+                path,
+                reason: format!("cannot write the optimizer moments: {e}"),
+                hint: "check free disk space and permissions of the output directory",
+            }
         })
     }
 
