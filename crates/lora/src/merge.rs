@@ -269,8 +269,6 @@ fn write_merged(
         total_bytes: sizes.iter().map(|(_, s)| s).sum(),
     };
     let mut weight_map = BTreeMap::new();
-    let size_of: BTreeMap<&str, u64> = sizes.iter().map(|(k, s)| (k.as_str(), *s)).collect();
-    let sizes_of = |names: &[String]| -> u64 { names.iter().map(|k| size_of[k.as_str()]).sum() };
     let mut written = 0;
     for (i, names) in plan.iter().enumerate() {
         let file = if n == 1 {
@@ -279,6 +277,7 @@ fn write_merged(
             format!("model-{:05}-of-{n:05}.safetensors", i + 1)
         };
         let mut tensors = Vec::with_capacity(names.len());
+        let mut shard_bytes = 0;
         for name in names {
             let w = base
                 .load(name, &Device::Cpu)
@@ -297,12 +296,13 @@ fn write_merged(
                 None => w,
             };
             weight_map.insert(name.clone(), file.clone());
+            shard_bytes += (w.elem_count() * w.dtype().size_in_bytes()) as u64;
             tensors.push((name.clone(), w));
         }
         let path = dir.join(&file);
         write_safetensors(&path, tensors)?;
         report.shards.push(path);
-        written += sizes_of(names);
+        written += shard_bytes;
         if let Some(on_shard) = opts.on_shard {
             on_shard(&ShardWritten {
                 shard: i + 1,

@@ -54,10 +54,10 @@ fn per_pack<T>() -> usize {
     16 / std::mem::size_of::<T>()
 }
 
-/// Whether rows of `h` elements of `T` at the device addresses `addrs` go in 16-byte packs (the
-/// kernels' `packed`): `h` a multiple of a pack and every address 16-byte aligned.
-fn packs<T>(h: usize, addrs: &[u64]) -> bool {
-    h.is_multiple_of(per_pack::<T>()) && addrs.iter().all(|a| a % 16 == 0)
+/// Whether rows of `h` elements of `T` starting at the device address `addr` go in 16-byte packs
+/// (the kernels' `packed`): `h` a multiple of a pack and `addr` 16-byte aligned.
+fn packs<T>(h: usize, addr: u64) -> bool {
+    h.is_multiple_of(per_pack::<T>()) && addr.is_multiple_of(16)
 }
 
 fn as_i32(x: usize, what: &str) -> Result<i32> {
@@ -198,7 +198,7 @@ pub(super) fn gather(
     let launch = |w_ptr: u64| -> Result<CudaStorage> {
         with_cuda_float_type!(sx, op, T => {
             let x = cuda::view::<T>(sx, lx, op, "x")?;
-            let packed = packs::<T>(h, &[x.device_ptr(&stream).0]);
+            let packed = packs::<T>(h, x.device_ptr(&stream).0);
             // SAFETY: every element is written.
             let out = unsafe { dev.alloc::<T>(m * h)? };
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(op))?;
@@ -265,7 +265,7 @@ pub(super) fn combine(
             // SAFETY: every element is written.
             let out = unsafe { dev.alloc::<T>(n * h)? };
             let f = cuda::func(&dev, &MODULE, &cuda::kname::<T>(op))?;
-            let packed = packs::<T>(h, &[y.device_ptr(&stream).0]);
+            let packed = packs::<T>(h, y.device_ptr(&stream).0);
             let packed_ = i32::from(packed);
             let mut b = cuda::launch_args(&stream, &f);
             b.arg(&y).arg(&slot_pos).arg(&w_ptr).arg(&out).arg(&h_).arg(&k_).arg(&packed_);
