@@ -87,6 +87,16 @@ pub(crate) fn read_rows(path: &str, vocab: usize) -> Result<Vec<(Vec<u32>, Vec<i
     if rows.is_empty() {
         bail!("{path}: no rows");
     }
+    // Position t predicts the label of t + 1: a row's first label is never scored.
+    if rows
+        .iter()
+        .all(|(_, l)| l.iter().skip(1).all(|&x| x == -100))
+    {
+        bail!(
+            "{path}: no token to score: every row has one token, or -100 for every label after \
+             its first"
+        );
+    }
     Ok(rows)
 }
 

@@ -42,7 +42,7 @@ use g4ft::trainer::checkpoint::run_dir::{self, OutputLock, RunRecord};
 use g4ft::trainer::checkpoint::state::{
     config_fingerprint, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
 };
-use g4ft::trainer::checkpoint::{prune_checkpoints, write_checkpoint_atomic};
+use g4ft::trainer::checkpoint::{complete_checkpoints, prune_checkpoints, write_checkpoint_atomic};
 use g4ft::trainer::config::cli;
 use g4ft::trainer::config::ResolvedConfig;
 use g4ft::trainer::config::{LabelsKind, ReportTo};
@@ -235,6 +235,21 @@ fn train_in_group(
                 pos.step,
                 pos.epoch
             );
+            let later: Vec<String> = complete_checkpoints(&cfg.output)?
+                .into_iter()
+                .filter(|c| c.marker.step > pos.step)
+                .map(|c| c.marker.name)
+                .collect();
+            if !later.is_empty() {
+                println!(
+                    "note: {} also holds {}, past step {}; this run's checkpoints are newer than \
+                     them (--resume latest takes the one written last, --save-total-limit removes \
+                     the first written, a save of the same name replaces one)",
+                    cfg.output.display(),
+                    later.join(", "),
+                    pos.step
+                );
+            }
         }
         if pos.step >= run_steps {
             if is_main {
@@ -457,6 +472,7 @@ fn claim_output(cfg: &TrainConfig, start: &Start<'_>) -> Result<(OutputLock, Run
     let lock = run_dir::lock(&cfg.output, &holder)?;
     let fresh = RunRecord::new(
         start.launch.launcher_run_id.clone(),
+        start.launch.launcher_pid,
         config_fingerprint(cfg),
     );
     let record = run_dir::claim(&cfg.output, &start.plan.claim, fresh)?;
@@ -719,6 +735,7 @@ fn open_loader(
     if rank == 0 {
         print_dataset_report(&dataset);
     }
+
     let batching = if cfg.packing {
         Batching::Packed {
             pack_len: cfg.max_len,

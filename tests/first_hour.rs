@@ -277,7 +277,7 @@ fn an_elastic_restart_continues_only_its_own_run() {
 fn save_total_limit_keeps_the_newest_checkpoints() {
     let out = tmp("limit");
     run_ok(1, &short(&out, "6", &["--save-total-limit", "2"]), &[]);
-    assert_eq!(checkpoints(&out), ["epoch-0", "step-6"]);
+    assert_eq!(checkpoints(&out), ["step-6", "epoch-0"]);
 }
 
 #[test]

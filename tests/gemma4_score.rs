@@ -75,4 +75,11 @@ fn bad_lines_name_their_line_number() {
         let err = format!("{:#}", score::read_rows(&path, 128).unwrap_err());
         assert!(err.contains(want), "{bad}: {err}");
     }
+    let nothing = [
+        r#"{"input_ids": [2]}"#,
+        r#"{"input_ids": [2, 7], "labels": [7, -100]}"#,
+    ];
+    let path = write_jsonl("nothing", &nothing.map(String::from));
+    let err = format!("{:#}", score::read_rows(&path, 128).unwrap_err());
+    assert!(err.contains("no token to score"), "{err}");
 }

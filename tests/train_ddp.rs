@@ -192,6 +192,42 @@ fn every_recompute_policy_trains_the_same_bits() {
 }
 
 #[test]
+fn resuming_an_earlier_checkpoint_makes_its_saves_the_newest() {
+    // step-2, step-4 and step-5 of 6 steps per epoch; then back to step-2, saving every step
+    // and keeping two: the new step-3 and step-4 are what stays, and step-4 is the latest.
+    let out = tmp("rewind");
+    let common = ["--micro-batch", "1", "--accum", "2", "--lora-r", "2"];
+    let mut first = common.to_vec();
+    first.extend(["--max-steps", "5", "--save-every", "2"]);
+    run_ok(1, &args_with(&out, &first), &[]);
+    assert_eq!(checkpoints(&out), ["step-2", "step-4", "step-5"]);
+    let from = out.join("step-2").display().to_string();
+    let mut again = common.to_vec();
+    again.extend([
+        "--max-steps",
+        "4",
+        "--save-every",
+        "1",
+        "--save-total-limit",
+        "2",
+    ]);
+    again.extend(["--resume", &from]);
+    let log = run_ok(1, &args_with(&out, &again), &[]);
+    assert!(
+        log.contains("also holds step-4, step-5, past step 2"),
+        "{log}"
+    );
+    assert_eq!(checkpoints(&out), ["step-3", "step-4"]);
+    let latest = g4ft::trainer::checkpoint::latest_complete_checkpoint(&out)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (latest.marker.name.as_str(), latest.marker.step),
+        ("step-4", 4)
+    );
+}
+
+#[test]
 fn max_steps_sets_the_schedule_length_and_cycles_the_data() {
     // 6 steps per epoch; 8 steps run into the second epoch. Linear decay over exactly 8 steps
     // after ceil(0.25 * 8) = 2 warmup steps, as transformers' get_linear_schedule_with_warmup.

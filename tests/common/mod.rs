@@ -196,7 +196,7 @@ pub fn metrics(output: &Path, kind: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Names of the complete checkpoints in `output`, by step.
+/// Names of the complete checkpoints in `output`, in the order they were written.
 pub fn checkpoints(output: &Path) -> Vec<String> {
     g4ft::trainer::checkpoint::complete_checkpoints(output)
         .unwrap()

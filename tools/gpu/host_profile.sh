@@ -8,6 +8,7 @@
 # (.gpu/hp/bench_train_hp), EXTRA (more bench_train options, e.g. "--recompute none"), TAG (a
 # suffix of the output names). Each size's log, folded stacks and table go to $OUT.
 set -uo pipefail
+source tools/gpu/machine_setup.sh
 OUT="${OUT:-out/gpu}"; mkdir -p "$OUT"
 BIN="${BIN:-.gpu/hp/bench_train_hp}"
 [ -f "$BIN" ] || { [ -f "$BIN.xz" ] && xz -dk "$BIN.xz" && chmod +x "$BIN"; }

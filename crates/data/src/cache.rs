@@ -10,7 +10,9 @@
 //! locked, then hard-linked into place) and names it (`host pid`). A waiter that can lock it
 //! knows the builder is gone, whatever host it ran on (the kernel, or the file server, drops the
 //! lock of a dead process), and removes it saying so; a waiter says every few seconds whose build
-//! it waits for and how to clear a lock by hand; after `lock_timeout` it tokenizes itself.
+//! it waits for and how to clear a lock by hand; after `lock_timeout` it tokenizes itself. The
+//! process that takes the lock removes the temporary files of builds that died (killed while
+//! tokenizing): those of this cache that nothing has written to for [`ABANDONED_AFTER`].
 //!
 //! Layout (little endian): magic `G4FTTOK1`; records, sample after sample, each its ids (u32)
 //! then its labels (i32), `len` words each; `n+1` u64 record offsets (in 4-byte words after the
@@ -276,6 +278,7 @@ pub fn acquire(cache: &Path, timeout: Duration) -> Result<Acquired> {
             if cache.exists() {
                 return Ok(Acquired::Ready);
             }
+            remove_abandoned_temporaries(cache);
             return Ok(Acquired::Build(Some(guard)));
         }
         match holder(&lock)? {
@@ -308,6 +311,37 @@ pub fn acquire(cache: &Path, timeout: Duration) -> Result<Acquired> {
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
+        }
+    }
+}
+
+/// How long a temporary cache file must have gone unwritten to count as left by a dead build. A
+/// live build writes its buffer out at least every few seconds; only one that lost the lock
+/// (after `lock_timeout`) can be writing beside the lock holder.
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(600);
+
+/// Removes `<cache>.tmp.*` files not written for [`ABANDONED_AFTER`], saying so (best effort: a
+/// file that cannot be removed stays).
+fn remove_abandoned_temporaries(cache: &Path) {
+    let (Some(dir), Some(name)) = (cache.parent(), cache.file_stem()) else {
+        return;
+    };
+    let prefix = format!("{}.tmp.", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        let ours = path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(&prefix));
+        let idle = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= ABANDONED_AFTER));
+        if ours && idle && std::fs::remove_file(&path).is_ok() {
+            eprintln!(
+                "token cache: removed {}, left by a build that did not finish",
+                path.display()
+            );
         }
     }
 }
@@ -461,6 +495,38 @@ mod tests {
         assert!(matches!(got, Acquired::Build(None)));
         assert!(lock.exists(), "a live holder's lock is kept");
         drop(held);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_lock_taker_removes_temporaries_of_dead_builds() {
+        let dir = std::env::temp_dir().join(format!("g4ft-cache-tmp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cache = dir.join("x.0123.g4tok");
+        let idle = CacheWriter::create(&cache).unwrap();
+        let long_ago = std::time::SystemTime::now() - ABANDONED_AFTER - Duration::from_secs(1);
+        idle.out.get_ref().set_modified(long_ago).unwrap();
+        let idle_path = idle.tmp.clone();
+        std::mem::forget(idle); // a build that died: nothing removes its file
+        let busy = CacheWriter::create(&cache).unwrap();
+        let other = dir.join("y.0123.tmp.1.2");
+        std::fs::write(&other, "another cache's").unwrap();
+        File::options()
+            .write(true)
+            .open(&other)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+        let Acquired::Build(Some(_guard)) = acquire(&cache, Duration::from_secs(60)).unwrap()
+        else {
+            panic!("expected to take the lock");
+        };
+        assert!(!idle_path.exists(), "an idle temporary of this cache goes");
+        assert!(
+            busy.tmp.exists() && other.exists(),
+            "a written one and another cache's stay"
+        );
+        busy.abandon();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -30,7 +30,8 @@ pub struct PrepareOptions {
     pub label_mode: LabelMode,
     /// Skip bad rows and report them instead of failing.
     pub skip_bad_lines: bool,
-    /// Reject pre-tokenized ids `>= vocab_size` (taken from the tokenizer when there is one).
+    /// Reject rows with token ids `>= vocab_size`, pre-tokenized or from the tokenizer (taken from
+    /// the tokenizer when not given).
     pub vocab_size: Option<usize>,
     /// The row format; `None` detects it from the first row.
     pub format: Option<Format>,
@@ -250,9 +251,17 @@ pub fn tokenize_file(
             RawRow::Bad(e) => return Err(e.clone()),
         };
         let row = rows::parse(value, format, vocab_size)?;
-        match encoder {
-            Some(enc) => enc.encode(&row, opts.max_len, opts.label_mode),
-            None => crate::encoder::encode_tokens(&row, opts.max_len, opts.label_mode),
+        let Some(enc) = encoder else {
+            return crate::encoder::encode_tokens(&row, opts.max_len, opts.label_mode);
+        };
+        let encoded = enc.encode(&row, opts.max_len, opts.label_mode)?;
+        // A tokenizer with tokens the model has no embedding for (added tokens past its vocab).
+        match (vocab_size, encoded.input_ids.iter().max()) {
+            (Some(limit), Some(&id)) if id as usize >= limit => Err(RowError::new(
+                SkipReason::Tokenizer,
+                format!("the tokenizer gave token id {id}, past the model's vocab_size {limit}"),
+            )),
+            _ => Ok(encoded),
         }
     };
     let mut source = Source::open(path, opts.max_line_bytes)?;

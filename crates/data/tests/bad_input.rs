@@ -106,6 +106,23 @@ fn truncation_that_leaves_no_target_is_an_error() {
 }
 
 #[test]
+fn tokenizer_ids_past_the_models_vocab_name_the_line() {
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("past-vocab");
+    let path = common::write_jsonl(&dir, "v.jsonl", &[GOOD]);
+    let mut o = opts(&dir, false, LabelMode::AssistantOnly, 64);
+    o.prepare.vocab_size = Some(3);
+    let msg = TokenDataset::open(&path, Some(&enc), &o)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("v.jsonl:1: the tokenizer gave token id")
+            && msg.contains("past the model's vocab_size 3"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn bad_pretokenized_lines_and_formats() {
     let dir = common::scratch("bad-tokens");
     let mut o = opts(&dir, false, LabelMode::Auto, 64);

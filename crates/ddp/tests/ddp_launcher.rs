@@ -50,6 +50,19 @@ fn failed_worker_stops_the_others_and_fails_the_launch() {
 }
 
 #[test]
+fn output_held_open_by_a_workers_background_process_does_not_hold_the_launcher() {
+    let t0 = std::time::Instant::now();
+    let o = sh(&["--standalone"], "sleep 9 & echo started");
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t0.elapsed().as_secs() < 9, "took {:?}", t0.elapsed());
+    assert!(
+        t.contains("[rank 0] started") && t.contains("still holds its output open"),
+        "{t}"
+    );
+}
+
+#[test]
 fn a_worker_program_that_does_not_exist_is_one_error_line() {
     let o = Command::new(DDPRUN)
         .args(["--standalone", "--", "/nonexistent/worker"])

@@ -49,7 +49,10 @@ impl Hub {
             token: var("HF_TOKEN").or_else(|| var("HUGGING_FACE_HUB_TOKEN")),
             revision: revision.map(str::to_string),
             cache_dir: None,
-            offline: var("HF_HUB_OFFLINE").is_some_and(|v| v == "1"),
+            // huggingface_hub's true values, in any case.
+            offline: var("HF_HUB_OFFLINE").is_some_and(|v| {
+                matches!(v.to_ascii_uppercase().as_str(), "1" | "ON" | "YES" | "TRUE")
+            }),
         }
     }
 }
@@ -255,9 +258,11 @@ fn looks_like_a_path(model: &str) -> Option<String> {
     None
 }
 
-/// Takes the download lock of a repository in the cache, waiting (and saying so every 10 s)
-/// while another process downloads it.
+/// Takes the download lock of a repository in the cache, waiting while another process downloads
+/// it and saying so every 10 s, with the lock file and the holder (its pid and host, which the
+/// holder writes into the file). The lock dies with its holder, so a crashed download frees it.
 fn lock_download(path: &Path, id: &str) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
     let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -265,19 +270,41 @@ fn lock_download(path: &Path, id: &str) -> Result<std::fs::File> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    let file = std::fs::File::create(path).map_err(io)?;
+    let mut file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io)?;
     let start = std::time::Instant::now();
     let mut next_note = start + std::time::Duration::from_secs(2);
     loop {
         match file.try_lock() {
-            Ok(()) => return Ok(file),
+            Ok(()) => {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                let holder = format!("pid {} on {}", std::process::id(), host.trim());
+                file.set_len(0)
+                    .and_then(|()| file.rewind())
+                    .and_then(|()| file.write_all(holder.as_bytes()))
+                    .map_err(io)?;
+                return Ok(file);
+            }
             Err(std::fs::TryLockError::WouldBlock) => {}
             Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
         if std::time::Instant::now() >= next_note {
+            let mut holder = String::new();
+            let _ = file
+                .rewind()
+                .and_then(|()| file.read_to_string(&mut holder));
+            let holder = Some(holder.trim())
+                .filter(|h| !h.is_empty())
+                .unwrap_or("another process");
             eprintln!(
-                "hub: waiting for another process to download {id} into the cache ({} s)",
-                start.elapsed().as_secs()
+                "hub: waiting for {holder} to download {id} into the cache ({} s; lock {})",
+                start.elapsed().as_secs(),
+                path.display()
             );
             next_note += std::time::Duration::from_secs(10);
         }

@@ -108,6 +108,19 @@ pub fn generate<E: From<GenerateError>>(
         .into());
     }
     let (ids, mask, t) = left_pad(prompts, opts.pad_token_id);
+    // The cache is allocated for the whole length at once: bound it by the model's.
+    let limit = model.config().max_position_embeddings;
+    if t.checked_add(opts.max_new_tokens).is_none_or(|n| n > limit) {
+        return Err(GenerateError::Option {
+            option: "max_new_tokens",
+            msg: format!(
+                "{} new tokens after a prompt of {t} exceed the model's max_position_embeddings \
+                 ({limit})",
+                opts.max_new_tokens
+            ),
+        }
+        .into());
+    }
     let model_err = |e: g4ft_gemma4::Error| E::from(GenerateError::from(e));
     let candle_err = |e: candle_core::Error| E::from(GenerateError::from(e));
     let mut cache = model

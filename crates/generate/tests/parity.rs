@@ -119,6 +119,29 @@ fn greedy_tokens_and_step_logits_match_transformers() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+#[test]
+fn more_new_tokens_than_the_model_has_positions_is_an_option_error() {
+    let m = model("d-dense-keqv", false, DType::F32);
+    let limit = m.config().max_position_embeddings;
+    for max_new_tokens in [limit - 2, usize::MAX] {
+        let opts = GenerateOptions {
+            max_new_tokens,
+            sampling: Sampling::Greedy,
+            stop_token_ids: Vec::new(),
+            pad_token_id: 0,
+        };
+        let err = generate(&m, &[vec![2, 3, 4]], &opts, &LoraContext::EVAL, |_| {
+            Ok::<(), GenerateError>(())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("max_new_tokens:") && err.contains(&format!("({limit})")),
+            "{err}"
+        );
+    }
+}
+
 /// Cached decode == the uncached forward on the full sequence, row by row, in f32 and bf16.
 #[test]
 fn cached_decode_equals_the_uncached_forward() {

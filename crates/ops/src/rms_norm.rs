@@ -24,7 +24,7 @@ struct RmsNormBwd {
     residual: Option<Tensor>,
 }
 
-/// `y[i] = r(residual[i] + y[i])` on the CPU (the kernels' `plus_res`).
+/// `y[i] = r(residual[i] + y[i])` on the CPU (the kernels' `with_res`).
 fn add_residual<T: Elem>(mut y: Vec<T>, residual: Option<&Tensor>, op: &str) -> Result<Vec<T>> {
     if let Some(res) = residual {
         with_cpu_storage(res, op, "residual", |rs, rl| {

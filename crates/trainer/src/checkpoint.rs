@@ -10,9 +10,12 @@
 //!    `OUTPUT`.
 //!
 //! A directory counts as a checkpoint only if its marker parses and every listed file exists with
-//! the listed size; dot-directories (temporaries) never count. [`latest_complete_checkpoint`] picks
-//! the valid one with the highest step; [`latest_checkpoint_of_run`] the same among one run's
-//! checkpoints, which is what an elastic restart and `--resume latest` resume from.
+//! the listed size; dot-directories (temporaries) never count. Checkpoints are ordered by when
+//! they were written (each marker's [`CompleteMarker::sequence`]), not by step: a run resumed from
+//! an earlier checkpoint writes lower steps than the ones it went back past, and what it writes is
+//! its newest state. [`latest_complete_checkpoint`] picks the valid one written last;
+//! [`latest_checkpoint_of_run`] the same among one run's checkpoints, which is what an elastic
+//! restart and `--resume latest` resume from; [`prune_checkpoints`] removes the oldest written.
 //!
 //! What a run keeps on disk and how it starts from it has its own modules: the trainer state
 //! saved in each checkpoint ([`state`]), the start of a run, fresh or from an adapter or a
@@ -46,6 +49,10 @@ pub struct CompleteMarker {
     /// Id of the run that wrote it (see [`crate::checkpoint::run_dir`]); empty if unknown.
     #[serde(default)]
     pub run_id: String,
+    /// Write order in the output folder: one more than the highest sequence of the folder's
+    /// complete checkpoints when it was written (0 where the marker has none).
+    #[serde(default)]
+    pub sequence: u64,
     /// Every other file, relative path → size in bytes.
     pub files: BTreeMap<String, u64>,
 }
@@ -91,10 +98,14 @@ pub fn write_checkpoint_atomic(
 
     let mut files = BTreeMap::new();
     sync_tree(&tmp, &tmp, &mut files)?;
+    let sequence = complete_checkpoints(output_dir)?
+        .last()
+        .map_or(1, |c| c.marker.sequence + 1);
     let marker = CompleteMarker {
         name: name.to_string(),
         step,
         run_id: run_id.to_string(),
+        sequence,
         files,
     };
     let marker_path = tmp.join(COMPLETE_MARKER);
@@ -143,7 +154,7 @@ fn sync_tree(root: &Path, dir: &Path, files: &mut BTreeMap<String, u64>) -> Resu
 }
 
 /// fsync of a file or a directory (directories: so the renames and new entries are durable).
-fn sync_path(path: &Path) -> Result<()> {
+pub(crate) fn sync_path(path: &Path) -> Result<()> {
     File::open(path)
         .and_then(|f| f.sync_all())
         .map_err(io_err(path, "fsync"))
@@ -200,9 +211,9 @@ pub fn read_checkpoint(dir: &Path) -> Result<CheckpointInfo> {
     })
 }
 
-/// Every valid checkpoint directly under `output_dir`, oldest first (by step, then name); empty
-/// if there is none or the directory does not exist. Incomplete directories and temporaries are
-/// left out.
+/// Every valid checkpoint directly under `output_dir`, oldest first (by write sequence, then step,
+/// then name); empty if there is none or the directory does not exist. Incomplete directories and
+/// temporaries are left out.
 pub fn complete_checkpoints(output_dir: &Path) -> Result<Vec<CheckpointInfo>> {
     let entries = match std::fs::read_dir(output_dir) {
         Ok(e) => e,
@@ -222,12 +233,12 @@ pub fn complete_checkpoints(output_dir: &Path) -> Result<Vec<CheckpointInfo>> {
             found.push(info);
         }
     }
-    found.sort_by(|a, b| (a.marker.step, &a.marker.name).cmp(&(b.marker.step, &b.marker.name)));
+    found.sort_by_cached_key(|c| (c.marker.sequence, c.marker.step, c.marker.name.clone()));
     Ok(found)
 }
 
-/// The valid checkpoint with the highest step directly under `output_dir` (ties: the later name),
-/// `None` if there is none or the directory does not exist.
+/// The valid checkpoint written last directly under `output_dir` (the last of
+/// [`complete_checkpoints`]), `None` if there is none or the directory does not exist.
 pub fn latest_complete_checkpoint(output_dir: &Path) -> Result<Option<CheckpointInfo>> {
     Ok(complete_checkpoints(output_dir)?.pop())
 }
@@ -239,8 +250,8 @@ pub fn latest_checkpoint_of_run(output_dir: &Path, run_id: &str) -> Result<Optio
         .rfind(|c| c.marker.run_id == run_id))
 }
 
-/// Deletes the oldest complete checkpoints of `output_dir` until at most `keep` remain
-/// (`--save-total-limit`); returns what it removed. The newest is never removed.
+/// Deletes the complete checkpoints of `output_dir` written first until at most `keep` remain
+/// (`--save-total-limit`); returns what it removed. The one written last is never removed.
 pub fn prune_checkpoints(output_dir: &Path, keep: usize) -> Result<Vec<PathBuf>> {
     let all = complete_checkpoints(output_dir)?;
     let excess = all.len().saturating_sub(keep.max(1));
@@ -253,7 +264,10 @@ pub fn prune_checkpoints(output_dir: &Path, keep: usize) -> Result<Vec<PathBuf>>
 }
 
 /// Removes `.tmp-*` and `.old-*` directories left in `output_dir` by crashed saves; returns what
-/// it removed. Call on rank 0 before training (only rank 0 writes, so nothing else is writing).
+/// it removed. A save that replaces a checkpoint of the same name moves the old one aside as
+/// `.old-<name>-<pid>` before renaming the new one into place: if a crash came between the two
+/// renames, the old one is renamed back to `<name>` instead of removed. Call on rank 0 before
+/// training (only rank 0 writes, so nothing else is writing).
 pub fn remove_stale_temporaries(output_dir: &Path) -> Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
     let entries = match std::fs::read_dir(output_dir) {
@@ -267,7 +281,18 @@ pub fn remove_stale_temporaries(output_dir: &Path) -> Result<Vec<PathBuf>> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        if path.is_dir() && (name.starts_with(".tmp-") || name.starts_with(".old-")) {
+        if !path.is_dir() || !(name.starts_with(".tmp-") || name.starts_with(".old-")) {
+            continue;
+        }
+        let replaced = name
+            .strip_prefix(".old-")
+            .and_then(|rest| rest.rsplit_once('-'))
+            .map(|(ckpt, _pid)| output_dir.join(ckpt))
+            .filter(|ckpt| !ckpt.exists() && read_checkpoint(&path).is_ok());
+        if let Some(ckpt) = replaced {
+            std::fs::rename(&path, &ckpt).map_err(io_err(&path, "restore a checkpoint"))?;
+            sync_path(output_dir)?;
+        } else {
             std::fs::remove_dir_all(&path).map_err(io_err(&path, "remove stale temporary dir"))?;
             removed.push(path);
         }
@@ -322,7 +347,7 @@ mod tests {
         assert_eq!(info.dir, out.0.join("step-10"));
         assert_eq!(info.marker.files.get("a.txt"), Some(&4));
         let latest = latest_complete_checkpoint(&out.0).unwrap().unwrap();
-        assert_eq!(latest.marker.name, "step-10", "by step, not by name order");
+        assert_eq!(latest.marker.name, "step-10", "not by name order");
         let names: Vec<String> = std::fs::read_dir(&out.0)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -432,6 +457,49 @@ mod tests {
             .map(|c| c.marker.name)
             .collect();
         assert_eq!(left, ["step-4", "step-6"]);
+    }
+
+    #[test]
+    fn after_going_back_to_an_earlier_step_the_latest_is_what_was_written_last() {
+        let out = TempDir::new("rewind");
+        let save = |name: &str, step| {
+            write_checkpoint_atomic(&out.0, name, step, "r", write_files(&[("a.txt", "x")]))
+                .unwrap()
+        };
+        for (name, step) in [("step-10", 10), ("step-20", 20), ("step-30", 30)] {
+            save(name, step);
+        }
+        // Resumed from step-10: its next saves are the run's newest state.
+        assert_eq!(save("step-15", 15).marker.sequence, 4);
+        let latest = |dir: &Path| latest_checkpoint_of_run(dir, "r").unwrap().unwrap();
+        assert_eq!(latest(&out.0).marker.name, "step-15");
+        assert_eq!(
+            prune_checkpoints(&out.0, 2).unwrap(),
+            [out.0.join("step-10"), out.0.join("step-20")]
+        );
+        // The next save is the newest; the first written of the others goes.
+        save("step-20", 20);
+        assert_eq!(latest(&out.0).marker.name, "step-20");
+        assert_eq!(
+            prune_checkpoints(&out.0, 2).unwrap(),
+            [out.0.join("step-30")]
+        );
+    }
+
+    #[test]
+    fn a_crash_while_replacing_a_checkpoint_restores_the_replaced_one() {
+        let out = TempDir::new("replace-crash");
+        let info =
+            write_checkpoint_atomic(&out.0, "step-4", 4, "r", write_files(&[("a.txt", "four")]))
+                .unwrap();
+        // The crash came after moving step-4 aside, before the new one was renamed into place.
+        let aside = out.0.join(".old-step-4-77");
+        std::fs::rename(&info.dir, &aside).unwrap();
+        let tmp = out.0.join(".tmp-step-4-77");
+        std::fs::create_dir(&tmp).unwrap();
+        assert_eq!(remove_stale_temporaries(&out.0).unwrap(), [tmp]);
+        assert_eq!(read_checkpoint(&info.dir).unwrap().marker, info.marker);
+        assert!(!aside.exists());
     }
 
     #[test]

@@ -3,10 +3,11 @@
 //! On the GPU, Candle runs everything on one stream of its own, which puts cudarc in multi-stream mode: with
 //! cudarc's default event tracking every allocation then creates two CUDA events and every kernel
 //! argument records one and waits on another (a `cuEventRecord` / `cuStreamWaitEvent` pair per
-//! operand), host work that the single compute stream does not need. The only other stream is the
-//! NCCL backend's, which orders itself against the compute stream with its own events and keeps
-//! every buffer it hands to NCCL alive until the compute stream has waited for it
-//! (`g4ft_ddp` `comm/nccl.rs`). So training devices switch tracking off before allocating.
+//! operand), host work that the single compute stream does not need. The other streams are the
+//! NCCL backend's and the copy stream of `g4ft_ops::HostOffload`, which order themselves against
+//! the compute stream with their own events and keep every buffer they hand over alive until the
+//! compute stream has waited for it (`g4ft_ddp` `comm/nccl.rs`, `g4ft_ops` `offload.rs`). So
+//! training devices switch tracking off before allocating.
 
 use std::sync::Once;
 

@@ -17,7 +17,7 @@
 //! - [`config`], the settings: [`TrainConfig`] defines each once (flag, TOML key, environment
 //!   override, startup table) and [`config::cli`] resolves the command line.
 //!
-//! Besides: [`device`] (the CUDA device a training process computes on) and [`error`].
+//! Besides: [`device`] (the CPU or CUDA device a training process computes on) and [`error`].
 //!
 //! Everything follows PyTorch/transformers semantics (`torch.optim.AdamW`, `clip_grad_norm_`,
 //! transformers' schedules) so a run can be compared step by step with the post's `train_ddp.py`.

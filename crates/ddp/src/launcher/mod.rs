@@ -18,7 +18,7 @@ pub use args::Args;
 use crate::error::{DdpError, Result};
 use crate::store::{StoreClient, StoreServer};
 use crate::wait::Schedule;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use workers::{Outcome, WorkerSet};
 
 /// When a launcher that waits first says what it waits for, and how often after that.
@@ -125,11 +125,10 @@ fn rendezvous_setup(args: &Args) -> Result<(Layout, Option<StoreServer>)> {
     };
     let port = server.as_ref().map_or(port, |s| s.port());
     let run_id = if args.standalone {
-        format!(
-            "{}-{}",
-            std::process::id(),
-            Instant::now().elapsed().as_nanos()
-        )
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        format!("{}-{}", std::process::id(), now.as_nanos())
     } else {
         args.rdzv_id.clone()
     };

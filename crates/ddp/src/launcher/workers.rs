@@ -1,5 +1,7 @@
 //! Worker processes of one attempt: environment, spawn (each in its own process group), output
-//! prefixing, monitoring, and stopping (SIGTERM to the group, SIGKILL after a grace period).
+//! prefixing, monitoring, and stopping (SIGTERM to the group, SIGKILL after a grace period). A
+//! [`WorkerSet`] dropped with workers still running (the launcher's own error, such as a lost
+//! store) stops them, so that no worker outlives its launcher.
 
 use super::{signals, Layout};
 use crate::error::{DdpError, Result};
@@ -12,6 +14,9 @@ use std::time::{Duration, Instant};
 
 /// Grace period between SIGTERM and SIGKILL when stopping workers.
 const GRACE: Duration = Duration::from_secs(3);
+/// How long the output of workers that exited is still copied: a process a worker started in the
+/// background can hold its output open after the worker is gone.
+const DRAIN: Duration = Duration::from_secs(5);
 
 /// How an attempt ended on this node.
 #[derive(Debug)]
@@ -147,8 +152,10 @@ impl WorkerSet {
                 }
             }
             if let Some(why) = failure {
-                store.set(&failed_key, why.as_bytes())?;
                 self.stop();
+                if let Err(e) = store.set(&failed_key, why.as_bytes()) {
+                    eprintln!("ddprun: could not tell the other nodes that {why}: {e}");
+                }
                 return Ok(Outcome::Failed(why));
             }
             if self.workers.iter().all(|w| w.exit == Some(0)) {
@@ -204,11 +211,38 @@ impl WorkerSet {
         self.join_pumps();
     }
 
+    /// Waits for the output of the exited workers to be copied, at most [`DRAIN`]; output held
+    /// open longer by a process a worker left behind is no longer copied, with a warning.
     fn join_pumps(&mut self) {
+        let deadline = Instant::now() + DRAIN;
+        while Instant::now() < deadline
+            && self
+                .workers
+                .iter()
+                .any(|w| w.pumps.iter().any(|p| !p.is_finished()))
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         for w in &mut self.workers {
-            for p in w.pumps.drain(..) {
+            let held = w.pumps.iter().any(|p| !p.is_finished());
+            for p in w.pumps.drain(..).filter(|p| p.is_finished()) {
                 let _ = p.join();
             }
+            if held {
+                eprintln!(
+                    "ddprun: worker rank {} exited, but a process it started still holds its \
+                     output open; its further output is not shown",
+                    w.rank
+                );
+            }
+        }
+    }
+}
+
+impl Drop for WorkerSet {
+    fn drop(&mut self) {
+        if self.workers.iter().any(|w| w.exit.is_none()) {
+            self.stop();
         }
     }
 }

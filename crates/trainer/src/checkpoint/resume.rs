@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use g4ft_lora::{LoraConfig, TargetModules};
 use serde_json::{Map, Value};
 
-use crate::checkpoint::run_dir::{read_run, Claim};
+use crate::checkpoint::run_dir::{host_name, read_run, Claim, RunRecord};
 use crate::checkpoint::state::TrainerState;
 use crate::checkpoint::{latest_checkpoint_of_run, latest_complete_checkpoint, read_checkpoint};
 use crate::config::{settings, show_value, Origin, ResolvedConfig, ResumeRule, TrainConfig};
@@ -27,17 +27,51 @@ use crate::error::{Error, Result};
 /// `--resume` values that mean "the newest complete checkpoint of `--output`".
 pub const RESUME_LATEST: [&str; 2] = ["latest", "auto"];
 
+/// The `TORCHELASTIC_RUN_ID` torchrun (and `ddprun`) give a job launched without `--rdzv-id`: the
+/// same for every such job, so it tells none apart.
+pub const NO_JOB_ID: &str = "none";
+
 /// What the launcher says about this start (torchrun's `TORCHELASTIC_*` variables).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Launch {
     /// `TORCHELASTIC_RESTART_COUNT`: 0 on the first attempt.
     pub restart_count: u64,
-    /// `TORCHELASTIC_RUN_ID`: the job id shared by all attempts.
+    /// `TORCHELASTIC_RUN_ID`: the job id shared by all attempts; `None` when unset or
+    /// [`NO_JOB_ID`].
     pub launcher_run_id: Option<String>,
+    /// The launcher's process id (this process's parent): the same for every attempt of a job,
+    /// which is what tells jobs without an id apart on one host.
+    pub launcher_pid: u32,
 }
 
 impl Launch {
-    /// Reads the variables through `lookup` (`|k| std::env::var(k).ok()`).
+    /// Whether `record`'s run was started by this launcher job: the same job id, or, where
+    /// neither has one, the same launcher process on this host.
+    pub fn started(&self, record: &RunRecord) -> bool {
+        let theirs = record
+            .launcher_run_id
+            .as_deref()
+            .filter(|id| *id != NO_JOB_ID);
+        match (self.launcher_run_id.as_deref(), theirs) {
+            (Some(ours), Some(theirs)) => ours == theirs,
+            (None, None) => {
+                record.launcher_pid == Some(self.launcher_pid) && record.host == host_name()
+            }
+            _ => false,
+        }
+    }
+
+    /// "\"job-a\"", or "launcher pid P on H" for a job without an id.
+    fn job(id: Option<&str>, pid: Option<u32>, host: &str) -> String {
+        match (id.filter(|id| *id != NO_JOB_ID), pid) {
+            (Some(id), _) => format!("job {id:?}"),
+            (None, Some(pid)) => format!("the job of launcher pid {pid} on {host}"),
+            (None, None) => "a job without an id".into(),
+        }
+    }
+
+    /// Reads the variables through `lookup` (`|k| std::env::var(k).ok()`); the launcher's pid is
+    /// this process's parent.
     pub fn from_env(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let restart_count = match lookup("TORCHELASTIC_RESTART_COUNT") {
             Some(v) if !v.is_empty() => v.parse().map_err(|_| Error::Start {
@@ -48,7 +82,9 @@ impl Launch {
         };
         Ok(Self {
             restart_count,
-            launcher_run_id: lookup("TORCHELASTIC_RUN_ID").filter(|v| !v.is_empty()),
+            launcher_run_id: lookup("TORCHELASTIC_RUN_ID")
+                .filter(|v| !v.is_empty() && v != NO_JOB_ID),
+            launcher_pid: std::os::unix::process::parent_id(),
         })
     }
 }
@@ -124,15 +160,23 @@ pub fn plan(cfg: &TrainConfig, launch: &Launch) -> Result<StartPlan> {
     };
     if launch.restart_count > 0 {
         if let Some(record) = read_run(output)? {
-            if record.launcher_run_id != launch.launcher_run_id {
+            if !launch.started(&record) {
+                let ours = Launch::job(
+                    launch.launcher_run_id.as_deref(),
+                    Some(launch.launcher_pid),
+                    &host_name(),
+                );
+                let theirs = Launch::job(
+                    record.launcher_run_id.as_deref(),
+                    record.launcher_pid,
+                    &record.host,
+                );
                 return Err(start_error(
                     format!(
-                        "elastic restart {} of job {:?}, but {} holds run {} of job {:?}",
+                        "elastic restart {} of {ours}, but {} holds run {} of {theirs}",
                         launch.restart_count,
-                        launch.launcher_run_id.as_deref().unwrap_or("-"),
                         output.display(),
                         record.run_id,
-                        record.launcher_run_id.as_deref().unwrap_or("-")
                     ),
                     "another job took the output folder since this job started; give each job \
                      its own --output",
@@ -189,6 +233,15 @@ pub fn plan(cfg: &TrainConfig, launch: &Launch) -> Result<StartPlan> {
         run_id: state.run_id.clone(),
     };
     Ok(StartPlan { start, claim })
+}
+
+/// The folder holding checkpoint `dir`: `.` for a bare name (`--resume step-10` given in the
+/// output folder).
+fn folder_of(dir: &Path) -> &Path {
+    match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
 }
 
 fn initial_start(cfg: &TrainConfig) -> Result<Start> {
@@ -295,7 +348,7 @@ impl StartPlan {
                 // Not set by this run: the starting point's value. A resumed run keeps writing
                 // into the folder of its checkpoint unless told otherwise.
                 let value = if s.name == "output" {
-                    Value::String(dir.parent().unwrap_or(dir).display().to_string())
+                    Value::String(folder_of(dir).display().to_string())
                 } else {
                     theirs.clone()
                 };
@@ -461,6 +514,17 @@ mod tests {
     }
 
     #[test]
+    fn a_resumed_run_writes_into_its_checkpoints_folder() {
+        for (given, folder) in [
+            ("out/step-20", "out"),
+            ("step-20", "."),
+            ("/r/o/step-2", "/r/o"),
+        ] {
+            assert_eq!(folder_of(Path::new(given)), Path::new(folder), "{given}");
+        }
+    }
+
+    #[test]
     fn a_contradicting_adapter_or_layout_setting_is_an_error() {
         let plan = checkpoint(&saved_run());
         for (flag, value, says) in [
@@ -575,6 +639,35 @@ mod tests {
             (2, Some("job42"))
         );
         assert!(Launch::from_env(|_| Some("x".into())).is_err());
-        assert_eq!(Launch::from_env(|_| None).unwrap(), Launch::default());
+        let bare = Launch::from_env(|_| None).unwrap();
+        assert_eq!((bare.restart_count, bare.launcher_run_id), (0, None));
+        assert_eq!(bare.launcher_pid, std::os::unix::process::parent_id());
+    }
+
+    #[test]
+    fn a_restart_knows_its_job_by_id_or_without_one_by_its_launcher() {
+        let launch = |id: Option<&str>, pid| Launch {
+            restart_count: 1,
+            launcher_run_id: id.map(String::from),
+            launcher_pid: pid,
+        };
+        let record = |id: Option<&str>, pid| RunRecord {
+            launcher_run_id: id.map(String::from),
+            launcher_pid: Some(pid),
+            ..RunRecord::new(None, 0, "f".into())
+        };
+        assert!(launch(Some("a"), 1).started(&record(Some("a"), 2)));
+        assert!(!launch(Some("b"), 1).started(&record(Some("a"), 1)));
+        assert!(!launch(None, 1).started(&record(Some("a"), 1)));
+        // torchrun's placeholder id is no id: the launcher process decides.
+        assert!(launch(None, 7).started(&record(Some(NO_JOB_ID), 7)));
+        assert!(!launch(None, 8).started(&record(Some(NO_JOB_ID), 7)));
+        let other_host = RunRecord {
+            host: "elsewhere".into(),
+            ..record(None, 7)
+        };
+        assert!(!launch(None, 7).started(&other_host));
+        let parsed = Launch::from_env(|k| (k == "TORCHELASTIC_RUN_ID").then(|| "none".into()));
+        assert_eq!(parsed.unwrap().launcher_run_id, None);
     }
 }

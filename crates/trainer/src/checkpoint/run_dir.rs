@@ -4,8 +4,8 @@
 //!   same folder fails at once, naming the holder. The kernel drops the lock when the process
 //!   dies, so a crash leaves no stale lock.
 //! - A run record ([`RUN_FILE`]): the run id (also in every checkpoint's marker and state), the
-//!   launcher's job id (`TORCHELASTIC_RUN_ID`), the settings' fingerprint, host, pid and start
-//!   time. A fresh run refuses a folder that holds another run's record, checkpoints or metrics
+//!   launcher's job id (`TORCHELASTIC_RUN_ID`) and process id, the settings' fingerprint, host,
+//!   pid and start time. A fresh run refuses a folder that holds another run's record, checkpoints or metrics
 //!   unless `--overwrite-output` ([`claim`]); an elastic restart continues only the run whose
 //!   record names its job ([`crate::checkpoint::resume`]).
 //!
@@ -18,7 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{complete_checkpoints, remove_stale_temporaries};
+use crate::checkpoint::{complete_checkpoints, remove_stale_temporaries, sync_path};
 use crate::error::{Error, Result};
 
 /// The run record in the output folder.
@@ -35,6 +35,10 @@ pub struct RunRecord {
     pub run_id: String,
     /// The launcher's job id (`TORCHELASTIC_RUN_ID`), if launched by one.
     pub launcher_run_id: Option<String>,
+    /// The launcher's process id (rank 0's parent) at the first start, which tells apart jobs
+    /// launched without an id.
+    #[serde(default)]
+    pub launcher_pid: Option<u32>,
     /// [`crate::checkpoint::state::config_fingerprint`] of the run's settings.
     pub config_fingerprint: String,
     /// Host of rank 0.
@@ -46,13 +50,19 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
-    /// A new run started now by this process.
-    pub fn new(launcher_run_id: Option<String>, config_fingerprint: String) -> Self {
+    /// A new run started now by this process, under the launcher job `launcher_run_id` whose
+    /// process is `launcher_pid`.
+    pub fn new(
+        launcher_run_id: Option<String>,
+        launcher_pid: u32,
+        config_fingerprint: String,
+    ) -> Self {
         let started = unix_now();
         let pid = std::process::id();
         Self {
             run_id: format!("run-{started}-{pid}"),
             launcher_run_id,
+            launcher_pid: Some(launcher_pid),
             config_fingerprint,
             host: host_name(),
             pid,
@@ -141,13 +151,15 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
         })
 }
 
-/// Writes the run record atomically (temporary file + rename).
+/// Writes the run record atomically and durably (temporary file, fsync, rename, fsync of `dir`).
 pub fn write_run(dir: &Path, record: &RunRecord) -> Result<()> {
     let path = dir.join(RUN_FILE);
     let tmp = dir.join(format!(".{RUN_FILE}.tmp-{}", std::process::id()));
     let json = serde_json::to_vec_pretty(record).expect("the run record serializes");
     std::fs::write(&tmp, json).map_err(io_err(&tmp, "write"))?;
-    std::fs::rename(&tmp, &path).map_err(io_err(&path, "rename into place"))
+    sync_path(&tmp)?;
+    std::fs::rename(&tmp, &path).map_err(io_err(&path, "rename into place"))?;
+    sync_path(dir)
 }
 
 /// What of a previous run `dir` holds: its record, its complete checkpoints, its other outputs.
@@ -311,7 +323,7 @@ mod tests {
         let first = claim(
             &dir,
             &Claim::New { overwrite: false },
-            RunRecord::new(None, "f".into()),
+            RunRecord::new(None, 0, "f".into()),
         )
         .unwrap();
         ckpt(&dir, "step-2", 2, &first.run_id);
@@ -351,7 +363,7 @@ mod tests {
         let rec = claim(
             &dir,
             &Claim::New { overwrite: false },
-            RunRecord::new(None, "f".into()),
+            RunRecord::new(None, 0, "f".into()),
         )
         .unwrap();
         ckpt(&dir, "step-2", 2, &rec.run_id);
@@ -360,7 +372,7 @@ mod tests {
             &Claim::Continue {
                 run_id: rec.run_id.clone(),
             },
-            RunRecord::new(None, "g".into()),
+            RunRecord::new(None, 0, "g".into()),
         )
         .unwrap();
         assert_eq!(again, rec, "the record of the continued run is kept");
@@ -369,7 +381,7 @@ mod tests {
             &Claim::Continue {
                 run_id: "run-x".into(),
             },
-            RunRecord::new(None, "g".into()),
+            RunRecord::new(None, 0, "g".into()),
         )
         .unwrap_err()
         .to_string();
@@ -381,7 +393,7 @@ mod tests {
             &Claim::Continue {
                 run_id: "run-x".into(),
             },
-            RunRecord::new(None, "g".into()),
+            RunRecord::new(None, 0, "g".into()),
         )
         .unwrap_err()
         .to_string();
