@@ -57,8 +57,23 @@ pub(crate) fn read_rows(path: &str, vocab: usize) -> Result<Vec<(Vec<u32>, Vec<i
         if line.trim().is_empty() {
             continue;
         }
-        let row: Row =
-            serde_json::from_str(line).with_context(|| format!("{path}:{n}: invalid row"))?;
+        let row: Row = serde_json::from_str(line).with_context(|| {
+            let text_row = [
+                "\"messages\"",
+                "\"conversations\"",
+                "\"prompt\"",
+                "\"text\"",
+            ]
+            .iter()
+            .any(|k| line.contains(k));
+            let hint = if text_row {
+                " (score reads token rows: tokenize chat or text rows with the `prepare` example \
+                 first)"
+            } else {
+                ""
+            };
+            format!("{path}:{n}: invalid row{hint}")
+        })?;
         if row.input_ids.is_empty() {
             bail!("{path}:{n}: input_ids is empty");
         }
@@ -109,7 +124,18 @@ pub(crate) fn score(
 ) -> Result<(f64, usize)> {
     let pad = model.config().pad_token_id;
     let (mut loss_sum, mut tokens) = (0f64, 0usize);
-    for chunk in rows.chunks(batch_size.max(1)) {
+    let start = std::time::Instant::now();
+    let mut next_note = start + std::time::Duration::from_secs(10);
+    for (i, chunk) in rows.chunks(batch_size.max(1)).enumerate() {
+        if std::time::Instant::now() >= next_note {
+            eprintln!(
+                "score: {} of {} rows in {:.0} s",
+                i * batch_size.max(1),
+                rows.len(),
+                start.elapsed().as_secs_f64()
+            );
+            next_note += std::time::Duration::from_secs(10);
+        }
         let t = chunk.iter().map(|(ids, _)| ids.len()).max().unwrap_or(0);
         let b = chunk.len();
         let (mut ids, mut mask, mut labels) =

@@ -20,7 +20,7 @@
 //! norm is taken and clipped after the all-reduce (same on every rank); AdamW steps; the cosine
 //! schedule advances.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -45,14 +45,14 @@ use g4ft::trainer::checkpoint::state::{
 use g4ft::trainer::checkpoint::{complete_checkpoints, prune_checkpoints, write_checkpoint_atomic};
 use g4ft::trainer::config::cli;
 use g4ft::trainer::config::ResolvedConfig;
-use g4ft::trainer::config::{LabelsKind, ReportTo};
+use g4ft::trainer::config::{LabelsKind, Origin, ReportTo};
 use g4ft::trainer::metrics::memory::{self, MemProbe};
 use g4ft::trainer::metrics::tensorboard::EventWriter;
 use g4ft::trainer::metrics::{truncate_metrics, MetricsLogger, MfuSpec, StepStats};
 use g4ft::trainer::step::clip::{clip_coef, grad_norm};
 use g4ft::trainer::step::nonfinite::{decide, stop_error, StepDecision};
 use g4ft::trainer::step::optim::{AdamW, AdamWParams};
-use g4ft::trainer::step::schedule::{warmup_steps, LrSchedule};
+use g4ft::trainer::step::schedule::{warmup_steps, LrSchedule, LrSchedulerKind};
 use g4ft::trainer::step::{self, LossWeighting};
 use g4ft::trainer::TrainConfig;
 
@@ -145,8 +145,43 @@ fn train_in_group(
         println!("run {run_id} in {}", cfg.output.display());
     }
 
-    // 2. Model: every rank loads its own copy of the frozen base.
-    let (mut model, model_dir) = load_model(cfg, device)?;
+    // 2. Model: its files and config (a Hub id is downloaded once into the cache) ...
+    let files = ModelFiles::resolve_with(&cfg.model, &Hub::from_env(cfg.revision.as_deref()))?;
+    let config = Config::from_file(&files.config)?;
+    let model_dir = files.config.parent().unwrap_or(Path::new("."));
+
+    // 5. Data: DistributedSampler(seed, drop_last) + loader with drop_last on every rank. Opened
+    //    before the weights load, so that a mistake in the data costs no model load, and before
+    //    the first collective, so that bad data is every rank's own error.
+    let data = |path: &Path, train: bool| {
+        open_loader(cfg, model_dir, &config, path, rank, world_size, train)
+    };
+    let loader = data(&cfg.data, true)?;
+    let eval_loader = cfg.eval_data.as_ref().map(|p| data(p, false)).transpose()?;
+    // len(loader) // ACCUM optimizer steps per epoch, the partial window dropped.
+    let steps_per_epoch = loader.len() / cfg.accum;
+    if steps_per_epoch == 0 {
+        let unit = if cfg.packing { "packs" } else { "rows" };
+        bail!(
+            "{}: {} {unit} make {} batch(es) of --micro-batch {} on each of {world_size} rank(s), \
+             fewer than --accum {}: one optimizer step takes {} {unit}; lower --micro-batch or \
+             --accum, or add data",
+            cfg.data.display(),
+            loader.sampler().dataset_len(),
+            loader.len(),
+            cfg.micro_batch,
+            cfg.accum,
+            cfg.micro_batch * cfg.accum * world_size
+        );
+    }
+
+    // 2. ... and its weights: every rank loads its own copy of the frozen base.
+    let mut model = Gemma4Model::from_checkpoint(
+        config,
+        &Checkpoint::open(&files.weights)?,
+        cfg.dtype.dtype(),
+        device,
+    )?;
     // 3. LoRA adapters on the targeted projections.
     let lora_cfg = attach_lora(cfg, start.plan, &mut model)?;
     // 4. Recompute policy: which layers keep their activations for the backward.
@@ -154,22 +189,6 @@ fn train_in_group(
     if is_main {
         println!("{}", param_report(&model, &lora_cfg)?);
     }
-
-    // 5. Data: DistributedSampler(seed, drop_last) + loader with drop_last on every rank. Opened
-    //    before the first collective, so that bad data is every rank's own error.
-    let data = |path: &Path, train: bool| {
-        open_loader(
-            cfg,
-            &model_dir,
-            model.config(),
-            path,
-            rank,
-            world_size,
-            train,
-        )
-    };
-    let loader = data(&cfg.data, true)?;
-    let eval_loader = cfg.eval_data.as_ref().map(|p| data(p, false)).transpose()?;
 
     // 6. DDP wrap: checks names/shapes on every rank, broadcasts rank 0's values, builds the
     //    reverse-order buckets that hold the gradients (gradient_as_bucket_view).
@@ -184,18 +203,9 @@ fn train_in_group(
     let mut ddp = DistributedDataParallel::new(group, params, ddp_opts)?;
     // Dropout is seeded with SEED + rank after the wrap (see step::train_context).
 
-    // 7. Optimizer and schedule. The step count must be known first, and identical on every
-    //    rank: len(loader) // ACCUM, the partial window dropped. --max-steps replaces
-    //    epochs × steps as the schedule's length (transformers' max_steps), cycling the data.
-    let steps_per_epoch = loader.len() / cfg.accum;
-    if steps_per_epoch == 0 {
-        bail!(
-            "{}: {} batches per rank are fewer than --accum {}",
-            cfg.data.display(),
-            loader.len(),
-            cfg.accum
-        );
-    }
+    // 7. Optimizer and schedule over the run's steps, identical on every rank (steps per epoch
+    //    from step 5). --max-steps replaces epochs × steps as the schedule's length
+    //    (transformers' max_steps), cycling the data.
     let run_steps = cfg
         .max_steps
         .map_or((steps_per_epoch * cfg.epochs) as u64, |m| m as u64);
@@ -212,6 +222,9 @@ fn train_in_group(
             "world={world_size} global_batch={} steps={steps_per_epoch}",
             cfg.global_batch(world_size)
         );
+        for warning in settings_without_effect(resolved, warmup, run_steps, device) {
+            eprintln!("warning: {warning}");
+        }
     }
 
     // 8. Continue where the checkpoint stopped: moments, schedule, data position, dropout counter.
@@ -454,6 +467,40 @@ fn train_in_group(
     Ok(())
 }
 
+/// Settings that the run does not use as asked, each as a sentence: a warmup the schedule has
+/// none of (given explicitly), a warmup as long as the run, checkpoint offload on the CPU.
+fn settings_without_effect(
+    resolved: &ResolvedConfig,
+    warmup: u64,
+    run_steps: u64,
+    device: &Device,
+) -> Vec<String> {
+    let cfg = &resolved.config;
+    let set = |name: &str| resolved.origin(name) != Origin::Default;
+    let mut said = Vec::new();
+    if cfg.lr_scheduler == LrSchedulerKind::Constant && (set("warmup") || set("warmup_ratio")) {
+        said.push(
+            "--lr-scheduler constant has no warmup (transformers' get_constant_schedule): the \
+             warmup setting is unused; constant-with-warmup has one"
+                .to_string(),
+        );
+    } else if cfg.lr_scheduler != LrSchedulerKind::Constant && warmup >= run_steps {
+        said.push(format!(
+            "a warmup of {warmup} steps in a run of {run_steps}: the learning rate never reaches \
+             --lr {}",
+            cfg.lr
+        ));
+    }
+    if cfg.offload_checkpoints && device.is_cpu() {
+        said.push(
+            "--offload-checkpoints parks a GPU's activations in host memory; on the CPU it \
+             only copies them"
+                .to_string(),
+        );
+    }
+    said
+}
+
 /// Whether a `--save-every` / `--eval-every` interval falls on `step`.
 fn every(interval: Option<usize>, step: u64) -> bool {
     interval.is_some_and(|n| step.is_multiple_of(n as u64))
@@ -477,24 +524,6 @@ fn claim_output(cfg: &TrainConfig, start: &Start<'_>) -> Result<(OutputLock, Run
     );
     let record = run_dir::claim(&cfg.output, &start.plan.claim, fresh)?;
     Ok((lock, record))
-}
-
-/// The frozen base in `--dtype` on `device`, and the folder holding its tokenizer and chat
-/// template. A Hub id is downloaded once into the cache (config, weights, tokenizer, template).
-fn load_model(cfg: &TrainConfig, device: &Device) -> Result<(Gemma4Model, PathBuf)> {
-    let files = ModelFiles::resolve_with(&cfg.model, &Hub::from_env(cfg.revision.as_deref()))?;
-    let model_dir = files
-        .config
-        .parent()
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
-    let model = Gemma4Model::from_checkpoint(
-        Config::from_file(&files.config)?,
-        &Checkpoint::open(&files.weights)?,
-        cfg.dtype.dtype(),
-        device,
-    )?;
-    Ok((model, model_dir))
 }
 
 /// Attaches the run's adapters and returns their config: the same seed on every rank gives the

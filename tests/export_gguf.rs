@@ -86,6 +86,41 @@ fn export_and_check(dir: &Path, dtype: &str, tol: f32) -> usize {
 }
 
 #[test]
+fn the_output_is_never_the_adapter_itself_and_its_folder_is_made() {
+    let dir = case_dir("outputs");
+    let src =
+        PathBuf::from(ROOT).join("tools/reference/lora/fixtures/gemma4-a-unified-keqv/adapter");
+    let weights = src.join("adapter_model.safetensors");
+    let before = std::fs::read(&weights).unwrap();
+    let export = |gguf: PathBuf| {
+        let args = export::Args {
+            adapter: src.clone(),
+            gguf,
+            dtype: "f32".into(),
+        };
+        export::run(&args).map_err(|e| format!("{e:#}"))
+    };
+    let err = export(weights.clone()).unwrap_err();
+    assert!(
+        err.contains("is the adapter's own adapter_model.safetensors"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&weights).unwrap(),
+        before,
+        "the adapter is untouched"
+    );
+    let err = export(dir.clone()).unwrap_err();
+    assert!(
+        err.contains("is a directory; give the file to write"),
+        "{err}"
+    );
+    let nested = dir.join("new/folder/adapter.gguf");
+    export(nested.clone()).unwrap();
+    assert!(nested.is_file());
+}
+
+#[test]
 fn peft_adapters_export_with_llama_cpp_names_shapes_and_values() {
     for v in ["a-unified-keqv", "b-ple-kvshare", "c-moe", "d-dense-keqv"] {
         let dir = case_dir(&format!("{v}-peft"));

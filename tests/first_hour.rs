@@ -429,7 +429,7 @@ fn prepare_refuses_to_overwrite_its_input_and_tools_print_one_error_line() {
         ],
     );
     assert!(
-        err.starts_with("error: merging") && err.contains("adapter_config.json"),
+        err.starts_with("error: merging") && err.contains("no-adapter: No such file or directory"),
         "{err}"
     );
     assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");

@@ -66,6 +66,10 @@ fn bad_lines_name_their_line_number() {
         ),
         (r#"{"input_ids": [2, 500000]}"#, ":2: token id 500000"),
         (r#"{"ids": [2]}"#, ":2: invalid row"),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}]}"#,
+            ":2: invalid row (score reads token rows: tokenize chat or text rows with the `prepare`",
+        ),
     ];
     for (i, (bad, want)) in cases.iter().enumerate() {
         let path = write_jsonl(

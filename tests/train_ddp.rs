@@ -458,6 +458,63 @@ fn pre_tokenized_data_needs_no_tokenizer_and_trains_packed() {
 }
 
 #[test]
+fn too_little_data_for_one_step_is_an_error_before_the_weights_load() {
+    let out = tmp("little");
+    let outs = run(
+        1,
+        &args_with(&out, &["--micro-batch", "5", "--accum", "3"]),
+        &[],
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&outs[0].stdout),
+        String::from_utf8_lossy(&outs[0].stderr),
+    );
+    assert!(!outs[0].status.success());
+    assert!(
+        stderr.contains(
+            "data.jsonl: 12 rows make 2 batch(es) of --micro-batch 5 on each of 1 rank(s), \
+             fewer than --accum 3: one optimizer step takes 15 rows"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("dataset ") && !stdout.contains("trainable params"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn settings_the_run_cannot_use_as_asked_are_warnings() {
+    for (extra, says) in [
+        (
+            ["--lr-scheduler", "constant", "--warmup", "3"],
+            "warning: --lr-scheduler constant has no warmup",
+        ),
+        (
+            ["--lr-scheduler", "linear", "--warmup", "1"],
+            "warning: a warmup of 1 steps in a run of 1: the learning rate never reaches --lr",
+        ),
+    ] {
+        let out = tmp("unused");
+        let mut args = args_with(
+            &out,
+            &["--max-steps", "1", "--accum", "1", "--offload-checkpoints"],
+        );
+        let i = args.iter().position(|a| a == "--warmup").unwrap();
+        args.drain(i..i + 2);
+        args.extend(extra.map(String::from));
+        let outs = run(1, &args, &[]);
+        let stderr = String::from_utf8_lossy(&outs[0].stderr);
+        assert!(outs[0].status.success(), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+        assert!(
+            stderr.contains("--offload-checkpoints parks a GPU's activations"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
 fn skipped_rows_get_a_warning_each_and_truncation_is_reported() {
     let dir = tmp("skip");
     std::fs::create_dir_all(&dir).unwrap();

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
@@ -219,7 +219,11 @@ pub fn detect_format(path: &Path, opts: &PrepareOptions) -> Result<Format> {
     rows::detect(&value).map_err(|reason| bad(loc.line, reason))
 }
 
-/// Encodes every row of `path` and passes `(line, row)` to `sink` in file order.
+/// How often a long tokenization says how far it is (on stderr).
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// Encodes every row of `path` and passes `(line, row)` to `sink` in file order, saying every
+/// [`PROGRESS_EVERY`] how many rows it has read.
 /// Conversations and text need `encoder`; pre-tokenized files use it only for `vocab_size`.
 pub fn tokenize_file(
     path: &Path,
@@ -271,7 +275,17 @@ pub fn tokenize_file(
     };
     let mut lengths = Vec::new();
     let mut chunk: Vec<(Location, RawRow)> = Vec::with_capacity(CHUNK);
+    let mut next_note = start + PROGRESS_EVERY;
     loop {
+        if Instant::now() >= next_note {
+            eprintln!(
+                "data: tokenizing {}: {} rows in {:.0} s",
+                path.display(),
+                report.rows_read,
+                start.elapsed().as_secs_f64()
+            );
+            next_note += PROGRESS_EVERY;
+        }
         chunk.clear();
         while chunk.len() < CHUNK {
             match source.next_row()? {

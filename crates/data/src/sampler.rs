@@ -96,6 +96,11 @@ impl DistributedSampler {
         self.num_replicas
     }
 
+    /// Samples it shards: the dataset's length (`len(dataset)`).
+    pub fn dataset_len(&self) -> usize {
+        self.len
+    }
+
     /// Samples per rank per epoch (PyTorch's `num_samples`, same on every rank).
     pub fn num_samples(&self) -> usize {
         let w = self.num_replicas;

@@ -246,9 +246,20 @@ impl Ctx<'_> {
 }
 
 impl Config {
-    /// Reads and derives a config from a `config.json` file.
+    /// Reads and derives a config from a `config.json` file, or from the `config.json` of a model
+    /// directory. A `.toml` path (a training config, given by mistake) is an error saying so.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
+        let given = path.as_ref();
+        let in_dir = given.join("config.json");
+        let path = if given.is_dir() { &in_dir } else { given };
+        if path.extension().is_some_and(|e| e == "toml") {
+            return Err(Error::Resolve {
+                model: path.display().to_string(),
+                msg: "a TOML file is a training config; this takes a model's config.json or its \
+                      directory (the training config's `model`)"
+                    .into(),
+            });
+        }
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),
             source,

@@ -210,3 +210,17 @@ fn bare_text_config_defaults_and_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn a_model_directory_reads_its_config_and_a_training_config_is_named() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tiny = root.join("assets/tiny");
+    assert_eq!(
+        Config::from_file(&tiny).unwrap(),
+        Config::from_file(tiny.join("config.json")).unwrap()
+    );
+    let msg = Config::from_file(root.join("configs/tiny-cpu.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("a TOML file is a training config"), "{msg}");
+}

@@ -153,7 +153,16 @@ impl LoraConfig {
     /// Reads `dir/adapter_config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join(crate::io::CONFIG_NAME);
-        let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
+        std::fs::metadata(dir).map_err(io_err(dir))?;
+        let text = match std::fs::read_to_string(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(LoraError::NotAnAdapter {
+                    dir: dir.to_path_buf(),
+                    inside: adapters_inside(dir),
+                })
+            }
+            read => read.map_err(io_err(&path))?,
+        };
         Self::from_json_str(&text, &path.display().to_string())
     }
 
@@ -431,6 +440,25 @@ fn parse_fields(f: &Fields) -> Result<LoraConfig> {
     })
 }
 
+/// The subdirectories of `dir` that hold an adapter (a run's `step-N` / `epoch-E` checkpoints),
+/// in name order with numbers compared as numbers.
+fn adapters_inside(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.path().join(crate::io::CONFIG_NAME).is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort_by_cached_key(|n| {
+        let digits = n.len() - n.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (stem, number) = n.split_at(n.len() - digits);
+        (stem.to_string(), number.parse::<u64>().unwrap_or(0))
+    });
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,6 +478,29 @@ mod tests {
         assert!(text.contains("  \"lora_alpha\": 32,"), "{text}");
         let back = LoraConfig::from_json_str(&text, "test").unwrap();
         assert_eq!(back, cfg);
+    }
+
+    #[test]
+    fn a_run_folder_given_as_an_adapter_names_its_checkpoints() {
+        let dir = std::env::temp_dir().join(format!("g4ft-lora-run-{}", std::process::id()));
+        for ckpt in ["step-10", "step-2", "epoch-0"] {
+            std::fs::create_dir_all(dir.join(ckpt)).unwrap();
+            std::fs::write(dir.join(ckpt).join(crate::io::CONFIG_NAME), "{}").unwrap();
+        }
+        std::fs::create_dir_all(dir.join("tensorboard")).unwrap();
+        let msg = LoraConfig::from_dir(&dir).unwrap_err().to_string();
+        let want = format!(
+            "{}: not an adapter directory (no adapter_config.json); it holds the adapters \
+             epoch-0, step-2, step-10: give one, e.g. {}",
+            dir.display(),
+            dir.join("step-10").display()
+        );
+        assert_eq!(msg, want);
+        let msg = LoraConfig::from_dir(&dir.join("tensorboard"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.ends_with("(no adapter_config.json)"), "{msg}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -46,6 +46,14 @@ pub enum LoraError {
     },
 
     // --- adapter / checkpoint files -----------------------------------------------------------
+    /// A directory given as an adapter has no `adapter_config.json`.
+    #[error("{}: not an adapter directory (no adapter_config.json){}", dir.display(), adapters_hint(dir, inside))]
+    NotAnAdapter {
+        /// The directory.
+        dir: PathBuf,
+        /// Its subdirectories that are adapters (a run folder's checkpoints).
+        inside: Vec<String>,
+    },
     /// Reading or writing a file failed.
     #[error("{}: {source}", path.display())]
     Io {
@@ -146,6 +154,26 @@ impl<T> CandleContext<T> for candle_core::Result<T> {
 }
 
 /// `Io` error constructor for `map_err`.
+/// "; it holds the adapters step-20, step-40: give one, e.g. out/step-40" when `inside` has any.
+fn adapters_hint(dir: &std::path::Path, inside: &[String]) -> String {
+    let Some(last) = inside.last() else {
+        return String::new();
+    };
+    let shown = if inside.len() > 6 {
+        format!(
+            "{}, …, {}",
+            inside[..2].join(", "),
+            inside[inside.len() - 3..].join(", ")
+        )
+    } else {
+        inside.join(", ")
+    };
+    format!(
+        "; it holds the adapters {shown}: give one, e.g. {}",
+        dir.join(last).display()
+    )
+}
+
 pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> LoraError {
     let path = path.into();
     move |source| LoraError::Io { path, source }

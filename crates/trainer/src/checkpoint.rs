@@ -168,6 +168,18 @@ pub fn read_checkpoint(dir: &Path) -> Result<CheckpointInfo> {
         reason,
         hint,
     };
+    if !dir.is_dir() {
+        let reason = if dir.exists() {
+            "not a directory"
+        } else {
+            "no such directory"
+        };
+        return Err(invalid(
+            dir.to_path_buf(),
+            reason.into(),
+            "check the path; `--resume latest` takes the checkpoint of --output written last",
+        ));
+    }
     let marker_path = dir.join(COMPLETE_MARKER);
     let text = std::fs::read_to_string(&marker_path).map_err(|e| {
         invalid(
@@ -415,6 +427,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("size 3 bytes, expected 5"), "{msg}");
+        let msg = read_checkpoint(&out.0.join("step-99"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("step-99: no such directory"), "{msg}");
 
         let removed = remove_stale_temporaries(&out.0).unwrap();
         assert_eq!(removed, vec![tmp]);

@@ -396,6 +396,8 @@ pub struct SettingInfo {
     pub section: &'static str,
     /// The environment variable that overrides it, if any.
     pub env: Option<String>,
+    /// The flag's other long names (transformers' `TrainingArguments` spellings), with dashes.
+    pub aliases: Vec<String>,
 }
 
 impl SettingInfo {
@@ -434,6 +436,12 @@ pub fn settings() -> Vec<SettingInfo> {
                     .find(|s| *s == heading)
                     .expect("every setting has one of the sections as help_heading"),
                 env: a.get_env().map(|e| e.to_string_lossy().into_owned()),
+                aliases: a
+                    .get_visible_aliases()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
             }
         })
         .collect()

@@ -129,11 +129,12 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<(TrainConfig, Vec<String>)>
     let parse_error = |e: toml::de::Error| {
         let offset = e.span().map_or(0, |s| s.start);
         let (line, column) = line_col(text, offset);
+        let message = e.message().trim();
         Error::ConfigParse {
             path: path.to_path_buf(),
             line,
             column,
-            message: e.message().trim().to_string(),
+            message: unknown_key(message).unwrap_or_else(|| message.to_string()),
         }
     };
     let config: TrainConfig = toml::from_str(text).map_err(parse_error)?;
@@ -143,6 +144,30 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<(TrainConfig, Vec<String>)>
         .cloned()
         .collect();
     Ok((config, keys))
+}
+
+/// For serde's "unknown field `k`, expected one of …" (which lists every setting), the message
+/// that says what `k` should be: the setting written with `_`, the setting a transformers
+/// spelling stands for, or the nearest setting's name.
+fn unknown_key(message: &str) -> Option<String> {
+    let key = message.strip_prefix("unknown field `")?.split('`').next()?;
+    let flag = key.replace('_', "-");
+    let known = settings();
+    let meant = known
+        .iter()
+        .find(|s| s.name.replace('_', "-") == flag || s.aliases.contains(&flag))
+        .or_else(|| {
+            known
+                .iter()
+                .map(|s| (strsim::levenshtein(&s.name, key), s))
+                .filter(|(d, _)| *d <= 2.max(key.len() / 4))
+                .min_by_key(|(d, _)| *d)
+                .map(|(_, s)| s)
+        });
+    Some(match meant {
+        Some(s) => format!("unknown setting `{key}`: the key is `{}`", s.name),
+        None => format!("unknown setting `{key}` (`--help` lists the settings; the keys are their names with `_`)"),
+    })
 }
 
 /// 1-based (line, column) of a byte offset.
@@ -537,6 +562,26 @@ mod tests {
             .to_string();
         assert!(msg.starts_with("config run.toml:3:"), "{msg}");
         assert!(msg.contains("learning_rat"), "{msg}");
+        for (key, says) in [
+            (
+                "learning_rate",
+                "unknown setting `learning_rate`: the key is `lr`",
+            ),
+            (
+                "max-steps",
+                "unknown setting `max-steps`: the key is `max_steps`",
+            ),
+            ("per_device_train_batch_size", "the key is `micro_batch`"),
+            ("lora_rr", "the key is `lora_r`"),
+            (
+                "flash",
+                "unknown setting `flash` (`--help` lists the settings",
+            ),
+        ] {
+            let msg = parse(&format!("{key} = 1\n")).unwrap_err().to_string();
+            assert!(msg.ends_with(says) || msg.contains(says), "{key}: {msg}");
+            assert!(!msg.contains("expected one of"), "{msg}");
+        }
     }
 
     #[test]
