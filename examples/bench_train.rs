@@ -549,6 +549,9 @@ impl Setup<'_> {
         if let Some(note) = parked_note {
             println!("{note}");
         }
+        if !self.device.is_cuda() {
+            return;
+        }
         let head_dims: std::collections::BTreeSet<usize> =
             cfg.layers.iter().map(|l| l.head_dim).collect();
         let backward: Vec<String> = head_dims

@@ -33,8 +33,11 @@ pub fn load_inference_model(
     };
     let mut m = gemma4::Gemma4Model::load(model, dtype, &device)?;
     if let Some(dir) = adapter {
-        lora::load_adapter(dir, m.projections_mut())
-            .with_context(|| format!("--adapter {}", dir.display()))?;
+        let context = || format!("--adapter {}", dir.display());
+        if Path::new(model).is_dir() {
+            lora::check_not_merged(Path::new(model), dir).with_context(context)?;
+        }
+        lora::load_adapter(dir, m.projections_mut()).with_context(context)?;
     }
     Ok(m)
 }

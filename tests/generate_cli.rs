@@ -326,6 +326,17 @@ fn a_merged_model_generates_what_the_adapter_generates() {
         output_ids(&run_model(&merged, &flags, "").unwrap()),
         with_adapter
     );
+    // The adapter on the model it is merged into would count twice.
+    let err = run_model(
+        &merged,
+        &[&flags[..], &["--adapter", &adapter_s]].concat(),
+        "",
+    )
+    .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("this adapter is already merged into"),
+        "{err:#}"
+    );
 
     let bf16 = PathBuf::from(merge_to("merged-bf16", Some("bf16")));
     assert!(

@@ -44,7 +44,7 @@ impl SamplingParams {
             return Err(GenerateError::Option {
                 option: "temperature",
                 msg: format!(
-                    "must be > 0, got {} (use greedy decoding for temperature 0)",
+                    "must be > 0, got {} (temperature 0 is greedy decoding: `--greedy`)",
                     self.temperature
                 ),
             });

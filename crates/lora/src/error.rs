@@ -46,6 +46,19 @@ pub enum LoraError {
     },
 
     // --- adapter / checkpoint files -----------------------------------------------------------
+    /// The adapter is already merged into the checkpoint it is applied to.
+    #[error(
+        "{}: this adapter is already merged into {} (its merged_adapters.json lists it); \
+         applying it again would add it twice: give the base model, or this one without the adapter",
+        adapter.display(),
+        model.display()
+    )]
+    AlreadyMerged {
+        /// The merged checkpoint's directory.
+        model: PathBuf,
+        /// The adapter directory.
+        adapter: PathBuf,
+    },
     /// A directory given as an adapter has no `adapter_config.json`.
     #[error("{}: not an adapter directory (no adapter_config.json){}", dir.display(), adapters_hint(dir, inside))]
     NotAnAdapter {

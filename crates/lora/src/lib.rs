@@ -44,7 +44,7 @@ pub use linear::{
     ProjectionSaved,
 };
 pub use merge::{
-    merge_adapter_dir, merge_deltas, merge_projections, MergeDelta, MergeOptions, MergeReport,
-    ShardWritten,
+    adapter_fingerprint, check_not_merged, merge_adapter_dir, merge_deltas, merge_projections,
+    MergeDelta, MergeOptions, MergeReport, ShardWritten, MERGED_ADAPTERS_NAME,
 };
 pub use target::{ProjectionShape, Targeting};

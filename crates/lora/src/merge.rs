@@ -13,6 +13,10 @@
 //! The output directory appears whole or not at all: the files are written into a staging
 //! directory beside it (`.<name>.partial-<pid>`), removed if the merge fails, and renamed to the
 //! output directory at the end. The output directory must not exist or be empty.
+//!
+//! The merged checkpoint lists the adapters merged into it ([`MERGED_ADAPTERS_NAME`], by
+//! [`adapter_fingerprint`]), and [`check_not_merged`] refuses to apply one of them to it again
+//! (`generate --model MERGED --adapter SAME`), which would add its delta twice.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,10 +25,16 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 
+use crate::config::LoraConfig;
 use crate::error::{io_err, CandleContext, LoraError, Result};
 use crate::io::{read_adapter, write_safetensors};
 use crate::linear::LoraLinear;
 use crate::target::Targeting;
+use g4ft_hash::Fnv1a64;
+
+/// The file of a merged checkpoint that lists the fingerprints of the adapters merged into it
+/// (the base's own list, if the base was merged too, then this merge's): `{"fingerprints": [..]}`.
+pub const MERGED_ADAPTERS_NAME: &str = "merged_adapters.json";
 
 /// transformers' single-file and index names.
 const SINGLE_NAME: &str = "model.safetensors";
@@ -100,9 +110,26 @@ pub fn merge_adapter_dir(
     out_dir: &Path,
     opts: MergeOptions,
 ) -> Result<MergeReport> {
+    check_not_merged(base_dir, adapter_dir)?;
+    let made_for = LoraConfig::from_dir(adapter_dir)?.base_model_name_or_path;
+    merge_deltas(base_dir, out_dir, &adapter_deltas(adapter_dir)?, opts).map_err(|e| match e {
+        LoraError::MissingKey { path, key, why } => LoraError::MissingKey {
+            path,
+            key,
+            why: match &made_for {
+                Some(base) => format!("{why}; the adapter was made for {base}"),
+                None => why,
+            },
+        },
+        e => e,
+    })
+}
+
+/// The deltas of the PEFT adapter in `adapter_dir`, on the CPU in f32.
+fn adapter_deltas(adapter_dir: &Path) -> Result<Vec<MergeDelta>> {
     let adapter = read_adapter(adapter_dir)?;
     let targeting = Targeting::new(&adapter.config)?;
-    let deltas: Vec<MergeDelta> = adapter
+    Ok(adapter
         .modules
         .into_iter()
         .map(|(path, (a, b))| MergeDelta {
@@ -111,8 +138,66 @@ pub fn merge_adapter_dir(
             a,
             b,
         })
-        .collect();
-    merge_deltas(base_dir, out_dir, &deltas, opts)
+        .collect())
+}
+
+/// An adapter's identity, whatever its files or device: FNV-1a 64 over each module's path, its
+/// scale and the f32 values of its A and B, in path order, as 16 hex digits.
+pub fn adapter_fingerprint(deltas: &[MergeDelta]) -> Result<String> {
+    let mut sorted: Vec<&MergeDelta> = deltas.iter().collect();
+    sorted.sort_by(|x, y| x.path.cmp(&y.path));
+    let mut h = Fnv1a64::default();
+    for d in sorted {
+        h.field(d.path.as_bytes());
+        h.update(&d.scale.to_le_bytes());
+        for t in [&d.a, &d.b] {
+            let values: Vec<f32> = t
+                .to_dtype(DType::F32)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1())
+                .ctx(|| format!("{}: adapter values", d.path))?;
+            h.update(
+                &values
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            );
+        }
+    }
+    Ok(format!("{:016x}", h.finish()))
+}
+
+/// The fingerprints listed in `model_dir`'s [`MERGED_ADAPTERS_NAME`] (none without the file).
+fn merged_fingerprints(model_dir: &Path) -> Result<Vec<String>> {
+    let path = model_dir.join(MERGED_ADAPTERS_NAME);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(&path)(e)),
+    };
+    let bad = |msg: String| LoraError::Json {
+        path: path.clone(),
+        msg,
+    };
+    let value: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    serde_json::from_value(value["fingerprints"].clone())
+        .map_err(|e| bad(format!("`fingerprints`: {e}")))
+}
+
+/// Errors when the adapter in `adapter_dir` is one of those merged into the checkpoint in
+/// `model_dir`: applying it to that checkpoint would add its delta a second time.
+pub fn check_not_merged(model_dir: &Path, adapter_dir: &Path) -> Result<()> {
+    let merged = merged_fingerprints(model_dir)?;
+    if merged.is_empty() {
+        return Ok(());
+    }
+    if merged.contains(&adapter_fingerprint(&adapter_deltas(adapter_dir)?)?) {
+        return Err(LoraError::AlreadyMerged {
+            model: model_dir.to_path_buf(),
+            adapter: adapter_dir.to_path_buf(),
+        });
+    }
+    Ok(())
 }
 
 /// Merges the adapters currently attached to `projections` (e.g. after training).
@@ -318,6 +403,12 @@ fn write_merged(
         write_json(&dir.join(INDEX_NAME), &index)?;
     }
     copy_side_files(base_dir, dir)?;
+    let mut merged = merged_fingerprints(base_dir)?;
+    merged.push(adapter_fingerprint(deltas)?);
+    write_json(
+        &dir.join(MERGED_ADAPTERS_NAME),
+        &json!({ "fingerprints": merged }),
+    )?;
     if let Some(dt) = opts.dtype {
         set_config_dtype(&dir.join("config.json"), dt)?;
     }

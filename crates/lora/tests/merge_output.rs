@@ -10,7 +10,8 @@ use std::sync::Mutex;
 use candle_core::{DType, Device, Tensor};
 use common::fixtures;
 use g4ft_lora::{
-    merge_adapter_dir, merge_deltas, LoraError, MergeDelta, MergeOptions, ShardWritten,
+    check_not_merged, merge_adapter_dir, merge_deltas, LoraError, MergeDelta, MergeOptions,
+    ShardWritten,
 };
 
 /// A fresh, absent directory under the test target's temporary folder.
@@ -122,4 +123,49 @@ fn a_directory_holding_files_is_refused_and_left_as_it_was() {
         "keep me"
     );
     assert!(leftover_staging(&out).is_empty());
+}
+
+#[test]
+fn an_adapter_is_not_applied_again_to_a_model_it_is_merged_into() {
+    let (base, list) = (fixtures().join("base"), fixtures().join("list/adapter"));
+    let other = fixtures().join("regex_rslora/adapter");
+    let once = absent_dir("once");
+    merge_adapter_dir(&base, &list, &once, MergeOptions::default()).unwrap();
+    check_not_merged(&base, &list).unwrap();
+    check_not_merged(&once, &other).unwrap();
+    let err = check_not_merged(&once, &list).unwrap_err();
+    assert!(matches!(err, LoraError::AlreadyMerged { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("applying it again would add it twice"),
+        "{err}"
+    );
+    // Merging it again is refused too; another adapter on top keeps both in the list.
+    let twice = absent_dir("twice");
+    let err = merge_adapter_dir(&once, &list, &twice, MergeOptions::default()).unwrap_err();
+    assert!(matches!(err, LoraError::AlreadyMerged { .. }), "{err}");
+    assert!(!twice.exists());
+    merge_adapter_dir(&once, &other, &twice, MergeOptions::default()).unwrap();
+    for adapter in [&list, &other] {
+        assert!(check_not_merged(&twice, adapter).is_err());
+    }
+}
+
+#[test]
+fn merging_into_another_model_names_the_model_the_adapter_was_made_for() {
+    let out = absent_dir("elsewhere");
+    let err = merge_adapter_dir(
+        &fixtures().join("base"),
+        &fixtures().join("gemma4-c-moe/adapter"),
+        &out,
+        MergeOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("missing tensor")
+            && err.contains("the adapter was made for tests/golden/gemma4-c-moe"),
+        "{err}"
+    );
+    assert!(!out.exists());
 }
