@@ -444,7 +444,11 @@ fn train_in_group(
     // 10. Every rank must end with the same adapter (DDP's invariant): compare checksums.
     let checksum = ddp.check_parameters()?;
     if is_main {
-        println!("adapter identical on all {world_size} ranks: checksum {checksum:#018x}");
+        if world_size > 1 {
+            println!("adapter identical on all {world_size} ranks: checksum {checksum:#018x}");
+        } else {
+            println!("adapter checksum {checksum:#018x} (one rank)");
+        }
     }
 
     // 11. Metrics summary and the loss curve.
