@@ -223,7 +223,7 @@ pub fn detect_format(path: &Path, opts: &PrepareOptions) -> Result<Format> {
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 /// Encodes every row of `path` and passes `(line, row)` to `sink` in file order, saying every
-/// [`PROGRESS_EVERY`] how many rows it has read.
+/// 10 s (on stderr) how many rows it has read.
 /// Conversations and text need `encoder`; pre-tokenized files use it only for `vocab_size`.
 pub fn tokenize_file(
     path: &Path,
