@@ -264,7 +264,8 @@ pub fn claim(dir: &Path, claim: &Claim, fresh: RunRecord) -> Result<RunRecord> {
     Ok(record)
 }
 
-/// "run R (started at unix time T on H, pid P), checkpoints step-20, step-40" for messages.
+/// "run R (started at unix time T on H, pid P) with checkpoints step-20, step-40" for messages;
+/// past five checkpoints, their count and the first and last written.
 fn describe(dir: &Path, record: Option<&RunRecord>) -> Result<String> {
     let names: Vec<String> = complete_checkpoints(dir)?
         .into_iter()
@@ -277,10 +278,13 @@ fn describe(dir: &Path, record: Option<&RunRecord>) -> Result<String> {
         ),
         None => "the outputs of an earlier run".into(),
     };
-    Ok(if names.is_empty() {
-        run
-    } else {
-        format!("{run} with checkpoints {}", names.join(", "))
+    Ok(match names.as_slice() {
+        [] => run,
+        [first, .., last] if names.len() > 5 => format!(
+            "{run} with {} checkpoints, {first} first and {last} last",
+            names.len()
+        ),
+        _ => format!("{run} with checkpoints {}", names.join(", ")),
     })
 }
 
@@ -354,6 +358,21 @@ mod tests {
         assert!(!dir.join("step-2").exists() && !dir.join("metrics.jsonl").exists());
         assert!(dir.join("notes.txt").exists());
         assert_eq!(read_run(&dir).unwrap().unwrap().run_id, "run-other");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_folder_of_many_checkpoints_is_described_by_count_first_and_last() {
+        let dir = tmp("many");
+        let record = RunRecord::new(None, 0, "f".into());
+        for step in (10..=70).step_by(10) {
+            ckpt(&dir, &format!("step-{step}"), step, &record.run_id);
+        }
+        let said = describe(&dir, Some(&record)).unwrap();
+        assert!(
+            said.ends_with("with 7 checkpoints, step-10 first and step-70 last"),
+            "{said}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
