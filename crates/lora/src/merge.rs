@@ -25,9 +25,8 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 
-use crate::config::LoraConfig;
 use crate::error::{io_err, CandleContext, LoraError, Result};
-use crate::io::{read_adapter, write_safetensors};
+use crate::io::{read_adapter, write_safetensors, AdapterWeights};
 use crate::linear::LoraLinear;
 use crate::target::Targeting;
 use g4ft_hash::Fnv1a64;
@@ -110,9 +109,16 @@ pub fn merge_adapter_dir(
     out_dir: &Path,
     opts: MergeOptions,
 ) -> Result<MergeReport> {
-    check_not_merged(base_dir, adapter_dir)?;
-    let made_for = LoraConfig::from_dir(adapter_dir)?.base_model_name_or_path;
-    merge_deltas(base_dir, out_dir, &adapter_deltas(adapter_dir)?, opts).map_err(|e| match e {
+    let adapter = read_adapter(adapter_dir)?;
+    let made_for = adapter.config.base_model_name_or_path.clone();
+    let deltas = deltas_of(adapter)?;
+    refuse_listed(
+        &merged_fingerprints(base_dir)?,
+        base_dir,
+        adapter_dir,
+        &deltas,
+    )?;
+    merge_deltas(base_dir, out_dir, &deltas, opts).map_err(|e| match e {
         LoraError::MissingKey { path, key, why } => LoraError::MissingKey {
             path,
             key,
@@ -125,9 +131,8 @@ pub fn merge_adapter_dir(
     })
 }
 
-/// The deltas of the PEFT adapter in `adapter_dir`, on the CPU in f32.
-fn adapter_deltas(adapter_dir: &Path) -> Result<Vec<MergeDelta>> {
-    let adapter = read_adapter(adapter_dir)?;
+/// The deltas of a PEFT adapter read from its files.
+fn deltas_of(adapter: AdapterWeights) -> Result<Vec<MergeDelta>> {
     let targeting = Targeting::new(&adapter.config)?;
     Ok(adapter
         .modules
@@ -156,12 +161,9 @@ pub fn adapter_fingerprint(deltas: &[MergeDelta]) -> Result<String> {
                 .and_then(|t| t.flatten_all())
                 .and_then(|t| t.to_vec1())
                 .ctx(|| format!("{}: adapter values", d.path))?;
-            h.update(
-                &values
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect::<Vec<u8>>(),
-            );
+            for v in values {
+                h.update(&v.to_le_bytes());
+            }
         }
     }
     Ok(format!("{:016x}", h.finish()))
@@ -189,9 +191,21 @@ fn merged_fingerprints(model_dir: &Path) -> Result<Vec<String>> {
 pub fn check_not_merged(model_dir: &Path, adapter_dir: &Path) -> Result<()> {
     let merged = merged_fingerprints(model_dir)?;
     if merged.is_empty() {
-        return Ok(());
+        return Ok(()); // nothing merged: no need to read the adapter
     }
-    if merged.contains(&adapter_fingerprint(&adapter_deltas(adapter_dir)?)?) {
+    let deltas = deltas_of(read_adapter(adapter_dir)?)?;
+    refuse_listed(&merged, model_dir, adapter_dir, &deltas)
+}
+
+/// [`LoraError::AlreadyMerged`] when `deltas` (the adapter in `adapter_dir`) are among the
+/// fingerprints `merged` of the checkpoint in `model_dir`.
+fn refuse_listed(
+    merged: &[String],
+    model_dir: &Path,
+    adapter_dir: &Path,
+    deltas: &[MergeDelta],
+) -> Result<()> {
+    if !merged.is_empty() && merged.contains(&adapter_fingerprint(deltas)?) {
         return Err(LoraError::AlreadyMerged {
             model: model_dir.to_path_buf(),
             adapter: adapter_dir.to_path_buf(),
