@@ -33,9 +33,9 @@ use g4ft::data::{
     LoaderConfig, PrepareOptions, TokenDataset,
 };
 use g4ft::ddp::{
-    DdpError, DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup,
+    signals, DdpError, DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup,
 };
-use g4ft::gemma4::{Checkpoint, Config, Gemma4Model, Hub, ModelFiles};
+use g4ft::gemma4::{Checkpoint, Config, Gemma4Model, Hub, ModelFiles, StepShape};
 use g4ft::lora::{self, LoraConfig, ParamReport, TargetModules};
 use g4ft::trainer::checkpoint::resume::{self, Launch, StartPlan};
 use g4ft::trainer::checkpoint::run_dir::{self, OutputLock, RunRecord};
@@ -59,10 +59,26 @@ use g4ft::trainer::TrainConfig;
 fn main() -> ExitCode {
     let matches = cli::command().get_matches();
     let prefix = g4ft::ddp::env::message_prefix(|k| std::env::var(k).ok());
-    cli::exit_code(&prefix, train(&matches))
+    match train(&matches, &prefix) {
+        // Stopped by a signal with its checkpoint saved: the exit code of a process it ended.
+        Ok(RunEnd::Stopped(sig)) => ExitCode::from((128 + sig) as u8),
+        other => cli::exit_code(&prefix, other.map(drop)),
+    }
 }
 
-fn train(matches: &ArgMatches) -> Result<()> {
+/// How a run that did not fail ended.
+enum RunEnd {
+    /// Every step ran (or there was none left to run).
+    Finished,
+    /// A signal stopped it at a step boundary (every rank stops at the same one).
+    Stopped(i32),
+}
+
+/// After the first stop signal, the same signal again at least this long after it ends the
+/// process at once: a terminal and a launcher delivering one Ctrl-C twice do so sooner.
+const STOP_AT_ONCE_AFTER: Duration = Duration::from_secs(1);
+
+fn train(matches: &ArgMatches, prefix: &str) -> Result<RunEnd> {
     let mut resolved = cli::resolve(matches)?;
     // Where the run starts (fresh, --init-adapter, --resume, an elastic restart) and the
     // settings that fixes; every rank decides the same from the same files.
@@ -92,8 +108,8 @@ fn train(matches: &ArgMatches) -> Result<()> {
         launch: &launch,
         changes: &changes,
     };
-    match train_in_group(&resolved, &start, &device, &mem, &group) {
-        Ok(()) => Ok(()),
+    match train_in_group(&resolved, &start, &device, &mem, &group, prefix) {
+        Ok(end) => Ok(end),
         Err(e) => {
             let follows_peer = DdpError::chain_may_follow_peer_exit(e.as_ref());
             let linger = FAILURE_LINGER.min(timeout);
@@ -124,7 +140,8 @@ fn train_in_group(
     device: &Device,
     mem: &MemProbe,
     group: &ProcessGroup,
-) -> Result<()> {
+    prefix: &str,
+) -> Result<RunEnd> {
     let cfg = &resolved.config;
     let (rank, world_size) = (group.rank(), group.world_size());
     let is_main = rank == 0;
@@ -185,7 +202,7 @@ fn train_in_group(
     // 3. LoRA adapters on the targeted projections.
     let lora_cfg = attach_lora(cfg, start.plan, &mut model)?;
     // 4. Recompute policy: which layers keep their activations for the backward.
-    plan_recompute(cfg, &mut model, free_at_start, group)?;
+    plan_recompute(resolved, &mut model, free_at_start, group, device)?;
     if is_main {
         println!("{}", param_report(&model, &lora_cfg)?);
     }
@@ -276,7 +293,7 @@ fn train_in_group(
                     pos.step
                 );
             }
-            return Ok(());
+            return Ok(RunEnd::Finished);
         }
     }
     let mut logger = if is_main {
@@ -297,7 +314,20 @@ fn train_in_group(
         world_size,
         run_id,
     };
-    let (mut last_saved, mut last_eval) = (None, None);
+    // SIGINT, SIGTERM or SIGHUP (Ctrl-C, a launcher, a scheduler's preemption) stops the run at
+    // the next step boundary, where every rank learns of it from the step's first all-reduce
+    // and rank 0 saves a checkpoint; the same signal again ends the process at once.
+    signals::install(signals::Catch {
+        notice: is_main.then(|| {
+            format!(
+                "{prefix}{{signal}}: stopping after the step in progress and saving a \
+                 checkpoint; send it again to stop at once"
+            )
+        }),
+        exit_on_repeat_after: Some(STOP_AT_ONCE_AFTER),
+    });
+    let first_step = pos.step;
+    let (mut last_saved, mut last_eval): (Option<(u64, String)>, _) = (None, None);
     'epochs: for epoch in pos.epoch..epochs {
         pos.epoch = epoch;
         // sampler.set_epoch(epoch): a new shuffle of seed + epoch, the same on all ranks.
@@ -316,11 +346,39 @@ fn train_in_group(
                 })
                 .collect::<Result<_>>()?;
 
-            // Token counts of this optimizer step over all ranks (the loss weights need them).
+            // Token counts of this optimizer step over all ranks (the loss weights need them),
+            // and which stop signals the ranks have caught.
             let local_targets: usize = window.iter().map(|b| b.n_label_tokens).sum();
             let local_tokens: usize = window.iter().map(|b| b.n_tokens).sum();
-            let counts =
-                step::all_reduce_sum(group, &[local_targets as f64, local_tokens as f64], device)?;
+            let caught = signals::received();
+            let mut local = vec![local_targets as f64, local_tokens as f64];
+            local.extend(signals::STOP_SIGNALS.map(|s| f64::from(u8::from(caught == Some(s)))));
+            let counts = step::all_reduce_sum(group, &local, device)?;
+            let stop = signals::STOP_SIGNALS
+                .into_iter()
+                .zip(&counts[2..])
+                .find_map(|(sig, &ranks)| (ranks > 0.0).then_some(sig));
+            if let Some(sig) = stop {
+                let saved = match &last_saved {
+                    Some((step, name)) if *step == pos.step => Some(name.clone()),
+                    _ if pos.step == first_step => None,
+                    _ => {
+                        let name = format!("step-{}", pos.step);
+                        ckpt.save(&name, epoch, &opt, &sched, &pos, logger.as_ref())?;
+                        Some(name)
+                    }
+                };
+                if is_main {
+                    println!(
+                        "{}",
+                        stop_report(sig, pos.step, run_steps, cfg, saved.as_deref(), start)
+                    );
+                }
+                if let Some(logger) = logger.as_mut() {
+                    logger.write_plot()?;
+                }
+                return Ok(RunEnd::Stopped(sig));
+            }
             let weighting = if cfg.token_weighted_loss {
                 LossWeighting::TokenWeighted {
                     world_size,
@@ -407,7 +465,7 @@ fn train_in_group(
             if every(cfg.save_every, pos.step) {
                 let name = format!("step-{}", pos.step);
                 ckpt.save(&name, epoch, &opt, &sched, &pos, logger.as_ref())?;
-                last_saved = Some(pos.step);
+                last_saved = Some((pos.step, name));
             }
             if every(cfg.eval_every, pos.step) {
                 run_eval(
@@ -424,9 +482,9 @@ fn train_in_group(
         pos.step_in_epoch = 0;
         let name = format!("epoch-{epoch}");
         ckpt.save(&name, epoch + 1, &opt, &sched, &pos, logger.as_ref())?;
-        last_saved = Some(pos.step);
+        last_saved = Some((pos.step, name));
     }
-    if last_saved != Some(pos.step) {
+    if last_saved.as_ref().map(|(step, _)| *step) != Some(pos.step) {
         // Stopped by --max-steps mid-epoch: keep the final adapter too.
         let name = format!("step-{}", pos.step);
         ckpt.save(&name, pos.epoch, &opt, &sched, &pos, logger.as_ref())?;
@@ -468,7 +526,35 @@ fn train_in_group(
     // 12. Teardown (the post's destroy_process_group): the DDP reducer here, the group by the
     //     caller.
     drop(ddp);
-    Ok(())
+    Ok(RunEnd::Finished)
+}
+
+/// What a run stopped by `sig` after `step` of `run_steps` says: the checkpoint that holds it
+/// (`saved`, in the output folder) and how to continue.
+fn stop_report(
+    sig: i32,
+    step: u64,
+    run_steps: u64,
+    cfg: &TrainConfig,
+    saved: Option<&str>,
+    start: &Start<'_>,
+) -> String {
+    let head = format!(
+        "stopped by {} after step {step} of {run_steps}",
+        signals::name(sig)
+    );
+    match (saved, &start.plan.start) {
+        (Some(name), _) => format!(
+            "{head}: saved {}; to continue, run the same command with --resume latest",
+            cfg.output.join(name).display()
+        ),
+        (None, resume::Start::Checkpoint { dir, .. }) => format!(
+            "{head}, before this run finished a step: nothing new to save; the same command \
+             continues from {} again",
+            dir.display()
+        ),
+        (None, _) => format!("{head}: no step had finished, nothing was saved"),
+    }
 }
 
 /// Settings that the run does not use as asked, each as a sentence: a warmup the schedule has
@@ -558,13 +644,18 @@ fn attach_lora(cfg: &TrainConfig, plan: &StartPlan, model: &mut Gemma4Model) -> 
 /// layers' inputs wait (the gradients are the same bits either way). Each rank plans for its
 /// own device; rank 0 prints the plan.
 fn plan_recompute(
-    cfg: &TrainConfig,
+    resolved: &ResolvedConfig,
     model: &mut Gemma4Model,
     free_at_start: Result<u64>,
     group: &ProcessGroup,
+    device: &Device,
 ) -> Result<()> {
+    let cfg = &resolved.config;
     let local_world_size = group.env().local_world_size;
-    let policy = memory::recompute_policy(cfg.recompute, cfg.memory_budget_gb, || free_at_start)?;
+    let free = free_at_start.map_err(|e| format!("{e:#}"));
+    let policy = memory::recompute_policy(cfg.recompute, cfg.memory_budget_gb, || {
+        free.clone().map_err(anyhow::Error::msg)
+    })?;
     let (recompute, parked_note) = memory::apply_recompute(
         model,
         policy,
@@ -580,6 +671,17 @@ fn plan_recompute(
         }
         if !recompute.fits() {
             eprintln!("warning: the predicted peak is over --memory-budget-gb even with every layer recomputed; lower --micro-batch or --max-len if the run runs out of memory");
+        }
+        // A GPU with room to spare: say what the faster policy would keep.
+        if let (true, Origin::Default, Ok(free)) = (
+            device.is_cuda(),
+            resolved.origin("recompute"),
+            free.as_ref(),
+        ) {
+            let shape = StepShape::of_model(model, cfg.micro_batch, cfg.max_len);
+            if let Some(note) = memory::auto_instead_of_all(model.config(), shape, *free) {
+                println!("{note}");
+            }
         }
     }
     Ok(())

@@ -343,6 +343,116 @@ fn interrupted_checkpoint_write_leaves_the_previous_one_as_latest() {
 }
 
 #[test]
+fn a_signal_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint() {
+    use std::io::{BufRead, BufReader};
+    // Two ranks on a run far longer than the test; SIGINT to rank 0 alone, as a Ctrl-C under a
+    // launcher reaches one process group; rank 1 learns of it from the step's all-reduce.
+    let common = [
+        "--micro-batch",
+        "1",
+        "--accum",
+        "2",
+        "--lora-r",
+        "4",
+        "--save-total-limit",
+        "2",
+    ];
+    let out = tmp("signal");
+    let mut first = common.to_vec();
+    first.extend(["--max-steps", "100000"]);
+    let mut ranks = spawn_ranks(2, &args_with(&out, &first), &[]);
+    let stdout = ranks[0].stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // "epoch E | step    N/100000 | loss ..."
+    let step_of = |line: &str| -> Option<u64> {
+        let rest = line.split("| step").nth(1)?;
+        rest.trim_start().split('/').next()?.parse().ok()
+    };
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|l: &String| step_of(l).is_some_and(|n| n >= 3))
+    {
+        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(line) => seen.push(line),
+            Err(_) => {
+                for r in &mut ranks {
+                    let _ = r.kill();
+                }
+                panic!("no step 3 within 60 s: {seen:?}");
+            }
+        }
+    }
+    let pid = ranks[0].id().to_string();
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let outs = wait_all(ranks);
+    reader.join().unwrap();
+    seen.extend(rx.try_iter());
+    let log = seen.join("\n");
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(
+            o.status.code(),
+            Some(130),
+            "rank {r}: {}\n{log}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let err0 = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(
+        err0.contains("SIGINT: stopping after the step in progress"),
+        "{err0}"
+    );
+    // "stopped by SIGINT after step N of 100000: saved OUT/NAME; ..."
+    let report = seen
+        .iter()
+        .find(|l| l.contains("stopped by SIGINT after step"))
+        .unwrap_or_else(|| panic!("no stop report: {log}"));
+    let step: u64 = report
+        .split("after step ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(step >= 3, "{report}");
+    let saved = checkpoints(&out).last().cloned().expect("a checkpoint");
+    assert!(
+        report.contains(&format!("saved {}", out.join(&saved).display()))
+            && report.contains("--resume latest"),
+        "{report}"
+    );
+    assert_eq!(
+        losses(&out).keys().copied().collect::<Vec<_>>(),
+        (1..=step).collect::<Vec<_>>()
+    );
+
+    // The same command with --resume latest goes on from that step.
+    let mut resume = common.to_vec();
+    let end = (step + 2).to_string();
+    resume.extend(["--max-steps", &end, "--resume", "latest"]);
+    let log = run_ok(2, &args_with(&out, &resume), &[]);
+    assert!(
+        log.contains(&format!(
+            "resumed from {} at step {step}",
+            out.join(&saved).display()
+        )),
+        "{log}"
+    );
+    assert_eq!(
+        losses(&out).keys().copied().collect::<Vec<_>>(),
+        (1..=step + 2).collect::<Vec<_>>()
+    );
+}
+
+#[test]
 fn invalid_json_line_is_a_clean_error_on_every_rank() {
     let dir = tmp("bad");
     std::fs::create_dir_all(&dir).unwrap();

@@ -7,7 +7,7 @@ pub mod hub;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use safetensors::SafeTensors;
@@ -78,12 +78,17 @@ pub fn base_args(output: &Path) -> Vec<String> {
 
 /// Runs `world` ranks of train_ddp with `args` (and extra environment), waits at most 120 s.
 pub fn run(world: usize, args: &[String], env: &[(&str, &str)]) -> Vec<Output> {
+    wait_all(spawn_ranks(world, args, env))
+}
+
+/// Starts `world` ranks of train_ddp with `args` (and extra environment), their output piped.
+pub fn spawn_ranks(world: usize, args: &[String], env: &[(&str, &str)]) -> Vec<Child> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let children: Vec<_> = (0..world)
+    (0..world)
         .map(|rank| {
             let mut c = Command::new(train_ddp());
             c.args(args)
@@ -103,7 +108,13 @@ pub fn run(world: usize, args: &[String], env: &[(&str, &str)]) -> Vec<Output> {
             }
             c.spawn().expect("spawn train_ddp")
         })
-        .collect();
+        .collect()
+}
+
+/// Waits at most 120 s for every rank to exit (then kills them all and panics) and collects
+/// their output.
+pub fn wait_all(children: Vec<Child>) -> Vec<Output> {
+    let world = children.len();
     let start = Instant::now();
     let mut children: Vec<_> = children.into_iter().map(Some).collect();
     let mut outs: Vec<Option<Output>> = (0..world).map(|_| None).collect();

@@ -12,6 +12,8 @@
 //!   the gradient storage, async all-reduce per bucket during backward, `no_sync`, unused
 //!   parameter and replica-drift detection.
 //! * [`launcher`]: the `ddprun` launcher (torchrun's interface and environment).
+//! * [`signals`]: SIGINT / SIGTERM / SIGHUP caught, for the launcher and its workers to stop on
+//!   their own terms.
 //!
 //! Deliberately left out: models, optimizers, data loading (other crates), elastic membership
 //! changes, `Join` for uneven inputs, reduce-scatter/ZeRO sharding.
@@ -26,6 +28,7 @@ pub mod error;
 pub mod fingerprint;
 pub mod group;
 pub mod launcher;
+pub mod signals;
 pub mod store;
 mod wait;
 

@@ -3,6 +3,7 @@
 mod common;
 use common::*;
 use std::process::Command;
+use std::time::Duration;
 
 fn sh(launcher: &[&str], script: &str) -> std::process::Output {
     Command::new(DDPRUN)
@@ -226,7 +227,7 @@ fn a_launcher_waiting_for_another_node_says_so_and_stops_on_a_signal() {
     );
     assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
     assert!(
-        err.contains("stopped by signal 15 while waiting for the other nodes"),
+        err.contains("stopped by SIGTERM while waiting for the other nodes"),
         "{err}"
     );
     // Node 1 waits for a store nobody hosts.
@@ -297,4 +298,89 @@ fn a_rank_waiting_for_rank_0s_store_says_so() {
         )) && t.contains("waiting for rank 0 or the launcher"),
         "{t}"
     );
+}
+
+/// Starts `ddprun --standalone` on a worker script (its stderr read on a thread), sends it
+/// SIGINT once the worker has said `ready`, then SIGINT again after `again` if given: the exit
+/// code, the seconds from the first signal to the exit, and the output.
+fn interrupt_running(script: &str, again: Option<Duration>) -> (Option<i32>, f64, String) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = Command::new(DDPRUN)
+        .args(["--standalone", "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let readers: Vec<_> = [
+        Box::new(stdout) as Box<dyn std::io::Read + Send>,
+        Box::new(stderr),
+    ]
+    .into_iter()
+    .map(|s| {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(s).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        })
+    })
+    .collect();
+    drop(tx);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains("ready")) {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => seen.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the worker did not start within 20 s: {seen:?}");
+            }
+        }
+    }
+    let t0 = std::time::Instant::now();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    if let Some(after) = again {
+        std::thread::sleep(after);
+        // SAFETY: as above.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    }
+    let status = child.wait().unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    for r in readers {
+        r.join().unwrap();
+    }
+    seen.extend(rx.try_iter());
+    (status.code(), secs, seen.join("\n"))
+}
+
+/// A worker that, on SIGINT, takes `secs` seconds to stop (as a trainer saving a checkpoint).
+fn slow_to_stop(secs: u32) -> String {
+    format!(
+        "trap 'sleep {secs}; echo saved; exit 130' INT; echo ready; while true; do sleep 0.1; done"
+    )
+}
+
+#[test]
+fn workers_given_a_signal_have_time_to_stop_on_their_own() {
+    // Longer than the 3 s between SIGTERM and SIGKILL of a failed job's stop.
+    let (code, secs, out) = interrupt_running(&slow_to_stop(5), None);
+    assert_eq!(code, Some(128 + libc::SIGINT), "{out}");
+    assert!(
+        out.contains("SIGINT sent to the workers") && out.contains("[rank 0] saved"),
+        "{out}"
+    );
+    assert!(secs >= 5.0, "stopped after {secs} s: {out}");
+}
+
+#[test]
+fn a_second_signal_stops_the_workers_at_once() {
+    let (code, secs, out) = interrupt_running(&slow_to_stop(60), Some(Duration::from_secs(1)));
+    assert_eq!(code, Some(128 + libc::SIGINT), "{out}");
+    assert!(!out.contains("[rank 0] saved"), "{out}");
+    // The second signal after 1 s, then SIGTERM and at most 3 s before SIGKILL.
+    assert!(secs < 20.0, "took {secs} s: {out}");
 }

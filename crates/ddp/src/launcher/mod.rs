@@ -10,12 +10,12 @@
 //! modules (the command is always executed as given, like `--no-python`).
 
 mod args;
-mod signals;
 mod workers;
 
 pub use args::Args;
 
 use crate::error::{DdpError, Result};
+use crate::signals;
 use crate::store::{StoreClient, StoreServer};
 use crate::wait::Schedule;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -46,7 +46,7 @@ pub struct Layout {
 /// Runs the launcher; returns the process exit code (0 when every worker of the last attempt
 /// succeeded on every node).
 pub fn run(args: &Args) -> Result<i32> {
-    signals::install();
+    signals::install(signals::Catch::default());
     let (layout, _server) = rendezvous_setup(args)?;
     let timeout = Duration::from_secs(args.rdzv_timeout);
     let Some(mut store) = connect(&layout, timeout)? else {
@@ -156,7 +156,10 @@ fn split_endpoint(ep: &str) -> Result<(String, u16)> {
 /// The exit code after a signal stopped a wait, saying what was being waited for.
 fn interrupted(what: &str) -> i32 {
     let sig = signals::received().unwrap_or(libc::SIGINT);
-    eprintln!("ddprun: stopped by signal {sig} while waiting for {what}");
+    eprintln!(
+        "ddprun: stopped by {} while waiting for {what}",
+        signals::name(sig)
+    );
     128 + sig
 }
 

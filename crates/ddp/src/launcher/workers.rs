@@ -3,8 +3,9 @@
 //! [`WorkerSet`] dropped with workers still running (the launcher's own error, such as a lost
 //! store) stops them, so that no worker outlives its launcher.
 
-use super::{signals, Layout};
+use super::Layout;
 use crate::error::{DdpError, Result};
+use crate::signals;
 use crate::store::StoreClient;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
@@ -14,6 +15,9 @@ use std::time::{Duration, Instant};
 
 /// Grace period between SIGTERM and SIGKILL when stopping workers.
 const GRACE: Duration = Duration::from_secs(3);
+/// How long workers given the launcher's signal may take to stop on their own (a training worker
+/// finishes its step and saves a checkpoint) before they are stopped: torchrun's 30 s.
+const SIGNAL_GRACE: Duration = Duration::from_secs(30);
 /// How long the output of workers that exited is still copied: a process a worker started in the
 /// background can hold its output open after the worker is gone.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -25,7 +29,7 @@ pub enum Outcome {
     Success,
     /// A worker (here or on another node) failed; the text says which.
     Failed(String),
-    /// The launcher got this signal; workers were given it and stopped.
+    /// The launcher got this signal; workers were given it and have exited.
     Signal(i32),
 }
 
@@ -129,6 +133,7 @@ impl WorkerSet {
         loop {
             if let Some(sig) = signals::received() {
                 self.signal_all(sig);
+                self.wait_after_signal(sig);
                 self.stop();
                 return Ok(Outcome::Signal(sig));
             }
@@ -174,6 +179,36 @@ impl WorkerSet {
         }
     }
 
+    /// Gives the workers that were sent `sig` [`SIGNAL_GRACE`] to exit on their own; a second
+    /// signal to the launcher ends the wait at once.
+    fn wait_after_signal(&mut self, sig: i32) {
+        let caught = signals::count();
+        let deadline = Instant::now() + SIGNAL_GRACE;
+        eprintln!(
+            "ddprun: {} sent to the workers; waiting up to {} s for them to stop (again to stop them at once)",
+            signals::name(sig),
+            SIGNAL_GRACE.as_secs()
+        );
+        while Instant::now() < deadline && signals::count() == caught {
+            self.reap();
+            if self.workers.iter().all(|w| w.exit.is_some()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Records the exit of every worker that has exited.
+    fn reap(&mut self) {
+        for w in &mut self.workers {
+            if w.exit.is_none() {
+                if let Ok(Some(s)) = w.child.try_wait() {
+                    w.exit = Some(s.code().unwrap_or(-1));
+                }
+            }
+        }
+    }
+
     fn signal_all(&self, sig: i32) {
         for w in self.workers.iter().filter(|w| w.exit.is_none()) {
             // SAFETY: kill(2) on the worker's own process group (created with process_group(0),
@@ -189,13 +224,7 @@ impl WorkerSet {
         self.signal_all(libc::SIGTERM);
         let deadline = Instant::now() + GRACE;
         loop {
-            for w in &mut self.workers {
-                if w.exit.is_none() {
-                    if let Ok(Some(s)) = w.child.try_wait() {
-                        w.exit = Some(s.code().unwrap_or(-1));
-                    }
-                }
-            }
+            self.reap();
             if self.workers.iter().all(|w| w.exit.is_some()) || Instant::now() >= deadline {
                 break;
             }

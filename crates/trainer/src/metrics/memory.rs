@@ -60,6 +60,25 @@ pub fn recompute_policy(
     })
 }
 
+/// What `--recompute auto` would do instead of recomputing every layer, for a run that left
+/// `--recompute` at its default on a device with `free` bytes free at start: a note naming the
+/// layers it would keep and its predicted peak, or `None` when [`default_budget`] keeps none.
+pub fn auto_instead_of_all(cfg: &Config, shape: StepShape, free: u64) -> Option<String> {
+    let budget_bytes = default_budget(free);
+    let auto = MemoryModel::new(cfg, shape).plan(Recompute::Auto { budget_bytes });
+    (auto.keep.kept() > 0).then(|| {
+        format!(
+            "note: every layer is recomputed (--recompute all, the default, as the post's script); \
+             --recompute auto would keep {} of {} layers' activations within this device's free \
+             memory (predicted peak {:.3} GB, budget {:.3} GB) and skip their recompute",
+            auto.keep.kept(),
+            auto.keep.len(),
+            auto.peak.bytes as f64 / GB,
+            budget_bytes as f64 / GB
+        )
+    })
+}
+
 /// Sets `model`'s offloaded checkpoints on or off (`--offload-checkpoints`), resolves `policy`
 /// for its training step of `micro_batch` samples of `seq` tokens (the longest the run sees) with
 /// the model's adapters, and sets the model's keep mask to it. With offload on a GPU the parked
@@ -340,6 +359,33 @@ mod tests {
             msg.starts_with("--offload-checkpoints: the recomputed layers' inputs alone need 48.318 GB of host memory per rank, and 40.000 GB is available"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn the_default_recompute_names_what_auto_would_keep() {
+        let cfg = g4ft_gemma4::Config::from_file(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../gemma4/tests/configs/gemma-4-12B-it.json"),
+        )
+        .unwrap();
+        let shape = StepShape {
+            micro_batch: 1,
+            seq: 2048,
+            lora_r: 16,
+            trainable: 65_568_768,
+            dtype: candle_core::DType::BF16,
+            parked: None,
+        };
+        // An H200's free memory: every layer fits (40.57 GB predicted without recompute).
+        let note = auto_instead_of_all(&cfg, shape, 140_000_000_000).expect("a note");
+        assert!(
+            note.contains("would keep 48 of 48 layers'") && note.contains("budget 131.000 GB"),
+            "{note}"
+        );
+        // 32 GB free: a few layers; 26 GB: not even every layer recomputed fits, no note.
+        let some = auto_instead_of_all(&cfg, shape, 32_000_000_000).expect("a note");
+        assert!(!some.contains("keep 48 of 48"), "{some}");
+        assert_eq!(auto_instead_of_all(&cfg, shape, 26_000_000_000), None);
     }
 
     #[test]
