@@ -15,15 +15,14 @@
 //!     --dtype f32 --device cpu --prompt-len 64 --new-tokens 16 --batch-sizes 1,2
 //! cargo run --release --features cuda --example bench_generate -- \
 //!     --config crates/gemma4/tests/configs/gemma-4-12B-it.json --dtype bf16 --device cuda \
-//!     --prompt-len 512 --new-tokens 128 --batch-sizes 1,8 [--lora-rank 16]
+//!     --prompt-len 512 --new-tokens 128 --batch-sizes 1,8 [--lora-r 16]
 //! ```
 //! `tools/reference/generate/bench_hf.py` times transformers' `generate` the same way;
 //! `tools/gpu/run_generate_bench.sh` runs both in one call.
 
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
+use anyhow::{bail, Result};
 use clap::Parser;
 use g4ft::gemma4::{Config, Gemma4Model};
 use g4ft::generate::{generate, GenerateError, GenerateOptions, Sampling};
@@ -38,12 +37,8 @@ struct Args {
     /// Checkpoint directory or Hub id instead of random weights.
     #[arg(long)]
     model: Option<String>,
-    /// Weight / activation dtype.
-    #[arg(long, default_value = "bf16", value_parser = ["f32", "bf16"])]
-    dtype: String,
-    /// Device.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
-    device: String,
+    #[command(flatten)]
+    run_on: g4ft::InferenceSettings,
     /// Prompt tokens per row.
     #[arg(long, default_value_t = 512)]
     prompt_len: usize,
@@ -57,8 +52,8 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     iters: usize,
     /// Attach a random LoRA adapter of this rank to the seven projections (0 = none), unmerged.
-    #[arg(long, default_value_t = 0)]
-    lora_rank: usize,
+    #[arg(long, visible_alias = "lora-rank", default_value_t = 0)]
+    lora_r: usize,
     /// Seed of the weights, adapter and prompt ids.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -77,15 +72,7 @@ fn run(args: &Args) -> Result<()> {
     if args.new_tokens < 2 || args.prompt_len == 0 || args.iters == 0 {
         bail!("--new-tokens must be >= 2, --prompt-len and --iters >= 1");
     }
-    let device = match args.device.as_str() {
-        "cuda" => Device::new_cuda(0).context("--device cuda (build with --features cuda)")?,
-        _ => Device::Cpu,
-    };
-    let dtype = if args.dtype == "bf16" {
-        DType::BF16
-    } else {
-        DType::F32
-    };
+    let (device, dtype, _) = args.run_on.resolve()?;
     let mut model = match (&args.config, &args.model) {
         (Some(cfg), _) => Gemma4Model::random_init(
             &Config::from_file(std::path::Path::new(cfg))?,
@@ -96,10 +83,10 @@ fn run(args: &Args) -> Result<()> {
         (None, Some(m)) => Gemma4Model::load(m, dtype, &device)?,
         (None, None) => unreachable!("clap requires --config or --model"),
     };
-    if args.lora_rank > 0 {
+    if args.lora_r > 0 {
         let mut cfg = LoraConfig::new(
-            args.lora_rank,
-            2.0 * args.lora_rank as f64,
+            args.lora_r,
+            2.0 * args.lora_r as f64,
             TargetModules::Regex(
                 r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
                     .into(),
@@ -116,8 +103,8 @@ fn run(args: &Args) -> Result<()> {
         cfg.vocab_size,
         cfg.sliding_window,
         dtype,
-        args.device,
-        args.lora_rank
+        if device.is_cuda() { "cuda" } else { "cpu" },
+        args.lora_r
     );
     println!(
         "| batch | prompt | new | prefill ms | prefill tok/s | decode ms/step | decode tok/s | cache MiB | cache bytes/token |"

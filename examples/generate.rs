@@ -5,7 +5,7 @@
 //! cargo run --release --example generate -- --model DIR_OR_ID [--adapter DIR] \
 //!     (--prompt TEXT | --chat FILE.jsonl | --input-ids FILE.jsonl | --interactive) \
 //!     [--max-new-tokens N] [--greedy | --temperature T --top-p P --top-k K --seed S] \
-//!     [--ignore-eos | --stop-ids ID,ID] [--batch-size B] [--dtype f32|bf16] [--device cpu|cuda]
+//!     [--ignore-eos | --stop-ids ID,ID] [--batch-size B] [--dtype auto|f32|bf16] [--device auto|cpu|cuda]
 //! ```
 //! - `--prompt TEXT`: one user turn through the model's chat template (with the generation
 //!   prompt); prints the decoded reply.
@@ -88,12 +88,8 @@ pub struct Args {
     /// Rows per forward.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
-    /// Weight / activation dtype.
-    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
-    pub dtype: String,
-    /// Device.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
-    pub device: String,
+    #[command(flatten)]
+    pub run_on: g4ft::InferenceSettings,
 }
 
 /// The loaded model with everything decoding needs.
@@ -108,12 +104,12 @@ impl Session {
         if args.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
-        let model = g4ft::load_inference_model(
-            &args.model,
-            args.adapter.as_deref(),
-            &args.device,
-            &args.dtype,
-        )?;
+        let (device, dtype, note) = args.run_on.resolve()?;
+        if let Some(note) = note {
+            eprintln!("{note}");
+        }
+        let model =
+            g4ft::load_inference_model(&args.model, args.adapter.as_deref(), &device, dtype)?;
         let files = ModelFiles::resolve(&args.model)?;
         let dir = files
             .config

@@ -45,9 +45,10 @@ struct Args {
     /// Skip bad lines (and list them) instead of failing.
     #[arg(long)]
     skip_bad_lines: bool,
-    /// Pass enable_thinking=true to the chat template.
-    #[arg(long)]
-    enable_thinking: bool,
+    /// enable_thinking passed to the chat template, as train_ddp's flag (rows may set their own;
+    /// unset: not passed; the flag alone: true).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    enable_thinking: Option<bool>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -77,10 +78,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let encoder = match &args.model {
         Some(dir) => {
             let encoder = Encoder::from_model_dir(dir)?;
-            Some(if args.enable_thinking {
-                encoder.with_enable_thinking(true)
-            } else {
-                encoder
+            Some(match args.enable_thinking {
+                Some(on) => encoder.with_enable_thinking(on),
+                None => encoder,
             })
         }
         None => None,

@@ -26,12 +26,8 @@ struct Args {
     /// Pre-tokenized JSONL: {"input_ids": [...], "labels": [...]?} per line.
     #[arg(long)]
     data: String,
-    /// Weight / activation dtype.
-    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
-    dtype: String,
-    /// Device.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
-    device: String,
+    #[command(flatten)]
+    run_on: g4ft::InferenceSettings,
     /// Sequences per forward.
     #[arg(long, default_value_t = 8)]
     batch_size: usize,
@@ -167,12 +163,11 @@ fn run(args: &Args) -> Result<()> {
     if args.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
-    let model = g4ft::load_inference_model(
-        &args.model,
-        args.adapter.as_deref(),
-        &args.device,
-        &args.dtype,
-    )?;
+    let (device, dtype, note) = args.run_on.resolve()?;
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
+    let model = g4ft::load_inference_model(&args.model, args.adapter.as_deref(), &device, dtype)?;
     let rows = read_rows(&args.data, model.config().vocab_size)?;
 
     let (loss_sum, tokens) = score(&model, &rows, args.batch_size)?;

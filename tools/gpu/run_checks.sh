@@ -17,6 +17,8 @@ step "train_ddp tiny bf16 cuda under ddprun"
 .gpu/ddprun --standalone --nproc-per-node 1 -- .gpu/train_ddp --config configs/tiny-cpu.toml --device cuda --dtype bf16 --output "$OUT/tiny-ddprun" 2>&1 | tail -15
 step "train_ddp tiny bf16 cuda under torchrun"
 torchrun --standalone --nproc_per_node=1 --no-python .gpu/train_ddp --config configs/tiny-cpu.toml --device cuda --dtype bf16 --max-steps 10 --output "$OUT/tiny-torchrun" 2>&1 | tail -6
+step "train_ddp stopped by SIGINT under ddprun and torchrun, then resumed"
+bash tools/gpu/stop_resume.sh 2>&1 | tee "$OUT/stop_resume.log"
 step "bench_train 12B shape"
 timeout 300 .gpu/bench_train --config crates/gemma4/tests/configs/gemma-4-12B-it.json --device cuda --dtype bf16 \
   --seq 2048 --micro-batch 1 --accum 8 --steps ${BENCH_STEPS:-4} --warmup-discard 1 2>&1 | tee "$OUT/bench_train.log" | tail -12
