@@ -350,15 +350,10 @@ fn train_in_group(
             // and which stop signals the ranks have caught.
             let local_targets: usize = window.iter().map(|b| b.n_label_tokens).sum();
             let local_tokens: usize = window.iter().map(|b| b.n_tokens).sum();
-            let caught = signals::received();
             let mut local = vec![local_targets as f64, local_tokens as f64];
-            local.extend(signals::STOP_SIGNALS.map(|s| f64::from(u8::from(caught == Some(s)))));
+            local.extend(signals::caught_flags());
             let counts = step::all_reduce_sum(group, &local, device)?;
-            let stop = signals::STOP_SIGNALS
-                .into_iter()
-                .zip(&counts[2..])
-                .find_map(|(sig, &ranks)| (ranks > 0.0).then_some(sig));
-            if let Some(sig) = stop {
+            if let Some(sig) = signals::flagged(&counts[2..]) {
                 let saved = match &last_saved {
                     Some((step, name)) if *step == pos.step => Some(name.clone()),
                     _ if pos.step == first_step => None,

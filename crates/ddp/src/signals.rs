@@ -117,6 +117,22 @@ pub fn count() -> u32 {
     COUNT.load(Ordering::SeqCst)
 }
 
+/// One flag per signal of [`STOP_SIGNALS`], 1 for the one caught first: summed over ranks by an
+/// all-reduce, [`flagged`] reads which any rank caught.
+pub fn caught_flags() -> [f64; 3] {
+    let caught = received();
+    STOP_SIGNALS.map(|s| f64::from(u8::from(caught == Some(s))))
+}
+
+/// The first signal of [`STOP_SIGNALS`] whose flag is set in `flags` ([`caught_flags`] summed
+/// over ranks), if any.
+pub fn flagged(flags: &[f64]) -> Option<i32> {
+    STOP_SIGNALS
+        .into_iter()
+        .zip(flags)
+        .find_map(|(sig, &ranks)| (ranks > 0.0).then_some(sig))
+}
+
 /// The signal's name (`SIGINT`), or its number for one not in [`STOP_SIGNALS`].
 pub fn name(sig: i32) -> String {
     match sig {
@@ -176,6 +192,13 @@ mod tests {
             out.status.code(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    }
+
+    #[test]
+    fn flags_summed_over_ranks_name_the_first_stop_signal() {
+        assert_eq!(flagged(&[0.0, 0.0, 0.0]), None);
+        assert_eq!(flagged(&[0.0, 2.0, 1.0]), Some(libc::SIGTERM));
+        assert_eq!(flagged(&[1.0, 1.0, 0.0]), Some(libc::SIGINT));
     }
 
     #[test]
