@@ -180,16 +180,15 @@ impl WorkerSet {
     }
 
     /// Gives the workers that were sent `sig` [`SIGNAL_GRACE`] to exit on their own; a second
-    /// signal to the launcher ends the wait at once.
+    /// signal to the launcher (even one that came before this wait began) ends the wait at once.
     fn wait_after_signal(&mut self, sig: i32) {
-        let caught = signals::count();
         let deadline = Instant::now() + SIGNAL_GRACE;
         eprintln!(
             "ddprun: {} sent to the workers; waiting up to {} s for them to stop (again to stop them at once)",
             signals::name(sig),
             SIGNAL_GRACE.as_secs()
         );
-        while Instant::now() < deadline && signals::count() == caught {
+        while Instant::now() < deadline && signals::count() < 2 {
             self.reap();
             if self.workers.iter().all(|w| w.exit.is_some()) {
                 return;
