@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example score -- --model assets/tiny --data FILE.jsonl \
-//!     [--adapter DIR] [--dtype f32|bf16] [--device cpu|cuda] [--batch-size N]
+//!     [--adapter DIR] [--dtype auto|f32|bf16] [--device auto|cpu|cuda] [--batch-size N]
 //! ```
 //! `--adapter DIR` applies a PEFT LoRA adapter (`adapter_config.json` + `adapter_model.safetensors`,
 //! ours or PEFT's) on top of the base model before scoring.
