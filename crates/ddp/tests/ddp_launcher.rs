@@ -159,56 +159,106 @@ fn worker_counts_that_make_no_sense_are_errors() {
     }
 }
 
-/// Starts a launcher that waits (its stderr read on a thread), waits until it says `note`,
-/// sends `sig`, and returns its exit code and stderr.
-fn interrupt_waiting(args: &[&str], note: &str, sig: i32) -> (Option<i32>, String) {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
-    let mut child = Command::new(DDPRUN)
-        .args(args)
-        .args(["--", "sh", "-c", "echo ran"])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
+/// A launcher whose output is read line by line on threads, so that a test can wait for a line,
+/// signal it and collect what it printed.
+struct Watched {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+    seen: Vec<String>,
+}
+
+impl Watched {
+    /// Starts `ddprun <args> -- sh -c <script>`, reading its stderr, and its stdout if `stdout`.
+    fn start(args: &[&str], script: &str, stdout: bool) -> Self {
+        use std::io::{BufRead, BufReader, Read};
+        use std::process::Stdio;
+        let mut child = Command::new(DDPRUN)
+            .args(args)
+            .args(["--", "sh", "-c", script])
+            .stdout(if stdout {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut streams: Vec<Box<dyn Read + Send>> = vec![Box::new(child.stderr.take().unwrap())];
+        if let Some(out) = child.stdout.take() {
+            streams.push(Box::new(out));
         }
-    });
-    let t0 = std::time::Instant::now();
-    let mut seen = Vec::new();
-    while !seen.iter().any(|l: &String| l.contains(note)) {
-        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
-            Ok(line) => seen.push(line),
-            Err(_) => {
-                let _ = child.kill();
-                panic!("no '{note}' within 10 s: {seen:?}");
+        let (tx, lines) = std::sync::mpsc::channel();
+        let readers = streams
+            .into_iter()
+            .map(|s| {
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(s).lines().map_while(Result::ok) {
+                        let _ = tx.send(line);
+                    }
+                })
+            })
+            .collect();
+        Watched {
+            child,
+            lines,
+            readers,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a line containing `note`; kills the launcher and panics when no line comes for
+    /// `quiet`.
+    fn wait_for(&mut self, note: &str, quiet: Duration) {
+        while !self.seen.iter().any(|l| l.contains(note)) {
+            match self.lines.recv_timeout(quiet) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!("no '{note}' within {quiet:?}: {:?}", self.seen);
+                }
             }
         }
     }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Waits for the launcher to exit: its exit code, and every line it printed.
+    fn finish(mut self) -> (Option<i32>, String) {
+        let status = self.child.wait().unwrap();
+        // The readers end at EOF, after the launcher's last line (it may lag the exit under load).
+        for r in self.readers {
+            r.join().unwrap();
+        }
+        self.seen.extend(self.lines.try_iter());
+        (status.code(), self.seen.join("\n"))
+    }
+}
+
+/// Starts a launcher that waits, waits until it says `note`, sends `sig`, and returns its exit
+/// code and stderr.
+fn interrupt_waiting(args: &[&str], note: &str, sig: i32) -> (Option<i32>, String) {
+    let mut launcher = Watched::start(args, "echo ran", false);
+    let t0 = std::time::Instant::now();
+    launcher.wait_for(note, Duration::from_secs(10));
     assert!(
         t0.elapsed().as_secs() < 6,
         "the first note took {:?}",
         t0.elapsed()
     );
-    // SAFETY: kill(2) on our own child.
-    unsafe {
-        libc::kill(child.id() as i32, sig);
-    }
+    launcher.signal(sig);
     let t1 = std::time::Instant::now();
-    let status = child.wait().unwrap();
+    let stopped = launcher.finish();
     assert!(
         t1.elapsed().as_secs() < 3,
         "took {:?} to stop",
         t1.elapsed()
     );
-    // The reader ends at EOF, after the launcher's last line (it may lag the exit under load).
-    reader.join().unwrap();
-    seen.extend(rx.try_iter());
-    (status.code(), seen.join("\n"))
+    stopped
 }
 
 #[test]
@@ -300,61 +350,20 @@ fn a_rank_waiting_for_rank_0s_store_says_so() {
     );
 }
 
-/// Starts `ddprun --standalone` on a worker script (its stderr read on a thread), sends it
-/// SIGINT once the worker has said `ready`, then SIGINT again after `again` if given: the exit
-/// code, the seconds from the first signal to the exit, and the output.
+/// Starts `ddprun --standalone` on a worker script, sends it SIGINT once the worker has said
+/// `ready`, then SIGINT again after `again` if given: the exit code, the seconds from the first
+/// signal to the exit, and the output.
 fn interrupt_running(script: &str, again: Option<Duration>) -> (Option<i32>, f64, String) {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
-    let mut child = Command::new(DDPRUN)
-        .args(["--standalone", "--", "sh", "-c", script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let readers: Vec<_> = [
-        Box::new(stdout) as Box<dyn std::io::Read + Send>,
-        Box::new(stderr),
-    ]
-    .into_iter()
-    .map(|s| {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(s).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        })
-    })
-    .collect();
-    drop(tx);
-    let mut seen = Vec::new();
-    while !seen.iter().any(|l: &String| l.contains("ready")) {
-        match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(line) => seen.push(line),
-            Err(_) => {
-                let _ = child.kill();
-                panic!("the worker did not start within 20 s: {seen:?}");
-            }
-        }
-    }
+    let mut launcher = Watched::start(&["--standalone"], script, true);
+    launcher.wait_for("ready", Duration::from_secs(20));
     let t0 = std::time::Instant::now();
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    launcher.signal(libc::SIGINT);
     if let Some(after) = again {
         std::thread::sleep(after);
-        // SAFETY: as above.
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        launcher.signal(libc::SIGINT);
     }
-    let status = child.wait().unwrap();
-    let secs = t0.elapsed().as_secs_f64();
-    for r in readers {
-        r.join().unwrap();
-    }
-    seen.extend(rx.try_iter());
-    (status.code(), secs, seen.join("\n"))
+    let (code, out) = launcher.finish();
+    (code, t0.elapsed().as_secs_f64(), out)
 }
 
 /// A worker that, on SIGINT, takes `secs` seconds to stop (as a trainer saving a checkpoint).

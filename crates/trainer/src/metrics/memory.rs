@@ -318,9 +318,10 @@ mod tests {
         assert_eq!(p.what(), "process peak RSS (VmHWM)");
     }
 
-    #[test]
-    fn offloaded_checkpoints_park_what_fits_the_hosts_memory() {
-        let cfg = g4ft_gemma4::Config::from_file(
+    /// The 12B's config, and its step of one sequence of `seq` tokens (LoRA r16 on the seven
+    /// projections, bf16) parking `parked`.
+    fn twelve_b() -> (Config, impl Fn(usize, Option<Parked>) -> StepShape) {
+        let cfg = Config::from_file(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../gemma4/tests/configs/gemma-4-12B-it.json"),
         )
@@ -333,6 +334,12 @@ mod tests {
             dtype: candle_core::DType::BF16,
             parked,
         };
+        (cfg, shape)
+    }
+
+    #[test]
+    fn offloaded_checkpoints_park_what_fits_the_hosts_memory() {
+        let (cfg, shape) = twelve_b();
         let offload = Some(Parked::InputsAndOutputs);
         let room = |gb: f64| move || Ok((gb * GB) as u64);
         let plan = |seq, parked, gb| {
@@ -363,19 +370,8 @@ mod tests {
 
     #[test]
     fn the_default_recompute_names_what_auto_would_keep() {
-        let cfg = g4ft_gemma4::Config::from_file(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../gemma4/tests/configs/gemma-4-12B-it.json"),
-        )
-        .unwrap();
-        let shape = StepShape {
-            micro_batch: 1,
-            seq: 2048,
-            lora_r: 16,
-            trainable: 65_568_768,
-            dtype: candle_core::DType::BF16,
-            parked: None,
-        };
+        let (cfg, shape) = twelve_b();
+        let shape = shape(2048, None);
         // An H200's free memory: every layer fits (40.57 GB predicted without recompute).
         let note = auto_instead_of_all(&cfg, shape, 140_000_000_000).expect("a note");
         assert!(
