@@ -53,7 +53,7 @@ use g4ft::trainer::step::clip::{clip_coef, grad_norm};
 use g4ft::trainer::step::nonfinite::{decide, stop_error, StepDecision};
 use g4ft::trainer::step::optim::{AdamW, AdamWParams};
 use g4ft::trainer::step::schedule::{warmup_steps, LrSchedule, LrSchedulerKind};
-use g4ft::trainer::step::{self, LossWeighting};
+use g4ft::trainer::step::{self, Evaluation, LossWeighting};
 use g4ft::trainer::TrainConfig;
 
 fn main() -> ExitCode {
@@ -328,6 +328,8 @@ fn train_in_group(
     });
     let first_step = pos.step;
     let (mut last_saved, mut last_eval): (Option<(u64, String)>, _) = (None, None);
+    // A stop signal that abandoned an evaluation.
+    let mut stop = None;
     'epochs: for epoch in pos.epoch..epochs {
         pos.epoch = epoch;
         // sampler.set_epoch(epoch): a new shuffle of seed + epoch, the same on all ranks.
@@ -363,16 +365,8 @@ fn train_in_group(
                         Some(name)
                     }
                 };
-                if is_main {
-                    println!(
-                        "{}",
-                        stop_report(sig, pos.step, run_steps, cfg, saved.as_deref(), start)
-                    );
-                }
-                if let Some(logger) = logger.as_mut() {
-                    logger.write_plot()?;
-                }
-                return Ok(RunEnd::Stopped(sig));
+                let report = stop_report(sig, pos.step, run_steps, cfg, saved.as_deref(), start);
+                return stopped(sig, is_main.then_some(report), logger.as_mut());
             }
             let weighting = if cfg.token_weighted_loss {
                 LossWeighting::TokenWeighted {
@@ -463,14 +457,18 @@ fn train_in_group(
                 last_saved = Some((pos.step, name));
             }
             if every(cfg.eval_every, pos.step) {
-                run_eval(
+                // A signal that abandons it stops the run at the next step boundary (or below,
+                // when this was the last step).
+                stop = run_eval(
                     &model,
                     eval_loader.as_ref(),
                     group,
                     logger.as_mut(),
                     pos.step,
                 )?;
-                last_eval = Some(pos.step);
+                if stop.is_none() {
+                    last_eval = Some(pos.step);
+                }
             }
         }
         // Epoch end: rank 0 writes, the others wait at the barrier.
@@ -483,15 +481,21 @@ fn train_in_group(
         // Stopped by --max-steps mid-epoch: keep the final adapter too.
         let name = format!("step-{}", pos.step);
         ckpt.save(&name, pos.epoch, &opt, &sched, &pos, logger.as_ref())?;
+        last_saved = Some((pos.step, name));
     }
-    if last_eval != Some(pos.step) {
-        run_eval(
+    if stop.is_none() && last_eval != Some(pos.step) {
+        stop = run_eval(
             &model,
             eval_loader.as_ref(),
             group,
             logger.as_mut(),
             pos.step,
         )?;
+    }
+    if let Some(sig) = stop {
+        let saved = last_saved.map(|(_, name)| name);
+        let report = stop_report(sig, pos.step, run_steps, cfg, saved.as_deref(), start);
+        return stopped(sig, is_main.then_some(report), logger.as_mut());
     }
 
     // 10. Every rank must end with the same adapter (DDP's invariant): compare checksums.
@@ -524,6 +528,17 @@ fn train_in_group(
     Ok(RunEnd::Finished)
 }
 
+/// The end of a run that `sig` stopped: rank 0 prints `report`, the loss plot is written.
+fn stopped(sig: i32, report: Option<String>, logger: Option<&mut MetricsLogger>) -> Result<RunEnd> {
+    if let Some(report) = report {
+        println!("{report}");
+    }
+    if let Some(logger) = logger {
+        logger.write_plot()?;
+    }
+    Ok(RunEnd::Stopped(sig))
+}
+
 /// What a run stopped by `sig` after `step` of `run_steps` says: the checkpoint that holds it
 /// (`saved`, in the output folder) and how to continue.
 fn stop_report(
@@ -539,6 +554,12 @@ fn stop_report(
         signals::name(sig)
     );
     match (saved, &start.plan.start) {
+        // Only the final evaluation runs after the last step.
+        (Some(name), _) if step == run_steps => format!(
+            "{head}, during the final evaluation: training is complete, its adapter is saved in \
+             {}; the evaluation was not logged",
+            cfg.output.join(name).display()
+        ),
         (Some(name), _) => format!(
             "{head}: saved {}; to continue, run the same command with --resume latest",
             cfg.output.join(name).display()
@@ -1003,18 +1024,38 @@ impl Checkpointer<'_> {
 }
 
 /// Evaluation on every rank over its DistributedSampler shard; rank 0 logs the all-reduced
-/// loss and perplexity.
+/// loss and perplexity. A stop signal caught on any rank abandons it on all of them (nothing is
+/// logged; rank 0 says so) and is returned, for the step boundary to act on.
 fn run_eval(
     model: &Gemma4Model,
     loader: Option<&DataLoader>,
     group: &ProcessGroup,
     logger: Option<&mut MetricsLogger>,
     step: u64,
-) -> Result<()> {
-    let Some(loader) = loader else { return Ok(()) };
-    let (loss, tokens) = step::evaluate(model, loader, group)?;
-    if let Some(logger) = logger {
-        logger.log_eval(step, loss, tokens)?;
+) -> Result<Option<i32>> {
+    let Some(loader) = loader else {
+        return Ok(None);
+    };
+    match step::evaluate(model, loader, group, step)? {
+        Evaluation::Done { loss, tokens } => {
+            if let Some(logger) = logger {
+                logger.log_eval(step, loss, tokens)?;
+            }
+            Ok(None)
+        }
+        Evaluation::Stopped {
+            signal,
+            batches,
+            of,
+        } => {
+            if group.rank() == 0 {
+                println!(
+                    "evaluation at step {step} stopped by {} after {batches} of {of} batches; \
+                     not logged",
+                    signals::name(signal)
+                );
+            }
+            Ok(Some(signal))
+        }
     }
-    Ok(())
 }

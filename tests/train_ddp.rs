@@ -9,7 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::*;
 
@@ -39,32 +39,41 @@ fn max_rel_diff(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) 
     worst
 }
 
+/// Runs the fixture's initial adapter with token-weighted loss and `flags` on 2 ranks with
+/// `--accum 2` and on 1 rank with `--accum 4` (micro-batch 1, `--no-shuffle`: the same 4 samples
+/// per step); returns the 2-rank and the 1-rank output folders and rank 0's output of the
+/// 2-rank run.
+fn on_two_ranks_and_one(name: &str, flags: &[&str]) -> (PathBuf, PathBuf, String) {
+    let (o2, o1) = (tmp(&format!("{name}2")), tmp(&format!("{name}1")));
+    let init = fixture("init_adapter");
+    let mut common = vec![
+        "--init-adapter",
+        &init,
+        "--no-shuffle",
+        "--token-weighted-loss",
+        "--micro-batch",
+        "1",
+    ];
+    common.extend(flags);
+    let mut a2 = args_with(&o2, &common);
+    a2.extend(["--accum", "2"].map(String::from));
+    let mut a1 = args_with(&o1, &common);
+    a1.extend(["--accum", "4"].map(String::from));
+    let log2 = run_ok(2, &a2, &[]);
+    run_ok(1, &a1, &[]);
+    (o2, o1, log2)
+}
+
 #[test]
 fn two_ranks_token_weighted_equal_one_rank_on_the_same_global_batches() {
     // 2 ranks × micro 1 × accum 2 and 1 rank × micro 1 × accum 4 see the same 4 samples per step
     // (no shuffle: rank r takes samples r, r+2, ...); token weighting makes the step's gradient
     // Σ token losses / global tokens in both.
-    let common = [
-        "--init-adapter",
-        &fixture("init_adapter"),
-        "--no-shuffle",
-        "--token-weighted-loss",
-        "--micro-batch",
-        "1",
-        "--epochs",
-        "1",
-    ];
-    let (o2, o1) = (tmp("tw2"), tmp("tw1"));
-    let mut a2 = args_with(&o2, &common);
-    a2.extend(["--accum", "2"].map(String::from));
-    let mut a1 = args_with(&o1, &common);
-    a1.extend(["--accum", "4"].map(String::from));
-    let out2 = run_ok(2, &a2, &[]);
+    let (o2, o1, out2) = on_two_ranks_and_one("tw", &["--epochs", "1"]);
     assert!(
         out2.contains("adapter identical on all 2 ranks: checksum 0x"),
         "no cross-rank checksum line:\n{out2}"
     );
-    run_ok(1, &a1, &[]);
     let (l2, l1) = (losses(&o2), losses(&o1));
     assert_eq!(l2.len(), 3);
     for (step, (loss, norm)) in &l1 {
@@ -344,7 +353,6 @@ fn interrupted_checkpoint_write_leaves_the_previous_one_as_latest() {
 
 #[test]
 fn a_signal_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint() {
-    use std::io::{BufRead, BufReader};
     // Two ranks on a run far longer than the test; SIGINT to rank 0 alone, as a Ctrl-C under a
     // launcher reaches one process group; rank 1 learns of it from the step's all-reduce.
     let common = [
@@ -361,67 +369,19 @@ fn a_signal_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint() {
     let mut first = common.to_vec();
     first.extend(["--max-steps", "100000"]);
     let mut ranks = spawn_ranks(2, &args_with(&out, &first), &[]);
-    let stdout = ranks[0].stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    // "epoch E | step    N/100000 | loss ..."
-    let step_of = |line: &str| -> Option<u64> {
-        let rest = line.split("| step").nth(1)?;
-        rest.trim_start().split('/').next()?.parse().ok()
-    };
-    let mut seen = Vec::new();
-    while !seen
-        .iter()
-        .any(|l: &String| step_of(l).is_some_and(|n| n >= 3))
-    {
-        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
-            Ok(line) => seen.push(line),
-            Err(_) => {
-                for r in &mut ranks {
-                    let _ = r.kill();
-                }
-                panic!("no step 3 within 60 s: {seen:?}");
-            }
-        }
-    }
-    let pid = ranks[0].id().to_string();
-    let kill = std::process::Command::new("kill")
-        .args(["-INT", &pid])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    let mut lines = Lines::of(&mut ranks[0]);
+    lines.wait_for(|l| step_of(l).is_some_and(|n| n >= 3), &mut ranks);
+    interrupt(&ranks[0]);
     let outs = wait_all(ranks);
-    reader.join().unwrap();
-    seen.extend(rx.try_iter());
-    let log = seen.join("\n");
-    for (r, o) in outs.iter().enumerate() {
-        assert_eq!(
-            o.status.code(),
-            Some(130),
-            "rank {r}: {}\n{log}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    let log = lines.finish().join("\n");
+    assert_all_exited(&outs, 130, &log);
     let err0 = String::from_utf8_lossy(&outs[0].stderr);
     assert!(
         err0.contains("SIGINT: stopping after the step in progress"),
         "{err0}"
     );
     // "stopped by SIGINT after step N of 100000: saved OUT/NAME; ..."
-    let report = seen
-        .iter()
-        .find(|l| l.contains("stopped by SIGINT after step"))
-        .unwrap_or_else(|| panic!("no stop report: {log}"));
-    let step: u64 = report
-        .split("after step ")
-        .nth(1)
-        .and_then(|t| t.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{report}"));
+    let (report, step) = line_with_number(&log, "stopped by SIGINT after step ");
     assert!(step >= 3, "{report}");
     let saved = checkpoints(&out).last().cloned().expect("a checkpoint");
     assert!(
@@ -449,6 +409,122 @@ fn a_signal_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint() {
     assert_eq!(
         losses(&out).keys().copied().collect::<Vec<_>>(),
         (1..=step + 2).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn evaluation_runs_at_its_interval_and_the_end_with_one_loss_on_one_and_two_ranks() {
+    // The setting of the two-ranks test above, with the fixture rows as the eval set too: every
+    // rank evaluates its half of them, the all-reduced mean is the one rank's over all of them.
+    let eval = fixture("data.jsonl");
+    let flags = [
+        "--max-steps",
+        "3",
+        "--eval-data",
+        &eval,
+        "--eval-every",
+        "2",
+    ];
+    let (o2, o1, log2) = on_two_ranks_and_one("eval", &flags);
+    let evals = |out: &Path| -> Vec<(u64, f64, u64)> {
+        metrics(out, "eval")
+            .iter()
+            .map(|v| {
+                let f = |k: &str| v[k].as_f64().unwrap();
+                (v["step"].as_u64().unwrap(), f("loss"), f("tokens") as u64)
+            })
+            .collect()
+    };
+    let (e2, e1) = (evals(&o2), evals(&o1));
+    // At step 2 (the interval) and step 3 (the end), over every target token of the 12 rows.
+    assert_eq!(e2.iter().map(|e| e.0).collect::<Vec<_>>(), [2, 3], "{log2}");
+    let targets = metrics(&o2, "dataset")
+        .iter()
+        .find(|d| d["split"] == "eval")
+        .and_then(|d| d["trainable_tokens"].as_u64())
+        .expect("the eval set's dataset record");
+    for ((s2, l2, t2), (s1, l1, t1)) in e2.iter().zip(&e1) {
+        assert_eq!((s2, t2), (s1, t1));
+        assert_eq!(*t2, targets, "step {s2}");
+        assert!((l2 - l1).abs() < 1e-5, "step {s2}: {l2} vs {l1}");
+    }
+    assert!(
+        log2.contains(&format!("eval @ step 2 | loss {:.4}", e2[0].1)),
+        "{log2}"
+    );
+}
+
+/// Two ranks evaluating a set that takes seconds on the tiny model (the 12 fixture rows 600
+/// times: 3,600 batches a rank) after step 1, with `flags`; SIGINT to rank 0 once step 1 is
+/// logged, when its evaluation starts. Checks that every rank exits 130 after abandoning the
+/// evaluation, that nothing was logged for it and that step-1 was saved; returns rank 0's
+/// output and the output folder.
+fn interrupt_the_evaluation_after_step_1(name: &str, flags: &[&str]) -> (String, PathBuf) {
+    let dir = tmp(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let rows = std::fs::read_to_string(fixture("data.jsonl")).unwrap();
+    let eval = dir.join("eval.jsonl");
+    std::fs::write(&eval, rows.repeat(600)).unwrap();
+    let out = dir.join("out");
+    let eval_path = eval.display().to_string();
+    let mut extra = vec![
+        "--micro-batch",
+        "1",
+        "--accum",
+        "2",
+        "--lora-r",
+        "4",
+        "--eval-data",
+        &eval_path,
+    ];
+    extra.extend(flags);
+    let mut ranks = spawn_ranks(2, &args_with(&out, &extra), &[]);
+    let mut lines = Lines::of(&mut ranks[0]);
+    lines.wait_for(|l| step_of(l) == Some(1), &mut ranks);
+    interrupt(&ranks[0]);
+    let outs = wait_all(ranks);
+    let log = lines.finish().join("\n");
+    assert_all_exited(&outs, 130, &log);
+    // "evaluation at step 1 stopped by SIGINT after B of 3600 batches; not logged"
+    let (abandoned, batches) =
+        line_with_number(&log, "evaluation at step 1 stopped by SIGINT after ");
+    assert!(
+        batches < 3600 && abandoned.contains("of 3600 batches"),
+        "{abandoned}"
+    );
+    assert!(metrics(&out, "eval").is_empty(), "{log}");
+    assert_eq!(checkpoints(&out), ["step-1"]);
+    assert_eq!(losses(&out).keys().copied().collect::<Vec<_>>(), [1]);
+    (log, out)
+}
+
+#[test]
+fn a_signal_during_an_evaluation_abandons_it_on_every_rank_and_saves_the_step() {
+    let (log, out) = interrupt_the_evaluation_after_step_1(
+        "eval-signal",
+        &["--max-steps", "100", "--eval-every", "1"],
+    );
+    assert!(
+        log.contains(&format!(
+            "stopped by SIGINT after step 1 of 100: saved {}; to continue, run the same command \
+             with --resume latest",
+            out.join("step-1").display()
+        )),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_signal_during_the_final_evaluation_ends_a_complete_run() {
+    let (log, out) =
+        interrupt_the_evaluation_after_step_1("final-eval-signal", &["--max-steps", "1"]);
+    assert!(
+        log.contains(&format!(
+            "stopped by SIGINT after step 1 of 1, during the final evaluation: training is \
+             complete, its adapter is saved in {}; the evaluation was not logged",
+            out.join("step-1").display()
+        )),
+        "{log}"
     );
 }
 

@@ -215,3 +215,96 @@ pub fn checkpoints(output: &Path) -> Vec<String> {
         .map(|c| c.marker.name)
         .collect()
 }
+
+/// A process's stdout read line by line on a thread, so that a test can wait for a line while
+/// the process runs (to signal it at a known point) and still read every line afterwards.
+pub struct Lines {
+    rx: std::sync::mpsc::Receiver<String>,
+    reader: std::thread::JoinHandle<()>,
+    /// The lines received so far.
+    pub seen: Vec<String>,
+}
+
+impl Lines {
+    /// Takes over `child`'s piped stdout.
+    pub fn of(child: &mut Child) -> Lines {
+        use std::io::{BufRead, BufReader};
+        let stdout = child.stdout.take().expect("stdout piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Lines {
+            rx,
+            reader,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits until a line satisfies `wanted`; after 60 s without one, kills `ranks` and panics
+    /// with the lines seen.
+    pub fn wait_for(&mut self, wanted: impl Fn(&str) -> bool, ranks: &mut [Child]) {
+        while !self.seen.iter().any(|l| wanted(l)) {
+            match self.rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => {
+                    for r in ranks.iter_mut() {
+                        let _ = r.kill();
+                    }
+                    panic!("the awaited line did not come within 60 s: {:?}", self.seen);
+                }
+            }
+        }
+    }
+
+    /// Every line, once the process has exited.
+    pub fn finish(mut self) -> Vec<String> {
+        self.reader.join().unwrap();
+        self.seen.extend(self.rx.try_iter());
+        self.seen
+    }
+}
+
+/// The step number of a step log line (`epoch E | step    N/M | loss ...`).
+pub fn step_of(line: &str) -> Option<u64> {
+    let rest = line.split("| step").nth(1)?;
+    rest.trim_start().split('/').next()?.parse().ok()
+}
+
+/// Sends SIGINT to `child`, as a Ctrl-C would.
+pub fn interrupt(child: &Child) {
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+}
+
+/// Asserts that every rank exited with `code` (each failing rank's stderr and `log` shown).
+pub fn assert_all_exited(outs: &[Output], code: i32, log: &str) {
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(
+            o.status.code(),
+            Some(code),
+            "rank {r}: {}\n{log}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+/// The first line of `log` holding `marker`, and the number that follows the marker there.
+pub fn line_with_number(log: &str, marker: &str) -> (String, u64) {
+    let line = log
+        .lines()
+        .find(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("no line with {marker:?}: {log}"));
+    let n = line
+        .split(marker)
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {marker:?}: {line}"));
+    (line.to_string(), n)
+}

@@ -23,12 +23,12 @@ pub mod optim;
 pub mod profile;
 pub mod schedule;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
 use g4ft_data::{Batch, DataLoader};
-use g4ft_ddp::{DdpError, DistributedDataParallel, NoSync, ProcessGroup, ReduceOp};
+use g4ft_ddp::{signals, DdpError, DistributedDataParallel, NoSync, ProcessGroup, ReduceOp};
 use g4ft_gemma4::{Gemma4Model, LayerType, LossOutput, Parked, ProjectionShape, TokenBatch};
 use g4ft_lora::{AdapterGrads, LoraContext};
 
@@ -285,22 +285,61 @@ pub fn all_reduce_sum(group: &ProcessGroup, values: &[f64], device: &Device) -> 
     Ok(t.to_dtype(DType::F64)?.to_vec1::<f64>()?)
 }
 
-/// Evaluation over this rank's shard of `loader` with dropout off: returns the token-weighted
-/// mean loss and the target count over all ranks (collective).
+/// How an evaluation ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Evaluation {
+    /// Every batch ran: the token-weighted mean loss and the target count over all ranks.
+    Done { loss: f64, tokens: u64 },
+    /// A rank caught a stop signal ([`signals`]): every rank left after the same `batches` of
+    /// its shard's `of`, and nothing was reduced.
+    Stopped {
+        signal: i32,
+        batches: usize,
+        of: usize,
+    },
+}
+
+/// How often rank 0 says how far a long evaluation is.
+const EVAL_PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// Evaluation over this rank's shard of `loader` with dropout off (collective). Before each
+/// batch the ranks all-reduce the stop signals they have caught ([`signals::caught_flags`]) and
+/// all leave at the first batch where one has: every rank's shard holds the same number of
+/// batches (the sampler pads it), so they leave together and a signal waits for no more than
+/// one batch. Rank 0 prints its progress on stderr every 10 s.
 pub fn evaluate(
     model: &Gemma4Model,
     loader: &DataLoader,
     group: &ProcessGroup,
-) -> Result<(f64, u64)> {
+    step: u64,
+) -> Result<Evaluation> {
+    let device = model.device();
+    let of = loader.len();
     let (mut loss_sum, mut tokens) = (0f64, 0f64);
-    for batch in loader.epoch(0, 0) {
+    let mut next_note = Instant::now() + EVAL_PROGRESS_EVERY;
+    for (batches, batch) in loader.epoch(0, 0).enumerate() {
+        let caught = all_reduce_sum(group, &signals::caught_flags(), device)?;
+        if let Some(signal) = signals::flagged(&caught) {
+            return Ok(Evaluation::Stopped {
+                signal,
+                batches,
+                of,
+            });
+        }
+        if group.rank() == 0 && Instant::now() >= next_note {
+            eprintln!("evaluating at step {step}: {batches} of {of} batches");
+            next_note += EVAL_PROGRESS_EVERY;
+        }
         let batch = batch?;
         let out = model.loss(&token_batch(&batch), &batch.labels, &LoraContext::EVAL)?;
         loss_sum += out.sum_value()?;
         tokens += out.n_tokens as f64;
     }
-    let total = all_reduce_sum(group, &[loss_sum, tokens], model.device())?;
-    Ok((total[0] / total[1], total[1] as u64))
+    let total = all_reduce_sum(group, &[loss_sum, tokens], device)?;
+    Ok(Evaluation::Done {
+        loss: total[0] / total[1],
+        tokens: total[1] as u64,
+    })
 }
 
 /// The model's FLOP shape for MFU: each layer's frozen projections, routed experts and router,
