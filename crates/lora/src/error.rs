@@ -126,6 +126,26 @@ pub enum LoraError {
         why: String,
     },
 
+    /// A tensor holds NaN or infinite values: its file is damaged, or it was saved by a run
+    /// that diverged. Training from it, applying it or merging it would spread them.
+    #[error(
+        "{}: {key}: {count} of {total} values are not finite (NaN or ±inf; the first at flat \
+         index {first}): the file is damaged or was written by a run that diverged",
+        path.display()
+    )]
+    NonFinite {
+        /// The file holding the tensor.
+        path: PathBuf,
+        /// The tensor key.
+        key: String,
+        /// How many values are NaN or infinite.
+        count: usize,
+        /// How many values the tensor has.
+        total: usize,
+        /// The flat index of the first one.
+        first: usize,
+    },
+
     // --- merge ---------------------------------------------------------------------------------
     /// The merge's output directory exists and holds files: a merge never writes over them.
     #[error(

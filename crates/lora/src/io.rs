@@ -42,7 +42,8 @@ pub struct AdapterWeights {
 
 /// Reads `dir/adapter_config.json` and `dir/adapter_model.safetensors`. Errors on keys that are not
 /// `base_model.model.<path>.lora_{A,B}.weight` (embedding LoRA, DoRA magnitudes, biases,
-/// `modules_to_save` weights), on a module with only one of A/B, and on A/B ranks that disagree.
+/// `modules_to_save` weights), on a module with only one of A/B, on A/B ranks that disagree and
+/// on NaN or infinite values.
 pub fn read_adapter(dir: &Path) -> Result<AdapterWeights> {
     let config = LoraConfig::from_dir(dir)?;
     let file = dir.join(WEIGHTS_NAME);
@@ -76,6 +77,7 @@ pub fn read_adapter(dir: &Path) -> Result<AdapterWeights> {
         let t = t
             .to_dtype(DType::F32)
             .ctx(|| format!("{}: {key}: cast to f32", file.display()))?;
+        check_finite(&file, &key, &t)?;
         halves.entry(path.to_string()).or_default()[slot] = Some(t);
     }
     let mut modules = BTreeMap::new();
@@ -94,6 +96,25 @@ pub fn read_adapter(dir: &Path) -> Result<AdapterWeights> {
         config,
         modules,
         file,
+    })
+}
+
+/// Every value of `t` (f32, CPU) must be finite.
+fn check_finite(file: &Path, key: &str, t: &Tensor) -> Result<()> {
+    let values = t
+        .flatten_all()
+        .and_then(|v| v.to_vec1::<f32>())
+        .ctx(|| format!("{}: {key}: read values", file.display()))?;
+    let mut bad = values.iter().enumerate().filter(|(_, v)| !v.is_finite());
+    let Some((first, _)) = bad.next() else {
+        return Ok(());
+    };
+    Err(LoraError::NonFinite {
+        path: file.to_path_buf(),
+        key: key.to_string(),
+        count: 1 + bad.count(),
+        total: values.len(),
+        first,
     })
 }
 

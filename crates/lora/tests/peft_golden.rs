@@ -8,6 +8,7 @@
 
 mod common;
 
+use candle_core::{Device, Tensor};
 use common::{fixtures, load, Checks, Toy, TRAIN};
 use g4ft_lora::{
     load_adapter, lora_parameters, merge_adapter_dir, peft_key, save_adapter, LoraConfig,
@@ -251,6 +252,46 @@ fn load_errors_name_file_key_and_shapes() {
         .to_string();
     assert!(
         err.contains("missing tensor") || err.contains("has no module"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_adapter_with_a_nan_is_refused_naming_the_tensor() {
+    let dir = tempdir("nan");
+    let src = fixtures().join("list/adapter");
+    std::fs::copy(
+        src.join("adapter_config.json"),
+        dir.join("adapter_config.json"),
+    )
+    .unwrap();
+    let file = src.join("adapter_model.safetensors");
+    let mut tensors = load(&file);
+    let key = tensors
+        .keys()
+        .find(|k| k.ends_with("lora_B.weight"))
+        .unwrap()
+        .clone();
+    let b = &tensors[&key];
+    let (total, dims) = (b.elem_count(), b.dims().to_vec());
+    let mut values = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    values[3] = f32::NAN;
+    values[total - 1] = f32::INFINITY;
+    tensors.insert(
+        key.clone(),
+        Tensor::from_vec(values, dims, &Device::Cpu).unwrap(),
+    );
+    g4ft_lora::write_safetensors(
+        &dir.join("adapter_model.safetensors"),
+        tensors.into_iter().collect(),
+    )
+    .unwrap();
+    let err = g4ft_lora::read_adapter(&dir).unwrap_err().to_string();
+    assert!(
+        err.contains("adapter_model.safetensors")
+            && err.contains(&format!(
+                "{key}: 2 of {total} values are not finite (NaN or ±inf; the first at flat index 3)"
+            )),
         "{err}"
     );
 }
