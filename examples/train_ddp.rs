@@ -901,7 +901,10 @@ fn open_loader(
     let loader = DataLoader::new(
         dataset,
         LoaderConfig {
-            batch_size: cfg.micro_batch,
+            batch_size: match train {
+                true => cfg.micro_batch,
+                false => cfg.eval_micro_batch.unwrap_or(cfg.micro_batch),
+            },
             rank,
             world_size,
             shuffle: train && cfg.shuffle,

@@ -454,6 +454,30 @@ fn evaluation_runs_at_its_interval_and_the_end_with_one_loss_on_one_and_two_rank
     );
 }
 
+#[test]
+fn a_larger_evaluation_batch_gives_the_same_loss() {
+    // transformers' per_device_eval_batch_size: 4 rows a batch (padded) against 1 a batch.
+    let eval = fixture("data.jsonl");
+    let run = |name: &str, extra: &[&str]| {
+        let out = tmp(name);
+        let mut flags = vec!["--max-steps", "1", "--accum", "2", "--eval-data", &eval];
+        flags.extend(extra);
+        let log = run_ok(1, &args_with(&out, &flags), &[]);
+        let e = metrics(&out, "eval");
+        assert_eq!(e.len(), 1, "{log}");
+        (
+            e[0]["loss"].as_f64().unwrap(),
+            e[0]["tokens"].as_u64().unwrap(),
+        )
+    };
+    let (one, four) = (
+        run("eval-mb1", &[]),
+        run("eval-mb4", &["--per-device-eval-batch-size", "4"]),
+    );
+    assert_eq!(one.1, four.1);
+    assert!((one.0 - four.0).abs() < 1e-5, "{one:?} vs {four:?}");
+}
+
 /// Two ranks evaluating a set that takes seconds on the tiny model (the 12 fixture rows 600
 /// times: 3,600 batches a rank) after step 1, with `flags`; SIGINT to rank 0 once step 1 is
 /// logged, when its evaluation starts. Checks that every rank exits 130 after abandoning the

@@ -282,6 +282,10 @@ pub struct TrainConfig {
     /// Evaluate --eval-data every N optimizer steps (and always at the end).
     #[arg(long, visible_alias = "eval-steps", value_name = "N", help_heading = section::RUN)]
     pub eval_every: Option<usize>,
+    /// Samples per rank per evaluation batch (transformers' per_device_eval_batch_size; unset:
+    /// --micro-batch). An evaluation keeps no activations for a backward, so it fits more.
+    #[arg(long, visible_alias = "per-device-eval-batch-size", value_name = "N", help_heading = section::RUN)]
+    pub eval_micro_batch: Option<usize>,
     /// Print and record metrics every N optimizer steps (the post's LOG_EVERY).
     #[arg(long, visible_alias = "logging-steps", value_name = "N", default_value_t = 10, help_heading = section::RUN)]
     pub log_every: usize,
@@ -574,6 +578,7 @@ impl TrainConfig {
             ("max_steps", self.max_steps, MAX_STEPS),
             ("save_every", self.save_every, MAX_STEPS),
             ("eval_every", self.eval_every, MAX_STEPS),
+            ("eval_micro_batch", self.eval_micro_batch, MAX_COUNT),
             ("save_total_limit", self.save_total_limit, MAX_STEPS),
         ];
         for (field, v, max) in counts {
@@ -675,13 +680,18 @@ impl TrainConfig {
                     .into(),
             ));
         }
-        if self.eval_every.is_some() && self.eval_data.is_none() {
-            return Err(bad(
-                "eval_every",
-                self.eval_every
-                    .map_or_else(|| "-".into(), |n| n.to_string()),
-                "needs eval_data (--eval-data) to evaluate anything".into(),
-            ));
+        let needs_eval_data = [
+            ("eval_every", self.eval_every),
+            ("eval_micro_batch", self.eval_micro_batch),
+        ];
+        for (field, value) in needs_eval_data {
+            if let (Some(n), None) = (value, &self.eval_data) {
+                return Err(bad(
+                    field,
+                    n.to_string(),
+                    "needs eval_data (--eval-data) to evaluate anything".into(),
+                ));
+            }
         }
         if self.warmup_ratio.is_some() && origin("warmup") != Origin::Default {
             return Err(bad(
@@ -800,6 +810,15 @@ mod tests {
             ..TrainConfig::default()
         });
         assert!(r.validate().unwrap_err().to_string().contains("eval_data"));
+        let r = resolved(TrainConfig {
+            eval_micro_batch: Some(8),
+            ..TrainConfig::default()
+        });
+        let msg = r.validate().unwrap_err().to_string();
+        assert!(
+            msg.contains("`eval_micro_batch` = 8") && msg.contains("eval_data"),
+            "{msg}"
+        );
 
         let r = resolved(TrainConfig {
             lora_dropout: 1.0,
