@@ -497,6 +497,9 @@ fn train_in_group(
         let report = stop_report(sig, pos.step, run_steps, cfg, saved.as_deref(), start);
         return stopped(sig, is_main.then_some(report), logger.as_mut());
     }
+    if let Some((step, loss)) = logger.as_ref().and_then(MetricsLogger::best_eval) {
+        println!("{}", best_eval_report(&cfg.output, step, loss)?);
+    }
 
     // 10. Every rank must end with the same adapter (DDP's invariant): compare checksums.
     let checksum = ddp.check_parameters()?;
@@ -526,6 +529,22 @@ fn train_in_group(
     //     caller.
     drop(ddp);
     Ok(RunEnd::Finished)
+}
+
+/// Where the run's best evaluation (`loss` at `step`, earlier runs' included) is kept: the
+/// checkpoint of its step, which `--save-total-limit` spares, if one was saved.
+fn best_eval_report(output: &Path, step: u64, loss: f64) -> Result<String> {
+    let head = format!("best evaluation: loss {loss:.4} at step {step}");
+    let kept = complete_checkpoints(output)?
+        .into_iter()
+        .rfind(|c| c.marker.step == step);
+    Ok(match kept {
+        Some(c) => format!("{head}, in {}", c.dir.display()),
+        None => format!(
+            "{head}; no checkpoint holds that step (--save-every a multiple of --eval-every \
+             keeps one)"
+        ),
+    })
 }
 
 /// The end of a run that `sig` stopped: rank 0 prints `report`, the loss plot is written.
@@ -1015,7 +1034,10 @@ impl Checkpointer<'_> {
                 Ok(())
             })?;
             if let Some(keep) = cfg.save_total_limit {
-                prune_checkpoints(&cfg.output, keep)?;
+                let best = logger
+                    .and_then(MetricsLogger::best_eval)
+                    .map(|(step, _)| step);
+                prune_checkpoints(&cfg.output, keep, best)?;
             }
             if let Some(logger) = logger {
                 logger.write_plot()?;

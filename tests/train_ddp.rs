@@ -455,6 +455,64 @@ fn evaluation_runs_at_its_interval_and_the_end_with_one_loss_on_one_and_two_rank
 }
 
 #[test]
+fn the_checkpoint_of_the_best_evaluation_outlives_the_save_limit() {
+    // A checkpoint and an evaluation after every step, one checkpoint kept: at the end, the
+    // newest and the one of the lowest eval loss remain, and the run names the latter.
+    let out = tmp("best-eval");
+    let eval = Path::new(ROOT).join("assets/sample/tokens.jsonl");
+    let eval = eval.display().to_string();
+    let flags = [
+        "--max-steps",
+        "6",
+        "--accum",
+        "2",
+        "--eval-data",
+        &eval,
+        "--eval-every",
+        "1",
+        "--save-every",
+        "1",
+        "--save-total-limit",
+        "1",
+    ];
+    // A learning rate at which the eval loss does not fall at every step.
+    let mut args = args_with(&out, &flags);
+    let lr = args.iter().position(|a| a == "--lr").unwrap();
+    args[lr + 1] = "5e-2".into();
+    let log = run_ok(1, &args, &[]);
+    let evals: Vec<(u64, f64)> = metrics(&out, "eval")
+        .iter()
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect();
+    assert_eq!(evals.len(), 6, "{log}");
+    let best = evals
+        .iter()
+        .copied()
+        .reduce(|b, e| if e.1 < b.1 { e } else { b })
+        .unwrap();
+    let kept = checkpoints(&out);
+    let newest = kept.last().cloned().unwrap();
+    let at_best = g4ft::trainer::checkpoint::complete_checkpoints(&out)
+        .unwrap()
+        .into_iter()
+        .rfind(|c| c.marker.step == best.0)
+        .map(|c| c.marker.name)
+        .unwrap_or_else(|| panic!("no checkpoint of step {} in {kept:?}\n{log}", best.0));
+    let mut want = vec![at_best.clone(), newest];
+    want.dedup();
+    assert_eq!(kept, want, "{log}");
+    assert!(
+        log.contains(&format!(
+            "best evaluation: loss {:.4} at step {}, in {}",
+            best.1,
+            best.0,
+            out.join(&at_best).display()
+        )),
+        "{log}"
+    );
+}
+
+#[test]
 fn a_larger_evaluation_batch_gives_the_same_loss() {
     // transformers' per_device_eval_batch_size: 4 rows a batch (padded) against 1 a batch.
     let eval = fixture("data.jsonl");

@@ -263,12 +263,20 @@ pub fn latest_checkpoint_of_run(output_dir: &Path, run_id: &str) -> Result<Optio
 }
 
 /// Deletes the complete checkpoints of `output_dir` written first until at most `keep` remain
-/// (`--save-total-limit`); returns what it removed. The one written last is never removed.
-pub fn prune_checkpoints(output_dir: &Path, keep: usize) -> Result<Vec<PathBuf>> {
+/// (`--save-total-limit`), besides the last one written at step `best` (the best evaluation so
+/// far, kept as transformers keeps its best checkpoint); returns what it removed. The one
+/// written last is never removed.
+pub fn prune_checkpoints(
+    output_dir: &Path,
+    keep: usize,
+    best: Option<u64>,
+) -> Result<Vec<PathBuf>> {
     let all = complete_checkpoints(output_dir)?;
     let excess = all.len().saturating_sub(keep.max(1));
+    let spared = all.iter().rposition(|c| Some(c.marker.step) == best);
     let mut removed = Vec::new();
-    for c in all.into_iter().take(excess) {
+    let old = all.into_iter().enumerate().take(excess);
+    for (_, c) in old.filter(|(i, _)| Some(*i) != spared) {
         std::fs::remove_dir_all(&c.dir).map_err(io_err(&c.dir, "remove an old checkpoint"))?;
         removed.push(c.dir);
     }
@@ -465,7 +473,7 @@ mod tests {
         let a = latest_checkpoint_of_run(&out.0, "a").unwrap().unwrap();
         assert_eq!(a.marker.name, "step-4");
         assert!(latest_checkpoint_of_run(&out.0, "c").unwrap().is_none());
-        let removed = prune_checkpoints(&out.0, 2).unwrap();
+        let removed = prune_checkpoints(&out.0, 2, None).unwrap();
         assert_eq!(removed, vec![out.0.join("step-2")]);
         let left: Vec<String> = complete_checkpoints(&out.0)
             .unwrap()
@@ -473,6 +481,38 @@ mod tests {
             .map(|c| c.marker.name)
             .collect();
         assert_eq!(left, ["step-4", "step-6"]);
+    }
+
+    #[test]
+    fn the_checkpoint_of_the_best_evaluation_outlives_the_limit() {
+        let out = TempDir::new("prune-best");
+        for (name, step) in [("step-2", 2), ("step-4", 4), ("step-6", 6), ("step-8", 8)] {
+            write_checkpoint_atomic(&out.0, name, step, "r", write_files(&[("a.txt", "x")]))
+                .unwrap();
+        }
+        assert_eq!(
+            prune_checkpoints(&out.0, 2, Some(4)).unwrap(),
+            [out.0.join("step-2")]
+        );
+        let left: Vec<String> = complete_checkpoints(&out.0)
+            .unwrap()
+            .into_iter()
+            .map(|c| c.marker.name)
+            .collect();
+        assert_eq!(left, ["step-4", "step-6", "step-8"]);
+        // A best among the newest costs nothing extra; of two checkpoints at the best step,
+        // the one written last is spared.
+        assert_eq!(
+            prune_checkpoints(&out.0, 2, Some(8)).unwrap(),
+            [out.0.join("step-4")]
+        );
+        write_checkpoint_atomic(&out.0, "epoch-0", 8, "r", write_files(&[("a.txt", "x")])).unwrap();
+        write_checkpoint_atomic(&out.0, "step-10", 10, "r", write_files(&[("a.txt", "x")]))
+            .unwrap();
+        assert_eq!(
+            prune_checkpoints(&out.0, 1, Some(8)).unwrap(),
+            [out.0.join("step-6"), out.0.join("step-8")]
+        );
     }
 
     #[test]
@@ -490,14 +530,14 @@ mod tests {
         let latest = |dir: &Path| latest_checkpoint_of_run(dir, "r").unwrap().unwrap();
         assert_eq!(latest(&out.0).marker.name, "step-15");
         assert_eq!(
-            prune_checkpoints(&out.0, 2).unwrap(),
+            prune_checkpoints(&out.0, 2, None).unwrap(),
             [out.0.join("step-10"), out.0.join("step-20")]
         );
         // The next save is the newest; the first written of the others goes.
         save("step-20", 20);
         assert_eq!(latest(&out.0).marker.name, "step-20");
         assert_eq!(
-            prune_checkpoints(&out.0, 2).unwrap(),
+            prune_checkpoints(&out.0, 2, None).unwrap(),
             [out.0.join("step-30")]
         );
     }

@@ -456,6 +456,19 @@ impl MetricsLogger {
         &self.eval_curve
     }
 
+    /// The evaluation with the lowest finite loss so far, `(step, loss)` (the earliest of equal
+    /// ones), earlier runs' history included.
+    pub fn best_eval(&self) -> Option<(u64, f64)> {
+        self.eval_curve
+            .iter()
+            .copied()
+            .filter(|(_, loss)| loss.is_finite())
+            .fold(None, |best, e| match best {
+                Some((_, b)) if b <= e.1 => best,
+                _ => Some(e),
+            })
+    }
+
     /// Flushes the JSONL, writes the summary line to it, clears the progress bar, and returns
     /// the summary.
     pub fn finish(&mut self) -> Result<Option<Summary>> {
@@ -683,5 +696,15 @@ mod tests {
         assert_eq!(log.train_curve(), &[(1, 1.2345), (2, 1.2345)]);
         assert_eq!(log.eval_curve(), &[(2, 1.0)]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_best_evaluation_is_the_earliest_lowest_finite_loss() {
+        let mut log = MetricsLogger::new(3, 1, None, None, false).unwrap();
+        assert_eq!(log.best_eval(), None);
+        for (step, loss) in [(1, 2.0), (2, f64::NAN), (3, 1.5), (4, 1.5), (5, 1.7)] {
+            log.log_eval(step, loss, 10).unwrap();
+        }
+        assert_eq!(log.best_eval(), Some((3, 1.5)));
     }
 }
