@@ -11,24 +11,16 @@ use common::*;
 /// A 1-rank run of `steps` optimizer steps on the fixture data (6 steps per epoch), LoRA r 4,
 /// saving every 2 steps.
 fn short(out: &Path, steps: &str, extra: &[&str]) -> Vec<String> {
-    let mut a = args_with(
-        out,
-        &[
-            "--micro-batch",
-            "1",
-            "--accum",
-            "2",
-            "--lora-r",
-            "4",
-            "--lora-alpha",
-            "8",
-            "--save-every",
-            "2",
-            "--max-steps",
-            steps,
-        ],
-    );
-    a.extend(extra.iter().map(|s| s.to_string()));
+    let mut a = args_with(out, &SMALL_STEP);
+    let more = [
+        "--lora-alpha",
+        "8",
+        "--save-every",
+        "2",
+        "--max-steps",
+        steps,
+    ];
+    a.extend(more.iter().chain(extra).map(|s| s.to_string()));
     a
 }
 

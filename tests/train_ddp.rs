@@ -288,18 +288,7 @@ fn max_steps_sets_the_schedule_length_and_cycles_the_data() {
 #[test]
 fn interrupted_checkpoint_write_leaves_the_previous_one_as_latest() {
     use g4ft::trainer::checkpoint::latest_complete_checkpoint;
-    let common = [
-        "--micro-batch",
-        "1",
-        "--accum",
-        "2",
-        "--epochs",
-        "1",
-        "--save-every",
-        "2",
-        "--lora-r",
-        "4",
-    ];
+    let common = [&SMALL_STEP[..], &["--epochs", "1", "--save-every", "2"]].concat();
     let out = tmp("crash");
     let mut first = common.to_vec();
     first.extend(["--max-steps", "4"]);
@@ -355,16 +344,7 @@ fn interrupted_checkpoint_write_leaves_the_previous_one_as_latest() {
 fn a_signal_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint() {
     // Two ranks on a run far longer than the test; SIGINT to rank 0 alone, as a Ctrl-C under a
     // launcher reaches one process group; rank 1 learns of it from the step's all-reduce.
-    let common = [
-        "--micro-batch",
-        "1",
-        "--accum",
-        "2",
-        "--lora-r",
-        "4",
-        "--save-total-limit",
-        "2",
-    ];
+    let common = [&SMALL_STEP[..], &["--save-total-limit", "2"]].concat();
     let out = tmp("signal");
     let mut first = common.to_vec();
     first.extend(["--max-steps", "100000"]);
@@ -549,16 +529,8 @@ fn interrupt_the_evaluation_after_step_1(name: &str, flags: &[&str]) -> (String,
     std::fs::write(&eval, rows.repeat(600)).unwrap();
     let out = dir.join("out");
     let eval_path = eval.display().to_string();
-    let mut extra = vec![
-        "--micro-batch",
-        "1",
-        "--accum",
-        "2",
-        "--lora-r",
-        "4",
-        "--eval-data",
-        &eval_path,
-    ];
+    let mut extra = SMALL_STEP.to_vec();
+    extra.extend(["--eval-data", &eval_path]);
     extra.extend(flags);
     let mut ranks = spawn_ranks(2, &args_with(&out, &extra), &[]);
     let mut lines = Lines::of(&mut ranks[0]);

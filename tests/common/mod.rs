@@ -46,6 +46,10 @@ pub fn tmp(name: &str) -> PathBuf {
     d
 }
 
+/// The small optimizer step of the multi-step tests: one sample per micro-batch, two
+/// micro-batches per step, LoRA rank 4.
+pub const SMALL_STEP: [&str; 6] = ["--micro-batch", "1", "--accum", "2", "--lora-r", "4"];
+
 /// Flags shared by every run: tiny model, fixture data, fp32 CPU, log every step.
 pub fn base_args(output: &Path) -> Vec<String> {
     let model = Path::new(ROOT).join("assets/tiny").display().to_string();
