@@ -16,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use g4ft::gemma4::{Gemma4Model, TokenBatch};
 use g4ft::lora::LoraContext;
+use g4ft::wait::Schedule;
 
 #[derive(Parser, Debug)]
 #[command(about = "Mean token NLL of pre-tokenized JSONL under a Gemma 4 checkpoint")]
@@ -120,17 +121,15 @@ pub(crate) fn score(
 ) -> Result<(f64, usize)> {
     let pad = model.config().pad_token_id;
     let (mut loss_sum, mut tokens) = (0f64, 0usize);
-    let start = std::time::Instant::now();
-    let mut next_note = start + std::time::Duration::from_secs(10);
+    let mut notes = Schedule::progress();
     for (i, chunk) in rows.chunks(batch_size.max(1)).enumerate() {
-        if std::time::Instant::now() >= next_note {
+        if notes.due_now() {
             eprintln!(
-                "score: {} of {} rows in {:.0} s",
+                "score: {} of {} rows in {} s",
                 i * batch_size.max(1),
                 rows.len(),
-                start.elapsed().as_secs_f64()
+                notes.elapsed_s()
             );
-            next_note += std::time::Duration::from_secs(10);
         }
         let t = chunk.iter().map(|(ids, _)| ids.len()).max().unwrap_or(0);
         let b = chunk.len();

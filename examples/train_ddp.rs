@@ -636,9 +636,8 @@ fn every(interval: Option<usize>, step: u64) -> bool {
 /// refused unless --overwrite-output).
 fn claim_output(cfg: &TrainConfig, start: &Start<'_>) -> Result<(OutputLock, RunRecord)> {
     let holder = format!(
-        "pid {} on {} (started at unix time {})",
-        std::process::id(),
-        run_dir::host_name(),
+        "{} (started at unix time {})",
+        g4ft::wait::this_process(),
         SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs()
     );
     let lock = run_dir::lock(&cfg.output, &holder)?;

@@ -7,6 +7,7 @@ pub use g4ft_hash as hash;
 pub use g4ft_lora as lora;
 pub use g4ft_ops as ops;
 pub use g4ft_trainer as trainer;
+pub use g4ft_wait as wait;
 
 use std::path::Path;
 

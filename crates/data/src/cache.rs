@@ -23,7 +23,9 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use g4ft_wait::{host_name, Schedule, PROGRESS_EVERY};
 
 use crate::encoder::Encoded;
 use crate::error::{DataError, Result};
@@ -260,15 +262,13 @@ pub enum Acquired {
     Build(Option<BuildLock>),
 }
 
-/// When a waiter first says what it waits for, and how often after that.
+/// When a waiter first says what it waits for (then every [`PROGRESS_EVERY`]).
 const FIRST_NOTE: Duration = Duration::from_secs(2);
-const NOTE_EVERY: Duration = Duration::from_secs(10);
 
 /// Takes the build lock of `cache`, or waits until another process has written `cache`.
 pub fn acquire(cache: &Path, timeout: Duration) -> Result<Acquired> {
     let lock = cache.with_extension("lock");
-    let start = Instant::now();
-    let mut next_note = start + FIRST_NOTE;
+    let mut notes = Schedule::new(FIRST_NOTE, PROGRESS_EVERY);
     loop {
         if cache.exists() {
             return Ok(Acquired::Ready);
@@ -291,7 +291,7 @@ pub fn acquire(cache: &Path, timeout: Duration) -> Result<Acquired> {
             }
             Holder::Vanished => continue,
             Holder::Alive(who) => {
-                if start.elapsed() > timeout {
+                if notes.elapsed() > timeout {
                     eprintln!(
                         "token cache: {} still held by {who} after {} s; tokenizing here instead",
                         lock.display(),
@@ -299,15 +299,14 @@ pub fn acquire(cache: &Path, timeout: Duration) -> Result<Acquired> {
                     );
                     return Ok(Acquired::Build(None));
                 }
-                if Instant::now() >= next_note {
+                if notes.due_now() {
                     eprintln!(
                         "token cache: waiting for {who} to finish {} ({} s of {} s); if no such process is running, remove {}",
                         cache.display(),
-                        start.elapsed().as_secs(),
+                        notes.elapsed_s(),
                         timeout.as_secs(),
                         lock.display()
                     );
-                    next_note += NOTE_EVERY;
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -355,13 +354,13 @@ fn try_create_lock(lock: &Path) -> Result<Option<BuildLock>> {
     let attempt = ATTEMPT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = lock.with_extension(format!(
         "lock.{}-{}-{attempt}",
-        hostname(),
+        host_name(),
         std::process::id()
     ));
     let mut file = File::create(&tmp).map_err(|e| DataError::io(&tmp, e))?;
     // A file system without locks still gets the lock file; liveness then falls back to pids.
     let _ = file.lock();
-    writeln!(file, "{} {}", hostname(), std::process::id()).map_err(|e| DataError::io(&tmp, e))?;
+    writeln!(file, "{} {}", host_name(), std::process::id()).map_err(|e| DataError::io(&tmp, e))?;
     let linked = std::fs::hard_link(&tmp, lock);
     let _ = std::fs::remove_file(&tmp);
     match linked {
@@ -426,12 +425,6 @@ fn describe_holder(text: &str) -> String {
     }
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 /// Whether the lock's text names a process of this host that no longer exists.
 fn pid_is_gone(text: &str) -> bool {
     let mut parts = text.split_whitespace();
@@ -440,7 +433,7 @@ fn pid_is_gone(text: &str) -> bool {
         parts.next().and_then(|p| p.parse::<u32>().ok()),
     ) {
         (Some(host), Some(pid)) => {
-            host == hostname() && !Path::new(&format!("/proc/{pid}")).exists()
+            host == host_name() && !Path::new(&format!("/proc/{pid}")).exists()
         }
         _ => false,
     }
@@ -477,7 +470,7 @@ mod tests {
         // host whose process is gone: both removed at once.
         for text in ["", "other-host 4242\n"] {
             std::fs::write(&lock, text).unwrap();
-            let t0 = Instant::now();
+            let t0 = std::time::Instant::now();
             let Acquired::Build(Some(guard)) = acquire(&cache, Duration::from_secs(60)).unwrap()
             else {
                 panic!("expected to take the lock");

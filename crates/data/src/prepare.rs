@@ -8,8 +8,9 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use g4ft_wait::Schedule;
 use rayon::prelude::*;
 
 use crate::encoder::{Encoded, Encoder};
@@ -219,9 +220,6 @@ pub fn detect_format(path: &Path, opts: &PrepareOptions) -> Result<Format> {
     rows::detect(&value).map_err(|reason| bad(loc.line, reason))
 }
 
-/// How often a long tokenization says how far it is (on stderr).
-const PROGRESS_EVERY: Duration = Duration::from_secs(10);
-
 /// Encodes every row of `path` and passes `(line, row)` to `sink` in file order, saying every
 /// 10 s (on stderr) how many rows it has read.
 /// Conversations and text need `encoder`; pre-tokenized files use it only for `vocab_size`.
@@ -275,16 +273,15 @@ pub fn tokenize_file(
     };
     let mut lengths = Vec::new();
     let mut chunk: Vec<(Location, RawRow)> = Vec::with_capacity(CHUNK);
-    let mut next_note = start + PROGRESS_EVERY;
+    let mut notes = Schedule::progress();
     loop {
-        if Instant::now() >= next_note {
+        if notes.due_now() {
             eprintln!(
-                "data: tokenizing {}: {} rows in {:.0} s",
+                "data: tokenizing {}: {} rows in {} s",
                 path.display(),
                 report.rows_read,
-                start.elapsed().as_secs_f64()
+                notes.elapsed_s()
             );
-            next_note += PROGRESS_EVERY;
         }
         chunk.clear();
         while chunk.len() < CHUNK {

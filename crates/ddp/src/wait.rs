@@ -7,46 +7,18 @@
 
 use std::time::{Duration, Instant};
 
+use g4ft_wait::Schedule;
+
 use crate::error::RankTag;
 
 /// Longest silence before the first notice: shorter waits are ordinary (a bucket's tail, a
 /// barrier while rank 0 saves).
 pub const FIRST_NOTICE: Duration = Duration::from_secs(10);
 
-/// When a wait that started at `start` speaks: first after `first`, then every `every`. Every
-/// waiting loop of this crate (collectives, store agreements, the launcher's rendezvous, store
-/// connections) keeps one.
-pub(crate) struct Schedule {
-    start: Instant,
-    next: Instant,
-    every: Duration,
-}
-
-impl Schedule {
-    /// A schedule starting now.
-    pub fn new(first: Duration, every: Duration) -> Self {
-        let start = Instant::now();
-        Schedule {
-            start,
-            next: start + first,
-            every,
-        }
-    }
-
-    /// Whether a notice is due now; if so, the next one is scheduled `every` from now.
-    pub fn due_now(&mut self) -> bool {
-        let now = Instant::now();
-        if now < self.next {
-            return false;
-        }
-        self.next = now + self.every;
-        true
-    }
-
-    /// Whole seconds since the wait started.
-    pub fn elapsed_s(&self) -> u64 {
-        self.start.elapsed().as_secs()
-    }
+/// The silence before a wait's first notice: a tenth of its `timeout`, at least a second and at
+/// most [`FIRST_NOTICE`].
+fn first_notice(timeout: Duration) -> Duration {
+    (timeout / 10).clamp(Duration::from_secs(1), FIRST_NOTICE)
 }
 
 /// One collective wait's notice schedule. Blocking calls wait at most until [`WaitNotice::due`],
@@ -60,7 +32,7 @@ pub(crate) struct WaitNotice {
 impl WaitNotice {
     /// Starts the schedule of a wait that gives up after `timeout`.
     pub fn new(tag: RankTag, timeout: Duration) -> Self {
-        let first = (timeout / 10).clamp(Duration::from_secs(1), FIRST_NOTICE);
+        let first = first_notice(timeout);
         WaitNotice {
             tag,
             schedule: Schedule::new(first, first * 6),
@@ -71,7 +43,7 @@ impl WaitNotice {
     /// When the next notice is due, or `deadline` if that comes first: the end of the next
     /// blocking slice.
     pub fn due(&self, deadline: Instant) -> Instant {
-        self.schedule.next.min(deadline)
+        self.schedule.next_due().min(deadline)
     }
 
     /// Prints `rank r/w: still waiting for <what>` when a notice is due; `what` is only built then.
@@ -99,10 +71,10 @@ mod tests {
         let mut n = WaitNotice::new(tag, Duration::from_secs(600));
         let far = Instant::now() + Duration::from_secs(600);
         let near = Instant::now() + Duration::from_secs(1);
-        assert_eq!(n.due(far), n.schedule.start + FIRST_NOTICE);
+        assert!(n.due(far) > Instant::now() + FIRST_NOTICE - Duration::from_secs(1));
         assert_eq!(n.due(near), near);
         n.tick(|| unreachable!("no notice before the first is due"));
-        n.schedule.next = Instant::now();
+        n.schedule = Schedule::new(Duration::ZERO, Duration::from_secs(60));
         let mut built = false;
         n.tick(|| {
             built = true;
@@ -111,14 +83,12 @@ mod tests {
         assert!(built);
         assert!(n.due(far) >= Instant::now() + Duration::from_secs(59));
         // short timeouts (tests) get their first notice sooner, never before a second
-        let short = WaitNotice::new(tag, Duration::from_secs(20));
         assert_eq!(
-            short.schedule.next - short.schedule.start,
+            first_notice(Duration::from_secs(20)),
             Duration::from_secs(2)
         );
-        let tiny = WaitNotice::new(tag, Duration::from_millis(200));
         assert_eq!(
-            tiny.schedule.next - tiny.schedule.start,
+            first_notice(Duration::from_millis(200)),
             Duration::from_secs(1)
         );
     }

@@ -8,9 +8,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
+use g4ft_wait::{this_process, HolderLock, Schedule, Taken, PROGRESS_EVERY};
 
 use crate::error::{Error, Result};
 
@@ -261,54 +263,23 @@ fn looks_like_a_path(model: &str) -> Option<String> {
 /// Takes the download lock of a repository in the cache, waiting while another process downloads
 /// it and saying so every 10 s, with the lock file and the holder (its pid and host, which the
 /// holder writes into the file). The lock dies with its holder, so a crashed download frees it.
-fn lock_download(path: &Path, id: &str) -> Result<std::fs::File> {
-    use std::io::{Read, Seek, Write};
+fn lock_download(path: &Path, id: &str) -> Result<HolderLock> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
     };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let mut file = std::fs::File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(io)?;
-    let start = std::time::Instant::now();
-    let mut next_note = start + std::time::Duration::from_secs(2);
+    let mut notes = Schedule::new(Duration::from_secs(2), PROGRESS_EVERY);
     loop {
-        match file.try_lock() {
-            Ok(()) => {
-                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-                let holder = format!("pid {} on {}", std::process::id(), host.trim());
-                file.set_len(0)
-                    .and_then(|()| file.rewind())
-                    .and_then(|()| file.write_all(holder.as_bytes()))
-                    .map_err(io)?;
-                return Ok(file);
-            }
-            Err(std::fs::TryLockError::WouldBlock) => {}
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
-        }
-        if std::time::Instant::now() >= next_note {
-            let mut holder = String::new();
-            let _ = file
-                .rewind()
-                .and_then(|()| file.read_to_string(&mut holder));
-            let holder = Some(holder.trim())
-                .filter(|h| !h.is_empty())
-                .unwrap_or("another process");
-            eprintln!(
+        match HolderLock::try_take(path, &this_process()).map_err(io)? {
+            Taken::Held(lock) => return Ok(lock),
+            Taken::Busy(holder) if notes.due_now() => eprintln!(
                 "hub: waiting for {holder} to download {id} into the cache ({} s; lock {})",
-                start.elapsed().as_secs(),
+                notes.elapsed_s(),
                 path.display()
-            );
-            next_note += std::time::Duration::from_secs(10);
+            ),
+            Taken::Busy(_) => {}
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -319,7 +290,7 @@ struct DownloadNote {
     file: String,
     size: usize,
     done: usize,
-    next: std::time::Instant,
+    notes: Schedule,
 }
 
 impl DownloadNote {
@@ -329,7 +300,7 @@ impl DownloadNote {
             file: String::new(),
             size: 0,
             done: 0,
-            next: std::time::Instant::now(),
+            notes: Schedule::progress(),
         }
     }
 }
@@ -344,12 +315,12 @@ impl hf_hub::api::Progress for DownloadNote {
                 size as f64 / (1u64 << 30) as f64
             );
         }
-        self.next = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        self.notes = Schedule::progress();
     }
 
     fn update(&mut self, size: usize) {
         self.done += size;
-        if std::time::Instant::now() >= self.next {
+        if self.notes.due_now() {
             eprintln!(
                 "hub: {} {}: {:.1} of {:.1} GiB",
                 self.id,
@@ -357,7 +328,6 @@ impl hf_hub::api::Progress for DownloadNote {
                 self.done as f64 / (1u64 << 30) as f64,
                 self.size as f64 / (1u64 << 30) as f64
             );
-            self.next += std::time::Duration::from_secs(10);
         }
     }
 

@@ -23,7 +23,7 @@ pub mod optim;
 pub mod profile;
 pub mod schedule;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
@@ -31,6 +31,7 @@ use g4ft_data::{Batch, DataLoader};
 use g4ft_ddp::{signals, DdpError, DistributedDataParallel, NoSync, ProcessGroup, ReduceOp};
 use g4ft_gemma4::{Gemma4Model, LayerType, LossOutput, Parked, ProjectionShape, TokenBatch};
 use g4ft_lora::{AdapterGrads, LoraContext};
+use g4ft_wait::Schedule;
 
 use crate::metrics::mfu::{AttnLayer, FlopsModel, LayerFlops};
 use optim::{AdamW, FlatBucket};
@@ -299,9 +300,6 @@ pub enum Evaluation {
     },
 }
 
-/// How often rank 0 says how far a long evaluation is.
-const EVAL_PROGRESS_EVERY: Duration = Duration::from_secs(10);
-
 /// Evaluation over this rank's shard of `loader` with dropout off (collective). Before each
 /// batch the ranks all-reduce the stop signals they have caught ([`signals::caught_flags`]) and
 /// all leave at the first batch where one has: every rank's shard holds the same number of
@@ -316,7 +314,7 @@ pub fn evaluate(
     let device = model.device();
     let of = loader.len();
     let (mut loss_sum, mut tokens) = (0f64, 0f64);
-    let mut next_note = Instant::now() + EVAL_PROGRESS_EVERY;
+    let mut notes = Schedule::progress();
     for (batches, batch) in loader.epoch(0, 0).enumerate() {
         let caught = all_reduce_sum(group, &signals::caught_flags(), device)?;
         if let Some(signal) = signals::flagged(&caught) {
@@ -326,9 +324,8 @@ pub fn evaluate(
                 of,
             });
         }
-        if group.rank() == 0 && Instant::now() >= next_note {
+        if group.rank() == 0 && notes.due_now() {
             eprintln!("evaluating at step {step}: {batches} of {of} batches");
-            next_note += EVAL_PROGRESS_EVERY;
         }
         let batch = batch?;
         let out = model.loss(&token_batch(&batch), &batch.labels, &LoraContext::EVAL)?;

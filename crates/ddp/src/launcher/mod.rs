@@ -17,7 +17,7 @@ pub use args::Args;
 use crate::error::{DdpError, Result};
 use crate::signals;
 use crate::store::{StoreClient, StoreServer};
-use crate::wait::Schedule;
+use g4ft_wait::Schedule;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use workers::{Outcome, WorkerSet};
 

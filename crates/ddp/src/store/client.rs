@@ -7,7 +7,7 @@
 
 use super::protocol::{self as p, Cmd};
 use crate::error::{DdpError, Result};
-use crate::wait::Schedule;
+use g4ft_wait::Schedule;
 use std::io::{self, BufReader};
 use std::net::{IpAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};

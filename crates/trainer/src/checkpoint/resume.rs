@@ -16,9 +16,10 @@
 use std::path::{Path, PathBuf};
 
 use g4ft_lora::{LoraConfig, TargetModules};
+use g4ft_wait::host_name;
 use serde_json::{Map, Value};
 
-use crate::checkpoint::run_dir::{host_name, read_run, Claim, RunRecord};
+use crate::checkpoint::run_dir::{read_run, Claim, RunRecord};
 use crate::checkpoint::state::TrainerState;
 use crate::checkpoint::{latest_checkpoint_of_run, latest_complete_checkpoint, read_checkpoint};
 use crate::config::{settings, show_value, Origin, ResolvedConfig, ResumeRule, TrainConfig};

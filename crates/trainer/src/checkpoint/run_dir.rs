@@ -11,11 +11,10 @@
 //!
 //! Only rank 0 writes here; the other ranks only read checkpoints.
 
-use std::fs::File;
-use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use g4ft_wait::{host_name, HolderLock, Taken};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{complete_checkpoints, remove_stale_temporaries, sync_path};
@@ -77,16 +76,6 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// This machine's name (Linux: the kernel's hostname).
-pub fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "unknown-host".into())
-}
-
 fn io_err(path: &Path, op: &str) -> impl FnOnce(std::io::Error) -> Error {
     let (path, op) = (path.to_path_buf(), op.to_string());
     move |source| Error::CheckpointIo { path, op, source }
@@ -95,7 +84,7 @@ fn io_err(path: &Path, op: &str) -> impl FnOnce(std::io::Error) -> Error {
 /// The exclusive lock on an output folder; released when dropped (or when the process exits).
 #[derive(Debug)]
 pub struct OutputLock {
-    _file: File,
+    _held: HolderLock,
 }
 
 /// Creates `dir` if needed and locks it for this process, writing `holder` (who and what) into
@@ -103,35 +92,13 @@ pub struct OutputLock {
 pub fn lock(dir: &Path, holder: &str) -> Result<OutputLock> {
     std::fs::create_dir_all(dir).map_err(io_err(dir, "create output dir"))?;
     let path = dir.join(LOCK_FILE);
-    let mut file = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(io_err(&path, "open the lock file"))?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let mut text = String::new();
-            let _ = file.read_to_string(&mut text);
-            return Err(Error::OutputBusy {
-                dir: dir.to_path_buf(),
-                holder: if text.trim().is_empty() {
-                    "another process".into()
-                } else {
-                    text.trim().to_string()
-                },
-            });
-        }
-        Err(std::fs::TryLockError::Error(e)) => return Err(io_err(&path, "lock")(e)),
+    match HolderLock::try_take(&path, holder).map_err(io_err(&path, "lock"))? {
+        Taken::Held(held) => Ok(OutputLock { _held: held }),
+        Taken::Busy(holder) => Err(Error::OutputBusy {
+            dir: dir.to_path_buf(),
+            holder,
+        }),
     }
-    file.set_len(0).map_err(io_err(&path, "truncate"))?;
-    file.rewind().map_err(io_err(&path, "rewind"))?;
-    file.write_all(holder.as_bytes())
-        .and_then(|()| file.flush())
-        .map_err(io_err(&path, "write"))?;
-    Ok(OutputLock { _file: file })
 }
 
 /// The run record of `dir`, `None` if there is none.

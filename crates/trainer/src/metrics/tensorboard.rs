@@ -155,7 +155,7 @@ impl EventWriter {
         let path = dir.join(format!(
             "events.out.tfevents.{}.{}.{}.0",
             wall as u64,
-            crate::checkpoint::run_dir::host_name(),
+            g4ft_wait::host_name(),
             std::process::id()
         ));
         let file = File::create(&path).map_err(io(&path))?;
