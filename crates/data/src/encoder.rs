@@ -193,6 +193,18 @@ impl Encoder {
                 prompt_text.len()
             }
         };
+        if let Some((place, marker)) = marker_in_data(&row.conversation, &self.markers) {
+            return Err(RowError::new(
+                SkipReason::LabelSpans,
+                format!(
+                    "{}: {place} contains `{}`, a turn marker of the chat format, which the \
+                     assistant-only labels cannot tell from the template's own; remove it from \
+                     the data or train on every token (`--labels full`)",
+                    mode.as_str(),
+                    marker.escape_debug(),
+                ),
+            ));
+        }
         let found = labels::model_spans(&text, &self.markers);
         if found.turns != row.model_turns {
             return Err(RowError::new(
@@ -271,6 +283,34 @@ fn token_labels(row: &TokenRow, mode: LabelMode) -> Result<(Vec<u32>, Vec<i32>),
              labels (-100 on prompt tokens), or use --labels auto/full to train every token",
         )),
     }
+}
+
+/// The first message (`message 3 (assistant)`, 1-based) or the tool declarations whose text, keys
+/// included, contains one of `markers`, and the marker.
+fn marker_in_data<'a>(conv: &Conversation, markers: &'a TurnMarkers) -> Option<(String, &'a str)> {
+    let messages = conv.messages.try_iter().into_iter().flatten().enumerate();
+    for (i, message) in messages {
+        if let Some(marker) = marker_in_value(&message, markers) {
+            let role = message.get_attr("role").ok().filter(|r| !r.is_undefined());
+            let role = role.map_or(String::new(), |r| format!(" ({r})"));
+            return Some((format!("message {}{role}", i + 1), marker));
+        }
+    }
+    let tools = conv.tools.as_ref()?;
+    marker_in_value(tools, markers).map(|marker| ("the tool declarations".into(), marker))
+}
+
+/// The first marker in any string of `v` (map keys included).
+fn marker_in_value<'a>(v: &minijinja::Value, markers: &'a TurnMarkers) -> Option<&'a str> {
+    if let Some(s) = v.as_str() {
+        return markers.found_in(s);
+    }
+    let items = v.try_iter().ok()?;
+    let is_map = v.kind() == minijinja::value::ValueKind::Map;
+    items.into_iter().find_map(|item| {
+        let value = if is_map { v.get_item(&item).ok() } else { None };
+        marker_in_value(&item, markers).or_else(|| value.and_then(|x| marker_in_value(&x, markers)))
+    })
 }
 
 fn all_trained(ids: Vec<u32>) -> (Vec<u32>, Vec<i32>) {

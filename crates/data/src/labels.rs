@@ -14,9 +14,10 @@
 //! there up to and including the token that ends the model's segment: the `<turn|>` that closes
 //! the turn, or, after a tool call, the `<|tool_response>` the model emits to hand over. Not
 //! trained: the tool-response payload the template inserts after it (`response:...` through
-//! `<tool_response|>`, and any further `<|tool_response>...<tool_response|>` blocks right after);
-//! the model's text after the payload is trained again up to its `<turn|>`; a turn left open
-//! after a payload (the next `<|turn>` follows, or the text ends) has nothing trained after it.
+//! `<tool_response|>`, and any further `<|tool_response>response:...<tool_response|>` blocks right
+//! after); a handover that no `response:` follows (a call left unanswered) has no payload. The
+//! model's text after the handover is trained again up to its `<turn|>`; a turn left open after
+//! it (the next `<|turn>` follows, or the text ends) has nothing trained after it.
 //! The newline after `<turn|>` is never trained (generation stops at `<turn|>`); when the same
 //! turn continues after it (consecutive assistant messages share one header), the continuation is
 //! trained. A token is trained when its byte span overlaps a trained span. The number of model
@@ -77,6 +78,8 @@ pub struct TurnMarkers {
     pub turn_end: String,
     /// Opens a tool response; the model emits it to hand over after a tool call.
     pub response_start: String,
+    /// Starts the payload the template writes after `response_start` (`response:`).
+    pub payload_start: String,
     /// Ends a tool response.
     pub response_end: String,
 }
@@ -88,8 +91,25 @@ impl Default for TurnMarkers {
             model_header: "<|turn>model\n".into(),
             turn_end: "<turn|>".into(),
             response_start: "<|tool_response>".into(),
+            payload_start: "response:".into(),
             response_end: "<tool_response|>".into(),
         }
+    }
+}
+
+impl TurnMarkers {
+    /// The first marker the span scan looks for (turn start and end, tool response start and end)
+    /// that `text` contains. Data text holding one would be read as the template's own.
+    pub fn found_in(&self, text: &str) -> Option<&str> {
+        [
+            &self.turn_start,
+            &self.turn_end,
+            &self.response_start,
+            &self.response_end,
+        ]
+        .into_iter()
+        .find(|m| text.contains(m.as_str()))
+        .map(String::as_str)
     }
 }
 
@@ -151,9 +171,13 @@ pub fn model_spans(text: &str, m: &TurnMarkers) -> ModelSpans {
                 Stop::Handover => {
                     let end = start + at + m.response_start.len();
                     push(&mut spans, start..end);
-                    let mut p = past(text, end, &m.response_end);
-                    while text[p..].starts_with(&m.response_start) {
-                        p = past(text, p + m.response_start.len(), &m.response_end);
+                    let mut p = end;
+                    if text[p..].starts_with(&m.payload_start) {
+                        p = past(text, p, &m.response_end);
+                        let block = format!("{}{}", m.response_start, m.payload_start);
+                        while text[p..].starts_with(&block) {
+                            p = past(text, p + block.len(), &m.response_end);
+                        }
                     }
                     p
                 }
@@ -243,7 +267,7 @@ mod tests {
         );
         // a second call after the first payload, and a payload that is never closed
         let t = format!(
-            "<|turn>model\n{call}<|tool_response>r<tool_response|>{call}<|tool_response>r2"
+            "<|turn>model\n{call}<|tool_response>response:r<tool_response|>{call}<|tool_response>response:r2"
         );
         assert_eq!(
             spans_text(&t),
@@ -252,6 +276,31 @@ mod tests {
                 format!("{call}<|tool_response>")
             ]
         );
+    }
+
+    #[test]
+    fn unanswered_call_has_no_payload() {
+        let call = "<|tool_call>call:f{}<tool_call|>";
+        // the next assistant message goes on in the same turn
+        let t = format!("<|turn>model\n{call}<|tool_response>Done.<turn|>\n");
+        assert_eq!(
+            spans_text(&t),
+            vec![format!("{call}<|tool_response>").as_str(), "Done.<turn|>"]
+        );
+        // the turn is left open; the next model turn counts and is trained
+        let t = format!(
+            "<|turn>model\n{call}<|tool_response><|turn>user\nok<turn|>\n<|turn>model\n\
+             x<|tool_response>response:f{{}}<tool_response|>y<turn|>\n"
+        );
+        assert_eq!(
+            spans_text(&t),
+            vec![
+                format!("{call}<|tool_response>").as_str(),
+                "x<|tool_response>",
+                "y<turn|>"
+            ]
+        );
+        assert_eq!(model_spans(&t, &TurnMarkers::default()).turns, 2);
     }
 
     #[test]

@@ -8,12 +8,17 @@
 //! the language; what it does differently is supplied here through its extension API:
 //! * [`formatter`]: `{{ x }}` writes `str(x)`: `1e+20`, `1e-05`, `['a', 'b']`, `{'k': None}`;
 //! * the `string` filter returns `str(x)`;
-//! * the `sequence` test is true for strings, lists, dicts and undefined values, as Jinja2's.
+//! * the `sequence` test is true for strings, lists, dicts and undefined values, as Jinja2's;
+//! * the `trim` filter and the `.strip()`, `.lstrip()`, `.rstrip()` methods strip what Python's
+//!   `str.isspace()` calls whitespace (Rust's whitespace and the separators U+001C..U+001F);
+//! * the `dictsort` filter compares keys (or values) as Jinja2 does: lowercased with Python's
+//!   Unicode `str.lower()` unless `case_sensitive`, so `àa` sorts before `Äb`.
 //!
 //! Known differences that remain (no template we know of depends on them): the `~` operator and
-//! `join` format numbers and containers the minijinja way, and printf-style `'%s' % x` is not
-//! supported.
-use minijinja::value::{Kwargs, Value, ValueKind};
+//! `join` format numbers and containers the minijinja way, printf-style `'%s' % x` is not
+//! supported, the `sort` filter lowercases ASCII letters only, and `.split()` without a separator
+//! does not split at U+001C..U+001F.
+use minijinja::value::{from_args, Kwargs, Value, ValueKind};
 use minijinja::{escape_formatter, Error, ErrorKind, Output, State};
 
 /// `raise_exception(message)`: fails the render with the template's message, as transformers does.
@@ -239,6 +244,134 @@ pub fn string(value: &Value) -> String {
     py_str(value)
 }
 
+/// Python's `str.isspace()` for one character: Rust's whitespace plus the information
+/// separators U+001C..U+001F.
+pub fn py_is_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// `s.strip(chars)` (both ends), `lstrip` (`end` false: the start only) or `rstrip` (`start`
+/// false): without `chars`, Python's whitespace.
+fn py_strip<'s>(s: &'s str, chars: Option<&str>, start: bool, end: bool) -> &'s str {
+    let strip = |c: char| chars.map_or_else(|| py_is_space(c), |set| set.contains(c));
+    let s = if start {
+        s.trim_start_matches(strip)
+    } else {
+        s
+    };
+    if end {
+        s.trim_end_matches(strip)
+    } else {
+        s
+    }
+}
+
+/// The `trim` filter: `str(value).strip(chars)`, as Jinja2's.
+pub fn trim(value: &Value, chars: Option<String>) -> Value {
+    let text = py_str(value);
+    let out = py_strip(&text, chars.as_deref(), true, true).to_string();
+    if value.is_safe() {
+        Value::from_safe_string(out)
+    } else {
+        Value::from(out)
+    }
+}
+
+/// The method callback: Python's `str.strip`, `str.lstrip` and `str.rstrip` (see [`trim`]), and
+/// `minijinja_contrib::pycompat` for every other method.
+pub fn unknown_method(
+    state: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    let ends = match method {
+        "strip" => Some((true, true)),
+        "lstrip" => Some((true, false)),
+        "rstrip" => Some((false, true)),
+        _ => None,
+    };
+    match (value.as_str(), ends) {
+        (Some(s), Some((start, end))) => {
+            let (chars,): (Option<&str>,) = from_args(args)?;
+            Ok(Value::from(py_strip(s, chars, start, end)))
+        }
+        _ => minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args),
+    }
+}
+
+/// The `dictsort` filter as Jinja2 has it: `dictsort(case_sensitive=False, by='key',
+/// reverse=False)`, positional or keyword; the (key, value) pairs sorted stably by key (or by
+/// value), strings compared lowercased as Python's `str.lower()` lowercases them.
+pub fn dictsort(
+    value: &Value,
+    case_sensitive: Option<bool>,
+    by: Option<String>,
+    reverse: Option<bool>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    fn pick<T>(positional: Option<T>, keyword: Option<T>, name: &str) -> Result<Option<T>, Error> {
+        match (positional, keyword) {
+            (Some(_), Some(_)) => Err(Error::new(
+                ErrorKind::TooManyArguments,
+                format!("dictsort: {name} given twice"),
+            )),
+            (p, k) => Ok(p.or(k)),
+        }
+    }
+    let case_sensitive = pick(
+        case_sensitive,
+        kwargs.get("case_sensitive")?,
+        "case_sensitive",
+    )?
+    .unwrap_or(false);
+    let by = pick(by, kwargs.get("by")?, "by")?;
+    let reverse = pick(reverse, kwargs.get("reverse")?, "reverse")?.unwrap_or(false);
+    kwargs.assert_all_used()?;
+    let by_value = match by.as_deref() {
+        None | Some("key") => false,
+        Some("value") => true,
+        Some(other) => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "dictsort: you can only sort by either \"key\" or \"value\", not {other:?}"
+                ),
+            ))
+        }
+    };
+    if value.kind() != ValueKind::Map {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("dictsort: expected a mapping, got {}", value.kind()),
+        ));
+    }
+    let sort_key = |v: &Value| match v.as_str() {
+        Some(s) if !case_sensitive => Value::from(s.to_lowercase()),
+        _ => v.clone(),
+    };
+    let mut pairs: Vec<(Value, Value, Value)> = value
+        .try_iter()?
+        .map(|k| {
+            let item = value.get_item(&k).unwrap_or_default();
+            let key = sort_key(if by_value { &item } else { &k });
+            (key, k, item)
+        })
+        .collect();
+    pairs.sort_by(|a, b| {
+        let ord = a.0.cmp(&b.0);
+        if reverse {
+            ord.reverse()
+        } else {
+            ord
+        }
+    });
+    Ok(pairs
+        .into_iter()
+        .map(|(_, k, v)| Value::from(vec![k, v]))
+        .collect())
+}
+
 /// The `sequence` test as Jinja2 has it: anything with a length and item access (strings,
 /// lists, dicts) and, as in Jinja2, undefined values.
 pub fn is_sequence(value: &Value) -> bool {
@@ -438,6 +571,43 @@ mod tests {
         assert!(seq("\"s\"") && seq("[1]") && seq("{\"a\": 1}"));
         assert!(!seq("1") && !seq("null") && !seq("true"));
         assert!(is_sequence(&Value::UNDEFINED));
+    }
+
+    #[test]
+    fn trim_strip_and_dictsort_follow_jinja2() {
+        let mut env = minijinja::Environment::new();
+        env.add_filter("trim", trim);
+        env.add_filter("dictsort", dictsort);
+        env.set_unknown_method_callback(unknown_method);
+        let d = Value::from_iter([("b", 1), ("Äb", 2), ("àa", 3), ("B", 4), ("a", 0)]);
+        let render = |src: &str| {
+            env.render_str(
+                src,
+                minijinja::context! { d => d.clone(), s => "\u{1c}\u{3000} a b\u{1f}\n" },
+            )
+            .unwrap()
+        };
+        // Jinja2 3.1.6 with the same d and s
+        assert_eq!(
+            render(
+                "[{{ s | trim }}][{{ s.strip() }}][{{ s.lstrip() }}][{{ s.rstrip() }}]\
+                 [{{ 'xxaxx' | trim('x') }}][{{ 'xyaxy'.strip('xy') }}]"
+            ),
+            "[a b][a b][a b\u{1f}\n][\u{1c}\u{3000} a b][a][a]"
+        );
+        for (args, want) in [
+            ("", "a,b,B,àa,Äb,"),
+            ("(true)", "B,a,b,Äb,àa,"),
+            ("(by='value')", "a,b,Äb,àa,B,"),
+            ("(false, 'key', true)", "Äb,àa,b,B,a,"),
+        ] {
+            let src = format!("{{% for k, v in d | dictsort{args} %}}{{{{ k }}}},{{% endfor %}}");
+            assert_eq!(render(&src), want, "dictsort{args}");
+        }
+        let err = env
+            .render_str("{{ d | dictsort(by='size') }}", minijinja::context! { d })
+            .unwrap_err();
+        assert!(err.to_string().contains("\"key\" or \"value\""), "{err}");
     }
 
     #[test]

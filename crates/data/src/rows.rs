@@ -15,8 +15,9 @@
 //! `{"type": "text", "text": ...}` parts (or null on an assistant message that calls tools);
 //! `tool_calls` (`[{"function": {"name", "arguments"}}]`), `tool_call_id`, `name`,
 //! `tool_responses`, `reasoning` / `reasoning_content` / `thinking` (aliased to one another as
-//! transformers 5.23 does) and any other field. The format is detected from the first row's keys
-//! unless given (`--data-format`).
+//! transformers 5.23 does) and any other field. As `apply_chat_template` does, a message's
+//! null-valued keys are dropped (`"name": null` is no `name`; nested values are kept as they are).
+//! The format is detected from the first row's keys unless given (`--data-format`).
 
 use minijinja::value::{Value, ValueKind};
 
@@ -320,7 +321,20 @@ fn message(m: &Value, at: &str) -> Result<Value, RowError> {
             )))
         }
     }
-    Ok(alias_reasoning(m))
+    Ok(alias_reasoning(&without_nulls(m)))
+}
+
+/// The message without its null-valued keys (transformers 5.23 `apply_chat_template` drops them
+/// before rendering).
+fn without_nulls(m: &Value) -> Value {
+    m.try_iter()
+        .into_iter()
+        .flatten()
+        .filter_map(|k| {
+            let v = m.get_item(&k).ok().filter(|v| !v.is_none())?;
+            Some((k, v))
+        })
+        .collect()
 }
 
 fn content(c: &Value, at: &str) -> Result<(), RowError> {
@@ -738,6 +752,29 @@ mod tests {
                 "reasoning",
                 "reasoning_content"
             ]
+        );
+    }
+
+    #[test]
+    fn null_keys_are_dropped_before_reasoning_is_aliased() {
+        let Row::Chat(c) = parse_line(
+            r#"{"messages": [{"role": "user", "content": "q", "name": null},
+                {"role": "assistant", "thinking": null, "content": "a", "tool_calls": null,
+                 "reasoning": "why", "reasoning_content": null, "x": {"y": null}}]}"#,
+        )
+        .unwrap() else {
+            panic!("not a chat row")
+        };
+        // Python: repr() of the message transformers 5.23 renders: {k: v for k, v in m.items()
+        // if v is not None}, then {"thinking": r, **m, "reasoning_content": r}
+        let msg = |i: usize| {
+            crate::pyhelpers::py_repr(&c.conversation.messages.get_item(&Value::from(i)).unwrap())
+        };
+        assert_eq!(msg(0), "{'role': 'user', 'content': 'q'}");
+        assert_eq!(
+            msg(1),
+            "{'thinking': 'why', 'role': 'assistant', 'content': 'a', 'reasoning': 'why', \
+             'x': {'y': None}, 'reasoning_content': 'why'}"
         );
     }
 

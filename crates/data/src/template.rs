@@ -120,12 +120,14 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_debug(false); // errors are one line: the message and the template line
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(pyhelpers::unknown_method);
         env.set_formatter(pyhelpers::formatter);
         env.add_function("raise_exception", pyhelpers::raise_exception);
         env.add_function("strftime_now", pyhelpers::strftime_now);
         env.add_filter("tojson", pyhelpers::tojson);
         env.add_filter("string", pyhelpers::string);
+        env.add_filter("trim", pyhelpers::trim);
+        env.add_filter("dictsort", pyhelpers::dictsort);
         env.add_test("sequence", pyhelpers::is_sequence);
         env.add_template_owned("chat", source.clone())
             .map_err(|e| DataError::Template {

@@ -24,7 +24,7 @@ fn opts(dir: &std::path::Path, skip: bool, mode: LabelMode, max_len: usize) -> D
 fn each_bad_chat_line_is_named() {
     let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
     let dir = common::scratch("bad-chat");
-    let cases: [(&str, &str); 8] = [
+    let cases: [(&str, &str); 10] = [
         (
             r#"{"messages": [{"role": "user", "content": "x"}"#,
             "invalid JSON",
@@ -45,7 +45,15 @@ fn each_bad_chat_line_is_named() {
         ),
         (
             r#"{"messages": [{"role": "user", "content": "a <|turn>model\nfake"}, {"role": "assistant", "content": "x"}]}"#,
-            "found 2 model turn(s)",
+            "message 1 (user) contains `<|turn>`, a turn marker",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a<turn|>\nb"}]}"#,
+            "message 2 (assistant) contains `<turn|>`",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x <|tool_response>"}]}"#,
+            "message 2 (assistant) contains `<|tool_response>`",
         ),
         ("\u{fffd}", "invalid JSON"),
     ];
