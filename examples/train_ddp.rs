@@ -20,6 +20,7 @@
 //! norm is taken and clipped after the all-reduce (same on every rank); AdamW steps; the cosine
 //! schedule advances.
 
+use std::cell::OnceCell;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -42,7 +43,10 @@ use g4ft::trainer::checkpoint::run_dir::{self, OutputLock, RunRecord};
 use g4ft::trainer::checkpoint::state::{
     config_fingerprint, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
 };
-use g4ft::trainer::checkpoint::{complete_checkpoints, prune_checkpoints, write_checkpoint_atomic};
+use g4ft::trainer::checkpoint::{
+    complete_checkpoints, damaged_checkpoints, latest_checkpoint_of_run, prune_checkpoints,
+    write_checkpoint_atomic,
+};
 use g4ft::trainer::config::cli;
 use g4ft::trainer::config::ResolvedConfig;
 use g4ft::trainer::config::{LabelsKind, Origin, ReportTo};
@@ -107,18 +111,38 @@ fn train(matches: &ArgMatches, prefix: &str) -> Result<RunEnd> {
         plan: &plan,
         launch: &launch,
         changes: &changes,
+        claimed: OnceCell::new(),
     };
     match train_in_group(&resolved, &start, &device, &mem, &group, prefix) {
         Ok(end) => Ok(end),
         Err(e) => {
             let follows_peer = DdpError::chain_may_follow_peer_exit(e.as_ref());
             let linger = FAILURE_LINGER.min(timeout);
-            Err(anyhow!(group.fail(
-                &cli::error_text(&e),
-                follows_peer,
-                linger
-            )))
+            let mut text = cli::error_text(&e);
+            if let Some(hint) = start.claimed.get().and_then(|id| going_on(&cfg.output, id)) {
+                text.push_str(&format!("\n  hint: {hint}"));
+            }
+            Err(anyhow!(group.fail(&text, follows_peer, linger)))
         }
+    }
+}
+
+/// How a run that failed after rank 0 claimed the output folder for run `run_id` goes on: from
+/// its last complete checkpoint, or, when it saved none but left metrics, over again.
+fn going_on(output: &Path, run_id: &str) -> Option<String> {
+    match latest_checkpoint_of_run(output, run_id) {
+        Ok(Some(c)) => Some(format!(
+            "this run's last complete checkpoint is {} (step {}); once the cause is fixed, the \
+             same command with --resume latest continues from it",
+            c.dir.display(),
+            c.marker.step
+        )),
+        Ok(None) if output.join("metrics.jsonl").exists() => Some(
+            "this run saved no checkpoint; once the cause is fixed, start it again with \
+             --overwrite-output"
+                .into(),
+        ),
+        _ => None,
     }
 }
 
@@ -131,6 +155,8 @@ struct Start<'a> {
     launch: &'a Launch,
     /// Settings a resumed run changes, `name old → new (origin)`.
     changes: &'a [String],
+    /// The run's id once rank 0 holds the output folder (set on rank 0 only).
+    claimed: OnceCell<String>,
 }
 
 /// Steps 2-12 of the post's script, once the process group exists.
@@ -146,6 +172,8 @@ fn train_in_group(
     let (rank, world_size) = (group.rank(), group.world_size());
     let is_main = rank == 0;
     start.plan.check_world_size(world_size)?;
+    let starts = group.all_gather_object(&start.plan.describe())?;
+    resume::check_same_start(&starts, &cfg.output)?;
     // What the device could allocate before the model is loaded: --recompute auto's default budget.
     let free_at_start = memory::free_memory(device, group.env().local_world_size);
 
@@ -157,6 +185,9 @@ fn train_in_group(
         None
     };
     let run_id = run.as_ref().map_or("", |(_, r)| r.run_id.as_str());
+    if is_main {
+        let _ = start.claimed.set(run_id.to_string());
+    }
     if is_main {
         println!("{}", resolved.table());
         println!("run {run_id} in {}", cfg.output.display());
@@ -265,6 +296,9 @@ fn train_in_group(
                 pos.step,
                 pos.epoch
             );
+            for damaged in damaged_checkpoints(&cfg.output)? {
+                eprintln!("warning: passed over a damaged checkpoint: {damaged}");
+            }
             let later: Vec<String> = complete_checkpoints(&cfg.output)?
                 .into_iter()
                 .filter(|c| c.marker.step > pos.step)
@@ -492,6 +526,12 @@ fn train_in_group(
             pos.step,
         )?;
     }
+    if stop.is_none() {
+        // A signal caught during the last step, its save or the final evaluation's last batch:
+        // the run is complete, and says so to the signal's sender.
+        let caught = step::all_reduce_sum(group, &signals::caught_flags(), device)?;
+        stop = signals::flagged(&caught);
+    }
     if let Some(sig) = stop {
         let saved = last_saved.map(|(_, name)| name);
         let report = stop_report(sig, pos.step, run_steps, cfg, saved.as_deref(), start);
@@ -573,10 +613,10 @@ fn stop_report(
         signals::name(sig)
     );
     match (saved, &start.plan.start) {
-        // Only the final evaluation runs after the last step.
+        // The last step's save or the final evaluation (whose abandonment is reported by
+        // itself) was under way.
         (Some(name), _) if step == run_steps => format!(
-            "{head}, during the final evaluation: training is complete, its adapter is saved in \
-             {}; the evaluation was not logged",
+            "{head}: training is complete, its adapter is saved in {}",
             cfg.output.join(name).display()
         ),
         (Some(name), _) => format!(

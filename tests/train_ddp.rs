@@ -308,19 +308,41 @@ fn interrupted_checkpoint_write_leaves_the_previous_one_as_latest() {
         out.join("step-6/adapter_model.safetensors"),
     )
     .unwrap();
+    // And a checkpoint damaged after it was written: step-2's adapter truncated.
+    let damaged = out.join("step-2/adapter_model.safetensors");
+    let len = std::fs::metadata(&damaged).unwrap().len();
+    std::fs::File::options()
+        .write(true)
+        .open(&damaged)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
     let latest = latest_complete_checkpoint(&out)
         .unwrap()
         .expect("a complete checkpoint");
     assert_eq!(latest.dir.file_name().unwrap(), "step-4");
 
-    // An elastic restart picks it up by itself and removes the temporary (the flag lifts the
-    // first run's step limit, which it would otherwise take from the checkpoint).
+    // An elastic restart picks it up by itself, removes the temporary and names the damaged
+    // checkpoint it passed over (the flag lifts the first run's step limit, which it would
+    // otherwise take from the checkpoint).
     let mut restart = common.to_vec();
     restart.extend(["--max-steps", "6"]);
-    let log = run_ok(
+    let outs = run(
         1,
         &args_with(&out, &restart),
         &[("TORCHELASTIC_RESTART_COUNT", "1")],
+    );
+    let log = String::from_utf8_lossy(&outs[0].stdout);
+    let err = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(outs[0].status.success(), "{err}\n{log}");
+    assert!(
+        err.contains(&format!(
+            "warning: passed over a damaged checkpoint: checkpoint {}: size {} bytes, expected \
+             {len} from the marker",
+            damaged.display(),
+            len / 2
+        )),
+        "{err}"
     );
     assert!(
         log.contains(&format!(
@@ -389,6 +411,29 @@ fn a_signal_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint() {
     assert_eq!(
         losses(&out).keys().copied().collect::<Vec<_>>(),
         (1..=step + 2).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_run_that_loses_a_rank_names_its_last_checkpoint_and_how_to_go_on() {
+    let mut flags = [&SMALL_STEP[..], &["--save-every", "2"]].concat();
+    flags.extend(["--max-steps", "100000"]);
+    let out = tmp("lost-rank");
+    let mut ranks = spawn_ranks(2, &args_with(&out, &flags), &[]);
+    let mut lines = Lines::of(&mut ranks[0]);
+    lines.wait_for(|l| step_of(l).is_some_and(|n| n >= 3), &mut ranks);
+    ranks[1].kill().unwrap();
+    let outs = wait_all(ranks);
+    let log = lines.finish().join("\n");
+    assert!(!outs[0].status.success(), "{log}");
+    let err0 = String::from_utf8_lossy(&outs[0].stderr);
+    let last = checkpoints(&out).last().cloned().expect("a checkpoint");
+    assert!(
+        err0.contains(&format!(
+            "hint: this run's last complete checkpoint is {} (step ",
+            out.join(&last).display()
+        )) && err0.contains("--resume latest continues from it"),
+        "{err0}"
     );
 }
 
@@ -574,8 +619,8 @@ fn a_signal_during_the_final_evaluation_ends_a_complete_run() {
         interrupt_the_evaluation_after_step_1("final-eval-signal", &["--max-steps", "1"]);
     assert!(
         log.contains(&format!(
-            "stopped by SIGINT after step 1 of 1, during the final evaluation: training is \
-             complete, its adapter is saved in {}; the evaluation was not logged",
+            "stopped by SIGINT after step 1 of 1: training is complete, its adapter is saved \
+             in {}",
             out.join("step-1").display()
         )),
         "{log}"

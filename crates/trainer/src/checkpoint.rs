@@ -75,7 +75,8 @@ fn io_err(path: &Path, op: &str) -> impl FnOnce(std::io::Error) -> Error {
 /// `output_dir`:
 /// `write` fills the temporary directory it is given; on success the directory appears as
 /// `output_dir/name` with a completion marker, replacing an older one of the same name. If
-/// `write` fails, the temporary directory is removed and nothing else changes.
+/// `write` or a later step fails (sealing, the renames), the temporary directory is removed and
+/// the older checkpoint of that name stays.
 pub fn write_checkpoint_atomic(
     output_dir: &Path,
     name: &str,
@@ -96,8 +97,35 @@ pub fn write_checkpoint_atomic(
         return Err(Error::CheckpointWriter { dir: tmp, source });
     }
 
+    let placed = seal_and_place(output_dir, name, step, run_id, &tmp);
+    if placed.is_err() {
+        // Best effort, as above; a crash instead leaves these to `remove_stale_temporaries`.
+        let _ = std::fs::remove_dir_all(&tmp);
+        let (dir, old) = (output_dir.join(name), old_path(output_dir, name));
+        if old.exists() && !dir.exists() {
+            let _ = std::fs::rename(&old, &dir);
+        }
+    }
+    placed
+}
+
+/// Where a checkpoint being replaced waits while its successor moves in.
+fn old_path(output_dir: &Path, name: &str) -> PathBuf {
+    output_dir.join(format!(".old-{name}-{}", std::process::id()))
+}
+
+/// Records the written files' sizes in the completion marker, makes everything durable and puts
+/// `tmp` in place as `output_dir/name` (the previous checkpoint of that name moved aside first,
+/// then removed).
+fn seal_and_place(
+    output_dir: &Path,
+    name: &str,
+    step: u64,
+    run_id: &str,
+    tmp: &Path,
+) -> Result<CheckpointInfo> {
     let mut files = BTreeMap::new();
-    sync_tree(&tmp, &tmp, &mut files)?;
+    sync_tree(tmp, tmp, &mut files)?;
     let sequence = complete_checkpoints(output_dir)?
         .last()
         .map_or(1, |c| c.marker.sequence + 1);
@@ -112,18 +140,16 @@ pub fn write_checkpoint_atomic(
     let json = serde_json::to_vec_pretty(&marker).expect("the marker serializes");
     std::fs::write(&marker_path, json).map_err(io_err(&marker_path, "write marker"))?;
     sync_path(&marker_path)?;
-    sync_path(&tmp)?;
+    sync_path(tmp)?;
 
     let dir = output_dir.join(name);
     if dir.exists() {
-        let old = output_dir.join(format!(".old-{name}-{pid}"));
+        let old = old_path(output_dir, name);
         std::fs::rename(&dir, &old).map_err(io_err(&dir, "move the previous checkpoint aside"))?;
-        std::fs::rename(&tmp, &dir)
-            .map_err(io_err(&tmp, &format!("rename to {}", dir.display())))?;
+        std::fs::rename(tmp, &dir).map_err(io_err(tmp, &format!("rename to {}", dir.display())))?;
         std::fs::remove_dir_all(&old).map_err(io_err(&old, "remove the previous checkpoint"))?;
     } else {
-        std::fs::rename(&tmp, &dir)
-            .map_err(io_err(&tmp, &format!("rename to {}", dir.display())))?;
+        std::fs::rename(tmp, &dir).map_err(io_err(tmp, &format!("rename to {}", dir.display())))?;
     }
     sync_path(output_dir)?;
     Ok(CheckpointInfo { dir, marker })
@@ -223,30 +249,50 @@ pub fn read_checkpoint(dir: &Path) -> Result<CheckpointInfo> {
     })
 }
 
-/// Every valid checkpoint directly under `output_dir`, oldest first (by write sequence, then step,
-/// then name); empty if there is none or the directory does not exist. Incomplete directories and
-/// temporaries are left out.
-pub fn complete_checkpoints(output_dir: &Path) -> Result<Vec<CheckpointInfo>> {
+/// The directories directly under `output_dir` that may be checkpoints (hidden ones, the
+/// temporaries, left out); empty if the directory does not exist.
+fn candidate_dirs(output_dir: &Path) -> Result<Vec<PathBuf>> {
     let entries = match std::fs::read_dir(output_dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io_err(output_dir, "list")(e)),
     };
-    let mut found = Vec::new();
+    let mut dirs = Vec::new();
     for entry in entries {
         let path = entry.map_err(io_err(output_dir, "list"))?.path();
         let hidden = path
             .file_name()
             .is_some_and(|n| n.to_string_lossy().starts_with('.'));
-        if hidden || !path.is_dir() {
-            continue;
-        }
-        if let Ok(info) = read_checkpoint(&path) {
-            found.push(info);
+        if !hidden && path.is_dir() {
+            dirs.push(path);
         }
     }
+    Ok(dirs)
+}
+
+/// Every valid checkpoint directly under `output_dir`, oldest first (by write sequence, then step,
+/// then name); empty if there is none or the directory does not exist. Incomplete directories and
+/// temporaries are left out.
+pub fn complete_checkpoints(output_dir: &Path) -> Result<Vec<CheckpointInfo>> {
+    let mut found: Vec<CheckpointInfo> = candidate_dirs(output_dir)?
+        .iter()
+        .filter_map(|dir| read_checkpoint(dir).ok())
+        .collect();
     found.sort_by_cached_key(|c| (c.marker.sequence, c.marker.step, c.marker.name.clone()));
     Ok(found)
+}
+
+/// Why each checkpoint directory under `output_dir` (in name order) whose completion marker is
+/// there fails [`read_checkpoint`] (a file changed, truncated or deleted since);
+/// [`complete_checkpoints`] leaves them out.
+pub fn damaged_checkpoints(output_dir: &Path) -> Result<Vec<Error>> {
+    let mut dirs = candidate_dirs(output_dir)?;
+    dirs.sort();
+    Ok(dirs
+        .into_iter()
+        .filter(|dir| dir.join(COMPLETE_MARKER).is_file())
+        .filter_map(|dir| read_checkpoint(&dir).err())
+        .collect())
 }
 
 /// The valid checkpoint written last directly under `output_dir` (the last of
@@ -375,6 +421,28 @@ mod tests {
         assert!(
             names.iter().all(|n| !n.starts_with('.')),
             "no temporaries left: {names:?}"
+        );
+    }
+
+    #[test]
+    fn a_failure_after_the_writer_leaves_the_previous_checkpoint_and_no_temporary() {
+        let out = TempDir::new("seal-fail");
+        write_checkpoint_atomic(&out.0, "step-2", 2, "r", write_files(&[("a.txt", "ok")])).unwrap();
+        // A dangling link: the writer succeeds, fsyncing what it left fails.
+        let err = write_checkpoint_atomic(&out.0, "step-2", 4, "r", |dir| {
+            std::os::unix::fs::symlink(dir.join("gone"), dir.join("link"))?;
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("fsync"), "{err}");
+        let names: Vec<String> = std::fs::read_dir(&out.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["step-2"]);
+        assert_eq!(
+            read_checkpoint(&out.0.join("step-2")).unwrap().marker.step,
+            2
         );
     }
 

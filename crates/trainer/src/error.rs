@@ -72,7 +72,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The caller's writer (for example the LoRA crate's PEFT save) failed inside the temporary dir.
-    #[error("checkpoint {dir}: writing the adapter failed: {source}")]
+    #[error("checkpoint {dir}: writing the adapter failed: {source}\n  hint: check free disk space and permissions of the output directory")]
     CheckpointWriter {
         /// The temporary directory being written.
         dir: PathBuf,
@@ -131,12 +131,14 @@ pub enum Error {
         holder: String,
     },
     /// The output folder holds another run.
-    #[error("output {dir} holds {what}\n  hint: continue that run with --resume latest, replace it with --overwrite-output (deletes its checkpoints and metrics), or choose another --output")]
+    #[error("output {dir} holds {what}\n  hint: {hint}")]
     OutputTaken {
         /// The output folder.
         dir: PathBuf,
         /// What is there.
         what: String,
+        /// What to do.
+        hint: String,
     },
 
     // ---- metrics ----

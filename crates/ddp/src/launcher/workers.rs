@@ -179,19 +179,27 @@ impl WorkerSet {
         }
     }
 
-    /// Gives the workers that were sent `sig` [`SIGNAL_GRACE`] to exit on their own; a second
-    /// signal to the launcher (even one that came before this wait began) ends the wait at once.
+    /// Gives the workers that were sent `sig` [`SIGNAL_GRACE`] to exit on their own. A second
+    /// signal to the launcher (even one that came before this wait began) is forwarded as `sig`
+    /// again, which a worker takes as "stop now" (another signal it would only note, as it does
+    /// a launcher's duplicate), and leaves them [`GRACE`] to do so.
     fn wait_after_signal(&mut self, sig: i32) {
-        let deadline = Instant::now() + SIGNAL_GRACE;
+        let mut deadline = Instant::now() + SIGNAL_GRACE;
+        let mut repeated = false;
         eprintln!(
             "ddprun: {} sent to the workers; waiting up to {} s for them to stop (again to stop them at once)",
             signals::name(sig),
             SIGNAL_GRACE.as_secs()
         );
-        while Instant::now() < deadline && signals::count() < 2 {
+        while Instant::now() < deadline {
             self.reap();
             if self.workers.iter().all(|w| w.exit.is_some()) {
                 return;
+            }
+            if !repeated && signals::count() >= 2 {
+                self.signal_all(sig);
+                repeated = true;
+                deadline = Instant::now() + GRACE;
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -122,6 +122,36 @@ pub struct StartPlan {
     pub claim: Claim,
 }
 
+/// Checks that every rank decided the same start (`starts[r]`: rank r's
+/// [`StartPlan::describe`]). Each rank plans from the files it sees; a folder that changes while
+/// the job starts (a previous job's rank still saving, a shared file system showing nodes
+/// different listings) could otherwise send the ranks to different checkpoints.
+pub fn check_same_start(starts: &[String], output: &Path) -> Result<()> {
+    let Some(first) = starts.first() else {
+        return Ok(());
+    };
+    if starts.iter().all(|s| s == first) {
+        return Ok(());
+    }
+    let each: Vec<String> = starts
+        .iter()
+        .enumerate()
+        .map(|(r, s)| format!("rank {r}: {s}"))
+        .collect();
+    Err(start_error(
+        format!(
+            "the ranks chose different starting points ({})",
+            each.join("; ")
+        ),
+        &format!(
+            "{} changed while the job started, or the ranks see different files in it: make sure \
+             no other job writes there (and that every node sees the same folder), then start \
+             again",
+            output.display()
+        ),
+    ))
+}
+
 fn start_error(reason: String, hint: &str) -> Error {
     Error::Start {
         reason,
@@ -299,6 +329,21 @@ impl StartPlan {
         }
     }
 
+    /// The starting point in words, the same on every rank that decided the same start:
+    /// `a fresh adapter`, `the adapter in DIR`, `checkpoint DIR (step N of run R)`.
+    pub fn describe(&self) -> String {
+        match &self.start {
+            Start::Fresh => "a fresh adapter".into(),
+            Start::Adapter { dir, .. } => format!("the adapter in {}", dir.display()),
+            Start::Checkpoint { dir, state, .. } => format!(
+                "checkpoint {} (step {} of run {})",
+                dir.display(),
+                state.step,
+                state.run_id
+            ),
+        }
+    }
+
     /// A resumed run needs the checkpoint's number of processes (the saved data position
     /// counts micro-batches per rank).
     pub fn check_world_size(&self, world_size: usize) -> Result<()> {
@@ -416,6 +461,28 @@ mod tests {
     use crate::config::cli::resolve_args;
     use crate::config::section;
     use crate::step::schedule::LrSchedule;
+
+    #[test]
+    fn ranks_that_chose_different_starts_are_named() {
+        let config = TrainConfig::default();
+        let resumed = checkpoint(&config).describe();
+        assert_eq!(resumed, "checkpoint out/step-20 (step 20 of run run-1)");
+        let fresh = StartPlan {
+            start: Start::Fresh,
+            claim: Claim::New { overwrite: false },
+        }
+        .describe();
+        let out = Path::new("out");
+        check_same_start(&[resumed.clone(), resumed.clone()], out).unwrap();
+        let msg = check_same_start(&[resumed.clone(), fresh], out)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains(&format!("rank 0: {resumed}; rank 1: a fresh adapter"))
+                && msg.contains("out changed while the job started"),
+            "{msg}"
+        );
+    }
 
     fn checkpoint(config: &TrainConfig) -> StartPlan {
         let mut adapter = LoraConfig::new(

@@ -151,6 +151,10 @@ fn holds_data(dir: &Path) -> Result<bool> {
     Ok(metrics || !complete_checkpoints(dir)?.is_empty())
 }
 
+/// The way on when a continued run's --output holds another run.
+const CONTINUE_ELSEWHERE: &str = "continue into the folder of the run you resume, or into a new \
+                                  --output";
+
 /// How the run about to start relates to the folder's contents.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
@@ -176,9 +180,17 @@ pub fn claim(dir: &Path, claim: &Claim, fresh: RunRecord) -> Result<RunRecord> {
     let record = match claim {
         Claim::New { overwrite } => {
             if holds_data(dir)? && !overwrite {
+                let hint = if complete_checkpoints(dir)?.is_empty() {
+                    "it has no complete checkpoint to continue from: replace it with \
+                     --overwrite-output (deletes its metrics), or choose another --output"
+                } else {
+                    "continue that run with --resume latest, replace it with --overwrite-output \
+                     (deletes its checkpoints and metrics), or choose another --output"
+                };
                 return Err(Error::OutputTaken {
                     dir: dir.to_path_buf(),
                     what: describe(dir, existing.as_ref())?,
+                    hint: hint.into(),
                 });
             }
             {
@@ -202,6 +214,7 @@ pub fn claim(dir: &Path, claim: &Claim, fresh: RunRecord) -> Result<RunRecord> {
                         "{} (you are continuing {run_id})",
                         describe(dir, Some(other))?
                     ),
+                    hint: CONTINUE_ELSEWHERE.into(),
                 });
             }
             let foreign: Vec<String> = complete_checkpoints(dir)?
@@ -216,6 +229,7 @@ pub fn claim(dir: &Path, claim: &Claim, fresh: RunRecord) -> Result<RunRecord> {
                         "checkpoints of another run: {} (you are continuing {run_id})",
                         foreign.join(", ")
                     ),
+                    hint: CONTINUE_ELSEWHERE.into(),
                 });
             }
             match existing {
@@ -246,7 +260,7 @@ fn describe(dir: &Path, record: Option<&RunRecord>) -> Result<String> {
         None => "the outputs of an earlier run".into(),
     };
     Ok(match names.as_slice() {
-        [] => run,
+        [] => format!("{run}, its metrics and no complete checkpoint"),
         [first, .., last] if names.len() > 5 => format!(
             "{run} with {} checkpoints, {first} first and {last} last",
             names.len()
@@ -307,6 +321,18 @@ mod tests {
         let empty = tmp("record-only");
         claim(&empty, &Claim::New { overwrite: false }, first.clone()).unwrap();
         claim(&empty, &Claim::New { overwrite: false }, second.clone()).unwrap();
+        // Metrics without a complete checkpoint (a crash during the first save): nothing to
+        // continue, so the hint offers only replacing it.
+        std::fs::write(empty.join("metrics.jsonl"), "{}\n").unwrap();
+        let msg = claim(&empty, &Claim::New { overwrite: false }, first.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("its metrics and no complete checkpoint")
+                && msg.contains("no complete checkpoint to continue from")
+                && !msg.contains("--resume"),
+            "{msg}"
+        );
         std::fs::remove_dir_all(&empty).unwrap();
         let msg = claim(&dir, &Claim::New { overwrite: false }, second.clone())
             .unwrap_err()

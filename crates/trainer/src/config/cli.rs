@@ -199,18 +199,21 @@ pub fn error_text(e: &anyhow::Error) -> String {
 /// How a binary ends: success, or one `error: …` line on stderr (the error and its causes,
 /// [`error_text`], `prefix` first, e.g. `[rank 1] `) and a failure exit code. The backtrace is
 /// added only when asked for twice: `RUST_BACKTRACE` set and `G4FT_DEBUG=1` (an ordinary error is
-/// not a crash).
+/// not a crash). A stderr that is gone (the launcher that read it was killed) still gives the
+/// failure exit code, not a panic.
 pub fn exit_code(prefix: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
+    use std::io::Write;
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             let debug = std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0")
                 && std::env::var("G4FT_DEBUG").is_ok_and(|v| v == "1");
-            if debug {
-                eprintln!("{prefix}error: {e:?}");
+            let text = if debug {
+                format!("{e:?}")
             } else {
-                eprintln!("{prefix}error: {}", error_text(&e));
-            }
+                error_text(&e)
+            };
+            let _ = writeln!(std::io::stderr(), "{prefix}error: {text}");
             std::process::ExitCode::FAILURE
         }
     }
