@@ -52,7 +52,9 @@ use g4ft::trainer::config::ResolvedConfig;
 use g4ft::trainer::config::{LabelsKind, Origin, ReportTo};
 use g4ft::trainer::metrics::memory::{self, MemProbe};
 use g4ft::trainer::metrics::tensorboard::EventWriter;
-use g4ft::trainer::metrics::{truncate_metrics, MetricsLogger, MfuSpec, StepStats};
+use g4ft::trainer::metrics::{
+    snapshot_metrics, truncate_metrics, MetricsLogger, MfuSpec, StepStats, METRICS_FILE,
+};
 use g4ft::trainer::step::clip::{clip_coef, grad_norm};
 use g4ft::trainer::step::nonfinite::{decide, stop_error, StepDecision};
 use g4ft::trainer::step::optim::{AdamW, AdamWParams};
@@ -137,7 +139,7 @@ fn going_on(output: &Path, run_id: &str) -> Option<String> {
             c.dir.display(),
             c.marker.step
         )),
-        Ok(None) if output.join("metrics.jsonl").exists() => Some(
+        Ok(None) if output.join(METRICS_FILE).exists() => Some(
             "this run saved no checkpoint; once the cause is fixed, start it again with \
              --overwrite-output"
                 .into(),
@@ -333,7 +335,13 @@ fn train_in_group(
     let mut logger = if is_main {
         let splits = [("train", Some(&loader)), ("eval", eval_loader.as_ref())];
         Some(open_logger(
-            cfg, device, &model, &splits, run_steps, world_size, pos.step,
+            cfg,
+            device,
+            &model,
+            &splits,
+            run_steps,
+            world_size,
+            &start.plan.start,
         )?)
     } else {
         None
@@ -819,8 +827,8 @@ fn resume_from(
 }
 
 /// Rank 0's metrics: the step log (with MFU against --peak-tflops, else the data-sheet peak of
-/// a known GPU; none on the CPU), metrics.jsonl kept up to the resumed step, the loss plot,
-/// TensorBoard events if asked, and each data split's report.
+/// a known GPU; none on the CPU), metrics.jsonl made the history of the checkpoint the run
+/// starts `from`, the loss plot, TensorBoard events if asked, and each data split's report.
 fn open_logger(
     cfg: &TrainConfig,
     device: &Device,
@@ -828,8 +836,12 @@ fn open_logger(
     splits: &[(&str, Option<&DataLoader>)],
     run_steps: u64,
     world_size: usize,
-    step: u64,
+    from: &resume::Start,
 ) -> Result<MetricsLogger> {
+    let (resumed_step, resumed) = match from {
+        resume::Start::Checkpoint { dir, state, .. } => (state.step, Some(dir.as_path())),
+        _ => (0, None),
+    };
     let peak = cfg
         .peak_tflops
         .or_else(|| g4ft_trainer::metrics::mfu::device_peak_tflops(device));
@@ -837,14 +849,14 @@ fn open_logger(
         model: step::flops_model(model),
         peak_tflops,
     });
-    let jsonl = cfg.output.join("metrics.jsonl");
-    let history = truncate_metrics(&jsonl, step)?;
+    let jsonl = cfg.output.join(METRICS_FILE);
+    let history = truncate_metrics(&jsonl, resumed_step, resumed)?;
     let title = format!("{} LoRA, world {world_size}", cfg.model);
     let mut logger = MetricsLogger::new(run_steps, world_size, Some(&jsonl), mfu, true)?
         .with_history(history)
         .with_plot(&cfg.output.join("loss.svg"), &title);
     if cfg.report_to == ReportTo::Tensorboard {
-        let events = EventWriter::create(&cfg.output.join("tensorboard"), step)?;
+        let events = EventWriter::create(&cfg.output.join("tensorboard"), resumed_step)?;
         println!("tensorboard: {}", events.path().display());
         logger = logger.with_tensorboard(events);
     }
@@ -1070,6 +1082,7 @@ impl Checkpointer<'_> {
             write_checkpoint_atomic(&cfg.output, name, pos.step, run_id, |dir| {
                 lora::save_adapter(dir, lora_cfg, model.projections())?;
                 state.save(dir, &opt.state_tensors())?;
+                snapshot_metrics(&cfg.output.join(METRICS_FILE), dir, pos.step)?;
                 Ok(())
             })?;
             if let Some(keep) = cfg.save_total_limit {

@@ -117,13 +117,10 @@ fn resumed_run_matches_an_uninterrupted_one_bit_for_bit() {
     let out = run_ok(1, &args_with(&part, &resume), &[]);
     assert!(out.contains("resumed from"), "{out}");
 
+    // The resumed folder's metrics: the checkpoint's history (steps 1-5), then its own steps.
     let (lf, lp) = (losses(&full), losses(&part));
     assert_eq!(lf.len(), 12);
-    let after: BTreeMap<u64, (f64, f64)> = lf.into_iter().filter(|(s, _)| *s > 5).collect();
-    assert_eq!(
-        after, lp,
-        "per-step (loss, grad norm) after the resume differ"
-    );
+    assert_eq!(lf, lp, "per-step (loss, grad norm) after the resume differ");
     assert_eq!(
         adapter(&full.join("epoch-1")),
         adapter(&part.join("epoch-1")),
@@ -234,6 +231,39 @@ fn resuming_an_earlier_checkpoint_makes_its_saves_the_newest() {
         (latest.marker.name.as_str(), latest.marker.step),
         ("step-4", 4)
     );
+}
+
+#[test]
+fn a_checkpoint_resumes_with_the_metrics_history_it_continues() {
+    // Five steps, a checkpoint after each; a branch from step-2 with another learning rate
+    // rewrites steps 3 and 4; resuming step-5 then brings back its own steps 3-5.
+    let out = tmp("branches");
+    let mut first = SMALL_STEP.to_vec();
+    first.extend(["--max-steps", "5", "--save-every", "1"]);
+    run_ok(1, &args_with(&out, &first), &[]);
+    let original = losses(&out);
+    let mut branch = SMALL_STEP.to_vec();
+    let step2 = out.join("step-2").display().to_string();
+    branch.extend(["--max-steps", "4", "--resume", &step2]);
+    let mut branch = args_with(&out, &branch);
+    let lr = branch.iter().position(|a| a == "--lr").unwrap();
+    branch[lr + 1] = "0.05".into();
+    run_ok(1, &branch, &[]);
+    let branched = losses(&out);
+    assert_eq!(branched.keys().copied().collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert_ne!(branched[&4], original[&4], "the branch trains otherwise");
+    let mut back = SMALL_STEP.to_vec();
+    let step5 = out.join("step-5").display().to_string();
+    back.extend(["--max-steps", "6", "--resume", &step5]);
+    run_ok(1, &args_with(&out, &back), &[]);
+    let after = losses(&out);
+    assert_eq!(
+        after.keys().copied().collect::<Vec<_>>(),
+        (1..=6).collect::<Vec<_>>()
+    );
+    for step in 1..=5 {
+        assert_eq!(after[&step], original[&step], "step {step}");
+    }
 }
 
 #[test]

@@ -134,24 +134,25 @@ pub struct History {
     pub eval: Vec<(u64, f64)>,
 }
 
-/// Keeps the train and eval lines of the metrics file `path` up to optimizer step `step` (the
-/// step a run resumes from; 0 for a fresh start) and drops the rest (later steps a resumed run
-/// repeats, summaries), rewriting the file atomically. Returns the kept curves. A missing file
-/// is an empty history.
-pub fn truncate_metrics(path: &Path, step: u64) -> Result<History> {
-    let io = |source| Error::MetricsIo {
-        path: path.to_path_buf(),
-        source,
-    };
+/// The metrics file of a run's output folder, and the copy of its history each checkpoint keeps.
+pub const METRICS_FILE: &str = "metrics.jsonl";
+
+/// The train and eval lines of the metrics file `path` up to optimizer step `step`, and their
+/// curves; a missing file has none. Lines cut by a crash, or not ours, are left out.
+fn history_up_to(path: &Path, step: u64) -> Result<(String, History)> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(History::default()),
-        Err(e) => return Err(io(e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
+        Err(source) => {
+            return Err(Error::MetricsIo {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
     };
     let mut kept = String::new();
     let mut history = History::default();
     for line in text.lines() {
-        // A line cut by a crash, or not ours, is dropped with the rest of what is not kept.
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
@@ -169,10 +170,36 @@ pub fn truncate_metrics(path: &Path, step: u64) -> Result<History> {
             kept.push('\n');
         }
     }
+    Ok((kept, history))
+}
+
+/// Writes into checkpoint folder `dir` the history it continues: the train and eval lines of the
+/// run's metrics file `metrics` up to `step`. A resume from the checkpoint restores them
+/// ([`truncate_metrics`]), whatever other branches of the run wrote since.
+pub fn snapshot_metrics(metrics: &Path, dir: &Path, step: u64) -> Result<()> {
+    let (kept, _) = history_up_to(metrics, step)?;
+    let path = dir.join(METRICS_FILE);
+    std::fs::write(&path, kept).map_err(|source| Error::MetricsIo { path, source })
+}
+
+/// Makes the metrics file `path` the history of the run up to optimizer step `step` (the step a
+/// run resumes from; 0 for a fresh start), rewriting it atomically, and returns its curves. The
+/// history is that of `checkpoint` when it keeps one ([`snapshot_metrics`]): a run resumed from
+/// an earlier checkpoint may have replaced the later steps' lines since. Otherwise it is the
+/// lines of `path` up to `step` (later steps a resumed run repeats and summaries are dropped). A
+/// missing file is an empty history.
+pub fn truncate_metrics(path: &Path, step: u64, checkpoint: Option<&Path>) -> Result<History> {
+    let kept_by_checkpoint = checkpoint
+        .map(|dir| dir.join(METRICS_FILE))
+        .filter(|p| p.is_file());
+    let (kept, history) = history_up_to(kept_by_checkpoint.as_deref().unwrap_or(path), step)?;
     let tmp = path.with_extension("jsonl.tmp");
     std::fs::write(&tmp, kept)
         .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(io)?;
+        .map_err(|source| Error::MetricsIo {
+            path: path.to_path_buf(),
+            source,
+        })?;
     Ok(history)
 }
 

@@ -19,13 +19,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{complete_checkpoints, remove_stale_temporaries, sync_path};
 use crate::error::{Error, Result};
+use crate::metrics::METRICS_FILE;
 
 /// The run record in the output folder.
 pub const RUN_FILE: &str = "run.json";
 /// The lock file in the output folder (its text names the holder).
 pub const LOCK_FILE: &str = ".lock";
 /// Files a run writes besides its checkpoints (what `--overwrite-output` removes with them).
-pub const RUN_OUTPUTS: [&str; 4] = [RUN_FILE, "metrics.jsonl", "loss.svg", "tensorboard"];
+pub const RUN_OUTPUTS: [&str; 4] = [RUN_FILE, METRICS_FILE, "loss.svg", "tensorboard"];
 
 /// Contents of [`RUN_FILE`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,7 +148,7 @@ pub fn previous_outputs(dir: &Path) -> Result<Vec<PathBuf>> {
 /// Whether `dir` holds something of a run worth keeping: a complete checkpoint, or metrics. (A
 /// record alone is what a run that failed while starting leaves.)
 fn holds_data(dir: &Path) -> Result<bool> {
-    let metrics = std::fs::metadata(dir.join("metrics.jsonl")).is_ok_and(|m| m.len() > 0);
+    let metrics = std::fs::metadata(dir.join(METRICS_FILE)).is_ok_and(|m| m.len() > 0);
     Ok(metrics || !complete_checkpoints(dir)?.is_empty())
 }
 
