@@ -41,7 +41,7 @@ use g4ft::lora::{self, LoraConfig, ParamReport, TargetModules};
 use g4ft::trainer::checkpoint::resume::{self, Launch, StartPlan};
 use g4ft::trainer::checkpoint::run_dir::{self, OutputLock, RunRecord};
 use g4ft::trainer::checkpoint::state::{
-    config_fingerprint, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
+    config_fingerprint, math_settings, RngState, SamplerPosition, TrainerState, STATE_FORMAT,
 };
 use g4ft::trainer::checkpoint::{
     complete_checkpoints, damaged_checkpoints, latest_checkpoint_of_run, prune_checkpoints,
@@ -80,8 +80,8 @@ enum RunEnd {
     Stopped(i32),
 }
 
-/// After the first stop signal, the same signal again at least this long after it ends the
-/// process at once: a terminal and a launcher delivering one Ctrl-C twice do so sooner.
+/// After the first stop signal, a second one at least this long after it ends the process at
+/// once: a terminal and a launcher delivering one Ctrl-C twice do so sooner.
 const STOP_AT_ONCE_AFTER: Duration = Duration::from_secs(1);
 
 fn train(matches: &ArgMatches, prefix: &str) -> Result<RunEnd> {
@@ -174,7 +174,11 @@ fn train_in_group(
     let (rank, world_size) = (group.rank(), group.world_size());
     let is_main = rank == 0;
     start.plan.check_world_size(world_size)?;
-    let starts = group.all_gather_object(&start.plan.describe())?;
+    // Every rank must run the same training from the same start: a node launched with other
+    // flags, or one that saw other files, is an error before anything is loaded.
+    let mine = (math_settings(cfg), start.plan.describe());
+    let (settings, starts): (Vec<_>, Vec<_>) = group.all_gather_object(&mine)?.into_iter().unzip();
+    resume::check_same_settings(&settings)?;
     resume::check_same_start(&starts, &cfg.output)?;
     // What the device could allocate before the model is loaded: --recompute auto's default budget.
     let free_at_start = memory::free_memory(device, group.env().local_world_size);
@@ -358,7 +362,7 @@ fn train_in_group(
     };
     // SIGINT, SIGTERM or SIGHUP (Ctrl-C, a launcher, a scheduler's preemption) stops the run at
     // the next step boundary, where every rank learns of it from the step's first all-reduce
-    // and rank 0 saves a checkpoint; the same signal again ends the process at once.
+    // and rank 0 saves a checkpoint; a second signal ends the process at once.
     signals::install(signals::Catch {
         notice: is_main.then(|| {
             format!(
@@ -367,6 +371,12 @@ fn train_in_group(
             )
         }),
         exit_on_repeat_after: Some(STOP_AT_ONCE_AFTER),
+        exit_notice: is_main.then(|| {
+            format!(
+                "{prefix}a second signal: stopping at once; a checkpoint being written is left \
+                 incomplete, and --resume latest continues from the last complete one"
+            )
+        }),
     });
     let first_step = pos.step;
     let (mut last_saved, mut last_eval): (Option<(u64, String)>, _) = (None, None);

@@ -658,6 +658,34 @@ fn a_signal_during_the_final_evaluation_ends_a_complete_run() {
 }
 
 #[test]
+fn ranks_started_with_other_settings_stop_before_training() {
+    // Rank 1 as a second node's launcher started with another --micro-batch would run it.
+    let out = tmp("other-settings");
+    let args = args_with(&out, &SMALL_STEP);
+    let ranks = spawn_ranks_with(
+        2,
+        |rank| {
+            let mut mine = args.clone();
+            if rank == 1 {
+                let i = mine.iter().position(|a| a == "--micro-batch").unwrap();
+                mine[i + 1] = "2".into();
+            }
+            mine
+        },
+        &[],
+    );
+    for (r, o) in wait_all(ranks).iter().enumerate() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "rank {r}: {err}");
+        assert!(
+            err.contains("started with different settings (micro_batch: 1 on rank 0, 2 on rank 1)"),
+            "rank {r}: {err}"
+        );
+    }
+    assert!(!out.exists(), "nothing was written");
+}
+
+#[test]
 fn invalid_json_line_is_a_clean_error_on_every_rank() {
     let dir = tmp("bad");
     std::fs::create_dir_all(&dir).unwrap();

@@ -87,6 +87,15 @@ pub fn run(world: usize, args: &[String], env: &[(&str, &str)]) -> Vec<Output> {
 
 /// Starts `world` ranks of train_ddp with `args` (and extra environment), their output piped.
 pub fn spawn_ranks(world: usize, args: &[String], env: &[(&str, &str)]) -> Vec<Child> {
+    spawn_ranks_with(world, |_| args.to_vec(), env)
+}
+
+/// [`spawn_ranks`] with each rank's own arguments, `args_of(rank)`.
+pub fn spawn_ranks_with(
+    world: usize,
+    args_of: impl Fn(usize) -> Vec<String>,
+    env: &[(&str, &str)],
+) -> Vec<Child> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -95,7 +104,7 @@ pub fn spawn_ranks(world: usize, args: &[String], env: &[(&str, &str)]) -> Vec<C
     (0..world)
         .map(|rank| {
             let mut c = Command::new(train_ddp());
-            c.args(args)
+            c.args(args_of(rank))
                 .current_dir(ROOT)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());

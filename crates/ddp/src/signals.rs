@@ -3,7 +3,7 @@
 //! [`Catch`] asks it to print a line on the first or to end the process on a repeat.
 //!
 //! `ddprun` forwards what it catches to its workers and gives them time to stop; `train_ddp`
-//! stops at the next step boundary with a checkpoint and ends at once on a repeat.
+//! stops at the next step boundary with a checkpoint and ends at once on a second signal.
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -18,10 +18,14 @@ pub struct Catch {
     /// A line written to stderr on the first signal, `{signal}` in it replaced by the signal's
     /// name.
     pub notice: Option<String>,
-    /// The same signal again at least this long after the first ends the process at once with
-    /// exit code 128 + the signal (sooner, it is taken for the same request delivered twice, as
-    /// a terminal and a launcher both do).
+    /// A second stop signal (the same again, or the SIGTERM with which torchrun passes on a
+    /// second Ctrl-C) at least this long after the first ends the process at once with exit
+    /// code 128 + the first signal (sooner, it is taken for the same request delivered twice, as
+    /// a terminal and a launcher both do, or a launcher's own stop right behind the signal it
+    /// forwarded).
     pub exit_on_repeat_after: Option<Duration>,
+    /// A line written to stderr when a second signal ends the process.
+    pub exit_notice: Option<String>,
 }
 
 static FIRST: AtomicI32 = AtomicI32::new(0);
@@ -31,6 +35,8 @@ static FIRST_AT_NS: AtomicU64 = AtomicU64::new(0);
 static REPEAT_NS: AtomicU64 = AtomicU64::new(0);
 /// The notice of each signal of [`STOP_SIGNALS`], formatted before the handler can run.
 static NOTICES: OnceLock<[Vec<u8>; 3]> = OnceLock::new();
+/// [`Catch::exit_notice`], formatted before the handler can run.
+static EXIT_NOTICE: OnceLock<Vec<u8>> = OnceLock::new();
 
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -61,12 +67,13 @@ extern "C" fn on_signal(sig: libc::c_int) {
         return;
     }
     let repeat = REPEAT_NS.load(Ordering::SeqCst);
-    if repeat > 0
-        && FIRST.load(Ordering::SeqCst) == sig
-        && now.saturating_sub(FIRST_AT_NS.load(Ordering::SeqCst)) >= repeat
-    {
+    if repeat > 0 && now.saturating_sub(FIRST_AT_NS.load(Ordering::SeqCst)) >= repeat {
+        if let Some(text) = EXIT_NOTICE.get() {
+            // SAFETY: write(2) is async-signal-safe; the buffer lives in a static.
+            unsafe { libc::write(2, text.as_ptr().cast(), text.len()) };
+        }
         // SAFETY: _exit is async-signal-safe; ending the process here is what was asked.
-        unsafe { libc::_exit(128 + sig) };
+        unsafe { libc::_exit(128 + FIRST.load(Ordering::SeqCst)) };
     }
 }
 
@@ -78,6 +85,9 @@ pub fn install(catch: Catch) {
             STOP_SIGNALS
                 .map(|s| format!("{}\n", notice.replace("{signal}", &name(s))).into_bytes()),
         );
+    }
+    if let Some(text) = &catch.exit_notice {
+        let _ = EXIT_NOTICE.set(format!("{text}\n").into_bytes());
     }
     if let Some(after) = catch.exit_on_repeat_after {
         let _ = REPEAT_NS.compare_exchange(
@@ -158,6 +168,7 @@ mod tests {
         install(Catch {
             notice: Some("caught {signal}".into()),
             exit_on_repeat_after: Some(REPEAT_AFTER),
+            exit_notice: Some("ending now".into()),
         });
         let raise = |sig| {
             // SAFETY: raise(3) on this process, whose handler is installed above.
@@ -173,6 +184,9 @@ mod tests {
             "repeat-at-once" => raise(libc::SIGINT),
             "another-later" => {
                 pause();
+                raise(libc::SIGTERM);
+            }
+            "another-at-once" => {
                 raise(libc::SIGTERM);
                 assert_eq!(received(), Some(libc::SIGINT));
             }
@@ -212,11 +226,15 @@ mod tests {
         let (code, err) = run_child(test, "once");
         assert_eq!(code, Some(11), "{err}");
         assert_eq!(err.matches("caught SIGINT").count(), 1, "{err}");
-        // The same signal again after the delay: the process ends as the signal would end it.
+        // A second signal after the delay, the same or another (torchrun passes a second Ctrl-C
+        // on as SIGTERM): the process ends as the first signal would end it.
         let (code, err) = run_child(test, "repeat-later");
         assert_eq!(code, Some(128 + libc::SIGINT), "{err}");
-        // Sooner, it is the same request delivered twice; another signal is counted only.
+        assert!(err.ends_with("ending now\n"), "{err}");
+        let (code, err) = run_child(test, "another-later");
+        assert_eq!(code, Some(128 + libc::SIGINT), "{err}");
+        // Sooner, it is the same request delivered twice: counted only.
         assert_eq!(run_child(test, "repeat-at-once").0, Some(12));
-        assert_eq!(run_child(test, "another-later").0, Some(12));
+        assert_eq!(run_child(test, "another-at-once").0, Some(12));
     }
 }

@@ -152,6 +152,49 @@ pub fn check_same_start(starts: &[String], output: &Path) -> Result<()> {
     ))
 }
 
+/// Settings whose values are paths: a node may reach the same model or data through another
+/// mount, so they are not compared across ranks.
+const PATH_SETTINGS: [&str; 3] = ["model", "data", "eval_data"];
+
+/// Checks that every rank runs the same training (`settings[r]`: rank r's
+/// [`crate::checkpoint::state::math_settings`]; paths left out). A launcher or node started with
+/// other flags would otherwise train with another batch layout, seed or schedule than its peers,
+/// and only the end-of-run parameter check, if anything, would notice.
+pub fn check_same_settings(settings: &[Vec<(String, String)>]) -> Result<()> {
+    let Some(first) = settings.first() else {
+        return Ok(());
+    };
+    let mut differences = Vec::new();
+    for (i, (name, value)) in first.iter().enumerate() {
+        if PATH_SETTINGS.contains(&name.as_str()) {
+            continue;
+        }
+        let others: Vec<String> = settings
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter_map(|(r, rows)| {
+                let theirs = rows.get(i).map_or("<missing>", |(_, v)| v.as_str());
+                (theirs != value).then(|| format!("{theirs} on rank {r}"))
+            })
+            .collect();
+        if !others.is_empty() {
+            differences.push(format!("{name}: {value} on rank 0, {}", others.join(", ")));
+        }
+    }
+    if differences.is_empty() {
+        return Ok(());
+    }
+    Err(start_error(
+        format!(
+            "the ranks were started with different settings ({})",
+            differences.join("; ")
+        ),
+        "start every launcher (every node) with the same command: the same flags, config file \
+         and environment",
+    ))
+}
+
 fn start_error(reason: String, hint: &str) -> Error {
     Error::Start {
         reason,
@@ -461,6 +504,27 @@ mod tests {
     use crate::config::cli::resolve_args;
     use crate::config::section;
     use crate::step::schedule::LrSchedule;
+
+    #[test]
+    fn ranks_started_with_other_settings_are_named() {
+        let rows = |micro: &str, data: &str| {
+            vec![
+                ("data".to_string(), data.to_string()),
+                ("micro_batch".to_string(), micro.to_string()),
+                ("seed".to_string(), "42".to_string()),
+            ]
+        };
+        // Paths may differ between nodes.
+        check_same_settings(&[rows("2", "/a/d.jsonl"), rows("2", "/b/d.jsonl")]).unwrap();
+        let msg = check_same_settings(&[rows("2", "d"), rows("2", "d"), rows("1", "d")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("different settings (micro_batch: 2 on rank 0, 1 on rank 2)")
+                && msg.contains("the same command"),
+            "{msg}"
+        );
+    }
 
     #[test]
     fn ranks_that_chose_different_starts_are_named() {

@@ -75,19 +75,26 @@ pub struct TrainerState {
     pub config: TrainConfig,
 }
 
-/// Stable hash (FNV-1a, 64 bit, hex) of the settings that affect the math: every setting whose
-/// [`ResumeRule`] is not free run control. Equal fingerprints mean the same training.
-pub fn config_fingerprint(config: &TrainConfig) -> String {
+/// The settings that affect the math, as `(name, value)` rows: every setting whose
+/// [`ResumeRule`] is not free run control.
+pub fn math_settings(config: &TrainConfig) -> Vec<(String, String)> {
     let math: Vec<String> = settings()
         .into_iter()
         .filter(|s| !matches!(s.resume_rule(), ResumeRule::Free | ResumeRule::NotInherited))
         .map(|s| s.name)
         .collect();
+    config
+        .rows()
+        .into_iter()
+        .filter(|(k, _)| math.contains(k))
+        .collect()
+}
+
+/// Stable hash (FNV-1a, 64 bit, hex) of [`math_settings`]. Equal fingerprints mean the same
+/// training.
+pub fn config_fingerprint(config: &TrainConfig) -> String {
     let mut h = Fnv1a64::default();
-    for (k, v) in config.rows() {
-        if !math.contains(&k) {
-            continue;
-        }
+    for (k, v) in math_settings(config) {
         h.update(format!("{k}={v}\n").as_bytes());
     }
     format!("{:016x}", h.finish())
