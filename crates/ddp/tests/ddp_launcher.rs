@@ -97,6 +97,30 @@ fn restart_increments_restart_count() {
 }
 
 #[test]
+fn a_worker_stopped_by_a_signal_stops_the_job_without_a_restart() {
+    // Rank 1 is sent SIGTERM (as by a scheduler) and stops at once; rank 0, as a trainer saving
+    // the step's checkpoint, takes longer than the 3 s a failed job's workers get.
+    let o = sh(
+        &[
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+        ],
+        "if [ $RANK = 1 ]; then exit 143; fi; sleep 4; echo saved; exit 143",
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(143), "{t}");
+    assert!(
+        t.contains("[rank 0] saved")
+            && t.contains("the workers stopped on SIGTERM sent to one of them; not restarting")
+            && !t.contains("restarting all workers"),
+        "{t}"
+    );
+}
+
+#[test]
 fn two_nodes_on_loopback() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -78,6 +78,13 @@ pub fn run(args: &Args) -> Result<i32> {
                 return Ok(0);
             }
             Outcome::Signal(sig) => return Ok(128 + sig),
+            Outcome::Stopped(sig) => {
+                eprintln!(
+                    "ddprun: the workers stopped on {} sent to one of them; not restarting",
+                    signals::name(sig)
+                );
+                return Ok(128 + sig);
+            }
             Outcome::Failed(why) => {
                 eprintln!("ddprun: {why}");
                 if attempt < args.max_restarts {

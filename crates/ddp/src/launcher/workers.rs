@@ -31,6 +31,17 @@ pub enum Outcome {
     Failed(String),
     /// The launcher got this signal; workers were given it and have exited.
     Signal(i32),
+    /// A worker (here or on another node) was sent this stop signal and exited with 128 + it,
+    /// as a training worker does once the job has stopped at a step with its checkpoint; the
+    /// others were given time to do the same. Not a failure: nothing is restarted.
+    Stopped(i32),
+}
+
+/// The stop signal whose 128 + number `code` is, if any.
+fn stop_signal_of(code: i32) -> Option<i32> {
+    signals::STOP_SIGNALS
+        .into_iter()
+        .find(|&sig| code == 128 + sig)
 }
 
 /// The torchrun environment of every local worker of `attempt` (rank-specific variables are added
@@ -129,6 +140,7 @@ impl WorkerSet {
     /// published for the other nodes), or a signal arrived (forwarded, then workers stopped).
     pub fn monitor(&mut self, store: &mut StoreClient, ns: &str, l: &Layout) -> Result<Outcome> {
         let failed_key = format!("{ns}/failed");
+        let stopped_key = format!("{ns}/stopped");
         let mut last_check = Instant::now();
         loop {
             if let Some(sig) = signals::received() {
@@ -137,7 +149,7 @@ impl WorkerSet {
                 self.stop();
                 return Ok(Outcome::Signal(sig));
             }
-            let mut failure = None;
+            let (mut failure, mut stopped) = (None, None);
             for w in &mut self.workers {
                 if w.exit.is_none() {
                     if let Some(status) = w
@@ -145,9 +157,16 @@ impl WorkerSet {
                         .try_wait()
                         .map_err(|e| DdpError::io("wait for worker", e))?
                     {
-                        let code = status.code().unwrap_or_else(|| 128 + signal_of(&status));
+                        // A worker killed by a signal has no exit code; it did not stop on its
+                        // own terms, so it counts as failed.
+                        let (code, stop) = match status.code() {
+                            Some(code) => (code, stop_signal_of(code)),
+                            None => (128 + signal_of(&status), None),
+                        };
                         w.exit = Some(code);
-                        if code != 0 && failure.is_none() {
+                        if let Some(sig) = stop {
+                            stopped = stopped.or(Some(sig));
+                        } else if code != 0 && failure.is_none() {
                             failure = Some(format!(
                                 "worker rank {} (node {}, local rank {}) exited with code {code}; stopping the other workers",
                                 w.rank, l.node_rank, w.local_rank
@@ -155,6 +174,12 @@ impl WorkerSet {
                         }
                     }
                 }
+            }
+            if let (None, Some(sig)) = (&failure, stopped) {
+                if let Err(e) = store.set(&stopped_key, sig.to_string().as_bytes()) {
+                    eprintln!("ddprun: could not tell the other nodes that the job stopped: {e}");
+                }
+                return Ok(self.stopped_by(sig));
             }
             if let Some(why) = failure {
                 self.stop();
@@ -174,9 +199,26 @@ impl WorkerSet {
                     self.stop();
                     return Ok(Outcome::Failed(format!("another node failed: {why}")));
                 }
+                if store.check(&[&stopped_key])? {
+                    let sig = String::from_utf8_lossy(&store.get(&stopped_key)?).parse();
+                    return Ok(self.stopped_by(sig.unwrap_or(libc::SIGTERM)));
+                }
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// A worker stopped on `sig` (here or on another node): the others stop at the same step
+    /// boundary, and get [`SIGNAL_GRACE`] to do so (rank 0 may be saving the checkpoint) before
+    /// they are stopped.
+    fn stopped_by(&mut self, sig: i32) -> Outcome {
+        let deadline = Instant::now() + SIGNAL_GRACE;
+        while Instant::now() < deadline && self.workers.iter().any(|w| w.exit.is_none()) {
+            self.reap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.stop();
+        Outcome::Stopped(sig)
     }
 
     /// Gives the workers that were sent `sig` [`SIGNAL_GRACE`] to exit on their own. A second
