@@ -121,6 +121,52 @@ fn a_worker_stopped_by_a_signal_stops_the_job_without_a_restart() {
 }
 
 #[test]
+fn nodes_with_different_worker_counts_are_an_error_at_the_rendezvous() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let ep = format!("127.0.0.1:{port}");
+    let node = |rank: &str, nproc: &str| {
+        Command::new(DDPRUN)
+            .args([
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                nproc,
+                "--node-rank",
+                rank,
+            ])
+            .args([
+                "--rdzv-endpoint",
+                &ep,
+                "--rdzv-id",
+                "job2",
+                "--rdzv-timeout",
+                "20",
+            ])
+            .args(["--", "sh", "-c", "echo started"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn ddprun")
+    };
+    let (a, b) = (node("0", "1"), node("1", "2"));
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let (ta, tb) = (text(&a), text(&b));
+    // Node 0 says why; node 1 says so too, unless node 0's store went first.
+    assert!(
+        ta.contains("the nodes run different numbers of workers (node 0: 1, node 1: 2)"),
+        "{ta}"
+    );
+    for (o, t) in [(&a, &ta), (&b, &tb)] {
+        assert_eq!(o.status.code(), Some(1), "{t}");
+        assert!(!t.contains("started"), "{t}");
+    }
+}
+
+#[test]
 fn two_nodes_on_loopback() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

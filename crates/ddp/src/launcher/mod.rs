@@ -72,7 +72,7 @@ pub fn run(args: &Args) -> Result<i32> {
                 } else {
                     store.set(
                         &format!("{ns}/attempt_{attempt}/done/{}", layout.node_rank),
-                        b"1",
+                        NodeEntry::of(&layout).to_string().as_bytes(),
                     )?;
                 }
                 return Ok(0);
@@ -201,6 +201,75 @@ fn connect(l: &Layout, timeout: Duration) -> Result<Option<StoreClient>> {
     }
 }
 
+/// What each launcher writes at a node barrier: its workers per node and who it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NodeEntry {
+    nproc: usize,
+    /// `pid P on HOST`.
+    launcher: String,
+}
+
+impl std::fmt::Display for NodeEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.nproc, self.launcher)
+    }
+}
+
+impl NodeEntry {
+    /// This launcher's entry.
+    fn of(l: &Layout) -> NodeEntry {
+        NodeEntry {
+            nproc: l.nproc,
+            launcher: g4ft_wait::this_process(),
+        }
+    }
+
+    fn parse(bytes: &[u8]) -> NodeEntry {
+        let text = String::from_utf8_lossy(bytes);
+        let (nproc, launcher) = text
+            .split_once(' ')
+            .unwrap_or((&text, "an unknown launcher"));
+        NodeEntry {
+            nproc: nproc.parse().unwrap_or(0),
+            launcher: launcher.to_string(),
+        }
+    }
+}
+
+/// The launchers at a barrier (`entries[n]`: node n's) must be one per node rank (the entry
+/// under this node's rank is still `mine`) and run as many workers each (ranks are numbered
+/// node by node).
+fn check_nodes(entries: &[NodeEntry], mine: &NodeEntry, node_rank: usize) -> Result<()> {
+    if entries.get(node_rank) != Some(mine) {
+        let theirs = entries.get(node_rank).map_or("", |e| e.launcher.as_str());
+        return Err(DdpError::Env {
+            var: "--node-rank".into(),
+            value: node_rank.to_string(),
+            reason: format!(
+                "the launcher {theirs} was started with the same node rank; give each \
+                 launcher its own --node-rank (0 to --nnodes - 1)"
+            ),
+        });
+    }
+    if entries.iter().any(|e| e.nproc != mine.nproc) {
+        let each: Vec<String> = entries
+            .iter()
+            .enumerate()
+            .map(|(n, e)| format!("node {n}: {}", e.nproc))
+            .collect();
+        return Err(DdpError::Env {
+            var: "--nproc-per-node".into(),
+            value: mine.nproc.to_string(),
+            reason: format!(
+                "the nodes run different numbers of workers ({}); ddprun needs the same on every \
+                 node",
+                each.join(", ")
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// All nodes set `<ns>/<what>/<node>` and wait for each other's key, in one-second waits so
 /// that a signal stops it (returns the exit code) and on [`note_schedule`] a line names the nodes
 /// still missing.
@@ -211,7 +280,11 @@ fn node_barrier(
     l: &Layout,
     timeout: Duration,
 ) -> Result<Option<i32>> {
-    store.set(&format!("{ns}/{what}/{}", l.node_rank), b"1")?;
+    let mine = NodeEntry::of(l);
+    store.set(
+        &format!("{ns}/{what}/{}", l.node_rank),
+        mine.to_string().as_bytes(),
+    )?;
     let keys: Vec<String> = (0..l.nnodes).map(|n| format!("{ns}/{what}/{n}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let start = Instant::now();
@@ -221,7 +294,14 @@ fn node_barrier(
             return Ok(Some(interrupted(&format!("the other nodes at {what}"))));
         }
         match store.wait(&refs, Duration::from_secs(1)) {
-            Ok(()) => return Ok(None),
+            Ok(()) => {
+                let entries = keys
+                    .iter()
+                    .map(|k| Ok(NodeEntry::parse(&store.get(k)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                check_nodes(&entries, &mine, l.node_rank)?;
+                return Ok(None);
+            }
             Err(DdpError::StoreTimeout { keys: missing, .. }) => {
                 let nodes: Vec<String> = missing
                     .iter()
