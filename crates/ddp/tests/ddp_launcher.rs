@@ -167,6 +167,21 @@ fn nodes_with_different_worker_counts_are_an_error_at_the_rendezvous() {
 }
 
 #[test]
+fn workers_die_with_a_killed_launcher() {
+    let mut launcher = Watched::start(&["--standalone"], "echo pid $$; sleep 60", true);
+    launcher.wait_for("pid ", Duration::from_secs(20));
+    let line = launcher.seen.iter().find(|l| l.contains("pid ")).unwrap();
+    let pid = line.rsplit(' ').next().unwrap().to_string();
+    launcher.signal(libc::SIGKILL);
+    let _ = launcher.finish();
+    let gone = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    });
+    assert!(gone, "worker {pid} outlived its launcher");
+}
+
+#[test]
 fn two_nodes_on_loopback() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -84,6 +84,29 @@ struct Worker {
     pumps: Vec<JoinHandle<()>>,
 }
 
+/// Makes the worker `cmd` starts die with the launcher (Linux's parent-death signal, SIGKILL):
+/// a launcher killed without a chance to stop its workers would otherwise leave them training
+/// on, unseen, while the other nodes wait for them. Workers are started from the launcher's main
+/// thread, whose end is the process's.
+fn die_with_launcher(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getpid(2) before the fork; prctl(2), getppid(2) and _exit(2) in the child are
+    // async-signal-safe, as code between fork and exec must be.
+    let launcher = unsafe { libc::getpid() };
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher may have died before the signal was armed.
+            if libc::getppid() != launcher {
+                libc::_exit(128 + libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The local workers of one attempt.
 pub struct WorkerSet {
     workers: Vec<Worker>,
@@ -107,6 +130,7 @@ impl WorkerSet {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .process_group(0);
+            die_with_launcher(&mut cmd);
             let mut child = match cmd.spawn() {
                 Ok(c) => c,
                 Err(e) => {
