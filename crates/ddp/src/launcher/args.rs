@@ -24,9 +24,10 @@ pub struct Args {
     /// Number of nodes (`N` or `N:N`).
     #[arg(long, default_value = "1")]
     pub nnodes: String,
-    /// This node's rank (node 0 hosts the store).
-    #[arg(long = "node-rank", visible_alias = "node_rank", default_value_t = 0)]
-    pub node_rank: usize,
+    /// This node's rank (node 0 hosts the store); each launcher of a multi-node job needs its
+    /// own, as ddprun does not assign them.
+    #[arg(long = "node-rank", visible_alias = "node_rank")]
+    pub node_rank: Option<usize>,
     /// `HOST:PORT` of the rendezvous store.
     #[arg(long = "rdzv-endpoint", visible_alias = "rdzv_endpoint")]
     pub rdzv_endpoint: Option<String>,
@@ -131,13 +132,39 @@ impl Args {
                 "elastic ranges are not supported; expected a fixed N >= 1",
             ));
         }
-        if self.node_rank >= lo {
+        if self.node_rank() >= lo {
             return Err(bad(&format!(
                 "--node-rank {} must be < --nnodes",
-                self.node_rank
+                self.node_rank()
             )));
         }
+        if lo > 1 && self.node_rank.is_none() {
+            return Err(DdpError::Env {
+                var: "--node-rank".into(),
+                value: "unset".into(),
+                reason: format!(
+                    "a job of {lo} nodes needs each launcher's own --node-rank, 0 to {} (node \
+                     0 hosts the store at --rdzv-endpoint); ddprun does not assign them",
+                    lo - 1
+                ),
+            });
+        }
+        if lo > 1 && self.max_restarts > 0 && self.rdzv_id == "none" {
+            return Err(DdpError::Env {
+                var: "--rdzv-id".into(),
+                value: self.rdzv_id.clone(),
+                reason: "--max-restarts on several nodes needs the job's id, the same on every \
+                         node, so that a restarted node can tell its job's checkpoints from \
+                         another job's"
+                    .into(),
+            });
+        }
         Ok(lo)
+    }
+
+    /// This node's rank (0 when `--node-rank` is not given, as on a single node).
+    pub fn node_rank(&self) -> usize {
+        self.node_rank.unwrap_or(0)
     }
 }
 
@@ -203,6 +230,31 @@ mod tests {
         assert_eq!(b.command, vec!["prog", "--flag"]);
         let c = Args::try_parse_from(["ddprun", "--nnodes", "1:4", "prog"]).unwrap();
         assert!(c.nnodes().unwrap_err().to_string().contains("elastic"));
+    }
+
+    #[test]
+    fn several_nodes_need_node_ranks_and_restarts_a_job_id() {
+        let nodes = |flags: &[&str]| {
+            let mut argv = vec!["ddprun", "--nnodes", "2"];
+            argv.extend(flags);
+            argv.push("prog");
+            Args::try_parse_from(argv).unwrap().nnodes()
+        };
+        let err = nodes(&[]).unwrap_err().to_string();
+        assert!(
+            err.contains("--node-rank") && err.contains("0 to 1"),
+            "{err}"
+        );
+        assert_eq!(nodes(&["--node-rank", "0"]).unwrap(), 2);
+        let err = nodes(&["--node-rank", "1", "--max-restarts", "1"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--rdzv-id"), "{err}");
+        let restartable = ["--node-rank", "1", "--max-restarts", "1", "--rdzv-id", "j"];
+        assert_eq!(nodes(&restartable).unwrap(), 2);
+        // One node needs neither.
+        let one = Args::try_parse_from(["ddprun", "--max-restarts", "1", "prog"]).unwrap();
+        assert_eq!((one.nnodes().unwrap(), one.node_rank()), (1, 0));
     }
 
     #[test]

@@ -119,7 +119,7 @@ fn rendezvous_setup(args: &Args) -> Result<(Layout, Option<StoreServer>)> {
             .unwrap_or_else(|| "127.0.0.1".into());
         (addr, args.master_port.unwrap_or(29500))
     };
-    let node_rank = args.node_rank;
+    let node_rank = args.node_rank();
     let bind_host = if host == "127.0.0.1" || host == "localhost" {
         "127.0.0.1"
     } else {
