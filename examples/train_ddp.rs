@@ -121,7 +121,11 @@ fn train(matches: &ArgMatches, prefix: &str) -> Result<RunEnd> {
             let follows_peer = DdpError::chain_may_follow_peer_exit(e.as_ref());
             let linger = FAILURE_LINGER.min(timeout);
             let mut text = cli::error_text(&e);
-            if let Some(hint) = start.claimed.get().and_then(|id| going_on(&cfg.output, id)) {
+            // Rank 0 says how the run goes on; rank 1 too when it follows a peer's failure,
+            // which may be rank 0's death.
+            let speaks = group.rank() == 0 || (group.rank() == 1 && follows_peer);
+            let hint = start.claimed.get().and_then(|id| going_on(&cfg.output, id));
+            if let Some(hint) = hint.filter(|_| speaks) {
                 text.push_str(&format!("\n  hint: {hint}"));
             }
             Err(anyhow!(group.fail(&text, follows_peer, linger)))
@@ -157,7 +161,7 @@ struct Start<'a> {
     launch: &'a Launch,
     /// Settings a resumed run changes, `name old → new (origin)`.
     changes: &'a [String],
-    /// The run's id once rank 0 holds the output folder (set on rank 0 only).
+    /// The run's id, once rank 0 holds the output folder and has told every rank.
     claimed: OnceCell<String>,
 }
 
@@ -191,9 +195,9 @@ fn train_in_group(
         None
     };
     let run_id = run.as_ref().map_or("", |(_, r)| r.run_id.as_str());
-    if is_main {
-        let _ = start.claimed.set(run_id.to_string());
-    }
+    let _ = start
+        .claimed
+        .set(group.broadcast_object(&run_id.to_string(), 0)?);
     if is_main {
         println!("{}", resolved.table());
         println!("run {run_id} in {}", cfg.output.display());
