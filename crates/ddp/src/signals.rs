@@ -143,14 +143,24 @@ pub fn flagged(flags: &[f64]) -> Option<i32> {
         .find_map(|(sig, &ranks)| (ranks > 0.0).then_some(sig))
 }
 
-/// The signal's name (`SIGINT`), or its number for one not in [`STOP_SIGNALS`].
+/// The signal's name (`SIGINT`): the stop signals and those that end a crashed or killed
+/// process; `signal N` for others.
 pub fn name(sig: i32) -> String {
-    match sig {
-        libc::SIGINT => "SIGINT".into(),
-        libc::SIGTERM => "SIGTERM".into(),
-        libc::SIGHUP => "SIGHUP".into(),
-        s => format!("signal {s}"),
-    }
+    let known = match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGILL => "SIGILL",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGQUIT => "SIGQUIT",
+        s => return format!("signal {s}"),
+    };
+    known.into()
 }
 
 #[cfg(test)]

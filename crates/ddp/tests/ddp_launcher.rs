@@ -51,6 +51,20 @@ fn failed_worker_stops_the_others_and_fails_the_launch() {
 }
 
 #[test]
+fn a_killed_worker_is_named_with_its_signal() {
+    let o = sh(
+        &["--standalone", "--nproc-per-node", "2"],
+        "if [ $RANK = 1 ]; then kill -KILL $$; fi; sleep 30",
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("worker rank 1 (node 0, local rank 1) was killed by SIGKILL"),
+        "{t}"
+    );
+}
+
+#[test]
 fn output_held_open_by_a_workers_background_process_does_not_hold_the_launcher() {
     let t0 = std::time::Instant::now();
     let o = sh(&["--standalone"], "sleep 9 & echo started");

@@ -183,16 +183,27 @@ impl WorkerSet {
                     {
                         // A worker killed by a signal has no exit code; it did not stop on its
                         // own terms, so it counts as failed.
-                        let (code, stop) = match status.code() {
-                            Some(code) => (code, stop_signal_of(code)),
-                            None => (128 + signal_of(&status), None),
+                        let (code, stop, how) = match status.code() {
+                            Some(code) => (
+                                code,
+                                stop_signal_of(code),
+                                format!("exited with code {code}"),
+                            ),
+                            None => {
+                                let sig = signal_of(&status);
+                                (
+                                    128 + sig,
+                                    None,
+                                    format!("was killed by {}", signals::name(sig)),
+                                )
+                            }
                         };
                         w.exit = Some(code);
                         if let Some(sig) = stop {
                             stopped = stopped.or(Some(sig));
                         } else if code != 0 && failure.is_none() {
                             failure = Some(format!(
-                                "worker rank {} (node {}, local rank {}) exited with code {code}; stopping the other workers",
+                                "worker rank {} (node {}, local rank {}) {how}; stopping the other workers",
                                 w.rank, l.node_rank, w.local_rank
                             ));
                         }
