@@ -393,6 +393,37 @@ fn a_launcher_waiting_for_another_node_says_so_and_stops_on_a_signal() {
 }
 
 #[test]
+fn a_store_that_never_comes_up_is_an_error_after_the_rendezvous_timeout() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let ep = format!("127.0.0.1:{port}");
+    let o = sh(
+        &[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--rdzv-endpoint",
+            &ep,
+            "--rdzv-timeout",
+            "2",
+        ],
+        "echo ran",
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("not reachable for 2 s (--rdzv-timeout): node 0's launcher hosts it")
+            && !t.contains("retried for")
+            && !t.contains("ran"),
+        "{t}"
+    );
+}
+
+#[test]
 fn a_rendezvous_that_never_completes_times_out_naming_the_node() {
     let t0 = std::time::Instant::now();
     let o = sh(

@@ -184,6 +184,20 @@ fn connect(l: &Layout, timeout: Duration) -> Result<Option<StoreClient>> {
             Ok(_) => {
                 return StoreClient::connect(&l.master_addr, l.master_port, "", timeout).map(Some)
             }
+            Err(DdpError::Store { addr, reason, .. }) if start.elapsed() >= timeout => {
+                // The last one-second attempt's own words without its retry note.
+                let last = reason.split(" (retried").next().unwrap_or_default();
+                return Err(DdpError::Store {
+                    addr,
+                    op: "connect",
+                    key: String::new(),
+                    reason: format!(
+                        "{last}; not reachable for {} s (--rdzv-timeout): node 0's launcher \
+                         hosts it; is it running, with this --rdzv-endpoint?",
+                        timeout.as_secs()
+                    ),
+                });
+            }
             Err(e) if start.elapsed() >= timeout => return Err(e),
             Err(_) => {}
         }
