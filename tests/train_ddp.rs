@@ -444,50 +444,39 @@ fn a_signal_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint() {
     );
 }
 
-#[test]
-fn a_run_that_loses_rank_0_names_its_last_checkpoint_on_rank_1() {
+/// Two ranks saving every 2 steps of a long run; `victim` is killed once step 3 is logged. The
+/// other rank must fail, naming the run's last complete checkpoint and `--resume latest`.
+fn the_survivor_names_the_last_checkpoint(name: &str, victim: usize) {
     let mut flags = [&SMALL_STEP[..], &["--save-every", "2"]].concat();
     flags.extend(["--max-steps", "100000"]);
-    let out = tmp("lost-rank-0");
+    let out = tmp(name);
     let mut ranks = spawn_ranks(2, &args_with(&out, &flags), &[]);
     let mut lines = Lines::of(&mut ranks[0]);
     lines.wait_for(|l| step_of(l).is_some_and(|n| n >= 3), &mut ranks);
-    ranks[0].kill().unwrap();
+    ranks[victim].kill().unwrap();
     let outs = wait_all(ranks);
     let _ = lines.finish();
-    let err1 = String::from_utf8_lossy(&outs[1].stderr);
-    assert!(!outs[1].status.success(), "{err1}");
+    let survivor = &outs[1 - victim];
+    let err = String::from_utf8_lossy(&survivor.stderr);
+    assert!(!survivor.status.success(), "{err}");
     let last = checkpoints(&out).last().cloned().expect("a checkpoint");
     assert!(
-        err1.contains(&format!(
+        err.contains(&format!(
             "hint: this run's last complete checkpoint is {} (step ",
             out.join(&last).display()
-        )),
-        "{err1}"
+        )) && err.contains("--resume latest continues from it"),
+        "{err}"
     );
 }
 
 #[test]
 fn a_run_that_loses_a_rank_names_its_last_checkpoint_and_how_to_go_on() {
-    let mut flags = [&SMALL_STEP[..], &["--save-every", "2"]].concat();
-    flags.extend(["--max-steps", "100000"]);
-    let out = tmp("lost-rank");
-    let mut ranks = spawn_ranks(2, &args_with(&out, &flags), &[]);
-    let mut lines = Lines::of(&mut ranks[0]);
-    lines.wait_for(|l| step_of(l).is_some_and(|n| n >= 3), &mut ranks);
-    ranks[1].kill().unwrap();
-    let outs = wait_all(ranks);
-    let log = lines.finish().join("\n");
-    assert!(!outs[0].status.success(), "{log}");
-    let err0 = String::from_utf8_lossy(&outs[0].stderr);
-    let last = checkpoints(&out).last().cloned().expect("a checkpoint");
-    assert!(
-        err0.contains(&format!(
-            "hint: this run's last complete checkpoint is {} (step ",
-            out.join(&last).display()
-        )) && err0.contains("--resume latest continues from it"),
-        "{err0}"
-    );
+    the_survivor_names_the_last_checkpoint("lost-rank", 1);
+}
+
+#[test]
+fn a_run_that_loses_rank_0_names_its_last_checkpoint_on_rank_1() {
+    the_survivor_names_the_last_checkpoint("lost-rank-0", 0);
 }
 
 #[test]

@@ -5,6 +5,15 @@ use common::*;
 use std::process::Command;
 use std::time::Duration;
 
+/// A loopback port free at the time of the call, for a store nobody else hosts.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 fn sh(launcher: &[&str], script: &str) -> std::process::Output {
     Command::new(DDPRUN)
         .args(launcher)
@@ -136,12 +145,7 @@ fn a_worker_stopped_by_a_signal_stops_the_job_without_a_restart() {
 
 #[test]
 fn nodes_with_different_worker_counts_are_an_error_at_the_rendezvous() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let ep = format!("127.0.0.1:{port}");
+    let ep = format!("127.0.0.1:{}", free_port());
     let node = |rank: &str, nproc: &str| {
         Command::new(DDPRUN)
             .args([
@@ -197,12 +201,7 @@ fn workers_die_with_a_killed_launcher() {
 
 #[test]
 fn two_nodes_on_loopback() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let ep = format!("127.0.0.1:{port}");
+    let ep = format!("127.0.0.1:{}", free_port());
     let node = |rank: &str| {
         Command::new(DDPRUN)
             .args([
@@ -362,12 +361,7 @@ fn interrupt_waiting(args: &[&str], note: &str, sig: i32) -> (Option<i32>, Strin
 
 #[test]
 fn a_launcher_waiting_for_another_node_says_so_and_stops_on_a_signal() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let ep = format!("127.0.0.1:{port}");
+    let ep = format!("127.0.0.1:{}", free_port());
     // Node 0 hosts the store and waits for node 1, which never starts.
     let (code, err) = interrupt_waiting(
         &["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", &ep],
@@ -394,12 +388,7 @@ fn a_launcher_waiting_for_another_node_says_so_and_stops_on_a_signal() {
 
 #[test]
 fn a_store_that_never_comes_up_is_an_error_after_the_rendezvous_timeout() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let ep = format!("127.0.0.1:{port}");
+    let ep = format!("127.0.0.1:{}", free_port());
     let o = sh(
         &[
             "--nnodes",
@@ -450,11 +439,7 @@ fn a_rendezvous_that_never_completes_times_out_naming_the_node() {
 
 #[test]
 fn a_rank_waiting_for_rank_0s_store_says_so() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     // Rank 1 of 2 without rank 0: the store it should connect to never comes up.
     let o = Command::new(WORKER)
         .arg("collectives")
