@@ -134,7 +134,8 @@ fn train(matches: &ArgMatches, prefix: &str) -> Result<RunEnd> {
 }
 
 /// How a run that failed after rank 0 claimed the output folder for run `run_id` goes on: from
-/// its last complete checkpoint, or, when it saved none but left metrics, over again.
+/// its last complete checkpoint, or, when it saved none but logged steps (which make a plain
+/// rerun refuse the folder), over again.
 fn going_on(output: &Path, run_id: &str) -> Option<String> {
     match latest_checkpoint_of_run(output, run_id) {
         Ok(Some(c)) => Some(format!(
@@ -143,11 +144,13 @@ fn going_on(output: &Path, run_id: &str) -> Option<String> {
             c.dir.display(),
             c.marker.step
         )),
-        Ok(None) if output.join(METRICS_FILE).exists() => Some(
-            "this run saved no checkpoint; once the cause is fixed, start it again with \
+        Ok(None) if std::fs::metadata(output.join(METRICS_FILE)).is_ok_and(|m| m.len() > 0) => {
+            Some(
+                "this run saved no checkpoint; once the cause is fixed, start it again with \
              --overwrite-output"
-                .into(),
-        ),
+                    .into(),
+            )
+        }
         _ => None,
     }
 }
