@@ -122,6 +122,16 @@ pub enum DataError {
         /// What was found.
         reason: String,
     },
+    /// A data file that is not readable as a whole (a JSON array that does not parse).
+    #[error("{path}:{line}: {reason}")]
+    BadFile {
+        /// The data file.
+        path: PathBuf,
+        /// 1-based line where reading stopped (0: the file as a whole).
+        line: u64,
+        /// What is wrong.
+        reason: String,
+    },
     /// A Parquet file could not be read (its footer, schema, a page or its compression).
     #[error("{path}: parquet: {msg}")]
     Parquet {

@@ -1,6 +1,9 @@
-//! Data files as streams of raw rows with their location: JSONL (one JSON object per line) or
-//! Parquet (as Hugging Face `datasets` exports it: one column per field, nested lists and
-//! structs), recognised by the Parquet magic bytes `PAR1`.
+//! Data files as streams of raw rows with their location: JSONL (one JSON object per line), a
+//! JSON array of row objects (what `json.dump(rows)` and `Dataset.to_json(lines=False)` write),
+//! or Parquet (as Hugging Face `datasets` exports it: one column per field, nested lists and
+//! structs). The kind is read from the content, not the name: the Parquet magic bytes `PAR1`,
+//! gzip's and zstd's magic bytes (the JSON is decompressed on the fly), then a leading UTF-8 byte
+//! order mark is skipped and a first `[` makes the file an array.
 //!
 //! JSONL lines are bounded in size before they are parsed: a line longer than `max_line_bytes`
 //! is skipped through without being held in memory and reported as a bad row. Parquet rows are
@@ -47,42 +50,122 @@ pub enum RawRow {
 pub enum Source {
     /// A JSONL file.
     Jsonl(JsonlRows),
+    /// A JSON array of rows.
+    JsonArray(ArrayRows),
     /// A Parquet file.
     Parquet(ParquetRows),
 }
 
+/// A JSON text stream: the file itself or its decompressed content.
+type TextStream = BufReader<Box<dyn Read + Send>>;
+
 impl Source {
-    /// Opens `path` as Parquet when it starts with `PAR1`, else as JSONL.
+    /// Opens `path` by its content (see the module doc).
     pub fn open(path: &Path, max_line_bytes: usize) -> Result<Self> {
-        let mut file = File::open(path).map_err(|e| DataError::io(path, e))?;
-        let mut magic = [0u8; 4];
-        let n = file.read(&mut magic).map_err(|e| DataError::io(path, e))?;
-        if n == 4 && &magic == b"PAR1" {
+        let io = |e| DataError::io(path, e);
+        let mut magic = Vec::with_capacity(4);
+        File::open(path)
+            .and_then(|f| f.take(4).read_to_end(&mut magic))
+            .map_err(io)?;
+        if magic == b"PAR1" {
             return ParquetRows::open(path).map(Source::Parquet);
         }
-        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let file = File::open(path).map_err(io)?;
+        let content: Box<dyn Read + Send> = match magic.as_slice() {
+            [0x1f, 0x8b, ..] => Box::new(flate2::read::MultiGzDecoder::new(file)),
+            [0x28, 0xb5, 0x2f, 0xfd] => Box::new(zstd::Decoder::new(file).map_err(io)?),
+            _ => Box::new(file),
+        };
+        let mut reader = BufReader::with_capacity(1 << 20, content);
+        let head = reader.fill_buf().map_err(io)?;
+        let bom = head.starts_with(b"\xef\xbb\xbf");
+        let is_array = head[if bom { 3 } else { 0 }..]
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            == Some(&b'[');
+        if bom {
+            reader.consume(3);
+        }
+        if is_array {
+            return ArrayRows::read(path, reader).map(Source::JsonArray);
+        }
         Ok(Source::Jsonl(JsonlRows {
             path: path.to_path_buf(),
-            reader: BufReader::with_capacity(1 << 20, file),
+            reader,
             line: 0,
             max_line_bytes,
         }))
     }
 
     /// The next row and its location; `None` at the end. File-level failures (I/O, a corrupt
-    /// Parquet page) are errors.
+    /// Parquet page or compressed stream) are errors.
     pub fn next_row(&mut self) -> Result<Option<(Location, RawRow)>> {
         match self {
             Source::Jsonl(j) => j.next_row(),
+            Source::JsonArray(a) => Ok(a.rows.next()),
             Source::Parquet(p) => p.next_row(),
         }
+    }
+}
+
+/// The elements of a JSON array file, each as its JSON text, located by the line it starts on.
+/// The whole file is read at once (as `datasets` reads such a file).
+pub struct ArrayRows {
+    rows: std::vec::IntoIter<(Location, RawRow)>,
+}
+
+impl ArrayRows {
+    fn read(path: &Path, mut reader: TextStream) -> Result<Self> {
+        let mut text = String::new();
+        reader.read_to_string(&mut text).map_err(|e| {
+            let what = if e.kind() == std::io::ErrorKind::InvalidData {
+                "a JSON array file must be UTF-8 text".to_string()
+            } else {
+                e.to_string()
+            };
+            DataError::BadFile {
+                path: path.to_path_buf(),
+                line: 0,
+                reason: what,
+            }
+        })?;
+        let elements: Vec<&serde_json::value::RawValue> =
+            serde_json::from_str(&text).map_err(|e| DataError::BadFile {
+                path: path.to_path_buf(),
+                line: e.line() as u64,
+                reason: format!(
+                    "a file that starts with `[` is read as one JSON array of rows: {e}"
+                ),
+            })?;
+        let start = text.as_ptr() as usize;
+        let mut line = 1u64;
+        let mut counted = 0usize;
+        let rows: Vec<(Location, RawRow)> = elements
+            .iter()
+            .map(|raw| {
+                let at = raw.get().as_ptr() as usize - start;
+                line += text.as_bytes()[counted..at]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count() as u64;
+                counted = at;
+                let loc = Location {
+                    line,
+                    row_group: None,
+                };
+                (loc, RawRow::Json(raw.get().to_string()))
+            })
+            .collect();
+        Ok(ArrayRows {
+            rows: rows.into_iter(),
+        })
     }
 }
 
 /// Bounded line reader of a JSONL file; blank lines are skipped.
 pub struct JsonlRows {
     path: PathBuf,
-    reader: BufReader<File>,
+    reader: TextStream,
     line: u64,
     max_line_bytes: usize,
 }
@@ -206,17 +289,28 @@ impl ParquetRows {
             line: index + 1,
             row_group: Some(group),
         };
-        let value = Value::from_iter(
-            row.get_column_iter()
-                .map(|(name, field)| (name.clone(), field_value(field))),
-        );
-        Ok(Some((loc, RawRow::Value(value))))
+        let value = row
+            .get_column_iter()
+            .map(|(name, field)| Ok((name.clone(), field_value(field)?)))
+            .collect::<std::result::Result<Vec<_>, String>>();
+        let raw = match value {
+            Ok(fields) => RawRow::Value(Value::from_iter(fields)),
+            Err(why) => RawRow::Bad(RowError::new(SkipReason::InvalidUtf8, why)),
+        };
+        Ok(Some((loc, raw)))
     }
 }
 
-/// A Parquet field as the value Python's `datasets` would hand a template.
-fn field_value(f: &Field) -> Value {
-    match f {
+/// A Parquet field as the value Python's `datasets` would hand a template; binary data that is
+/// not UTF-8 text is an error (its bytes would otherwise be trained as a list of numbers).
+fn field_value(f: &Field) -> std::result::Result<Value, String> {
+    let group = |row: &parquet::record::Row| {
+        row.get_column_iter()
+            .map(|(name, field)| Ok((name.clone(), field_value(field)?)))
+            .collect::<std::result::Result<Vec<_>, String>>()
+            .map(Value::from_iter)
+    };
+    Ok(match f {
         Field::Null => Value::from(()),
         Field::Bool(b) => Value::from(*b),
         Field::Byte(x) => Value::from(*x),
@@ -231,21 +325,31 @@ fn field_value(f: &Field) -> Value {
         Field::Float(x) => Value::from(f64::from(*x)),
         Field::Double(x) => Value::from(*x),
         Field::Str(s) => Value::from(s.as_str()),
-        Field::Group(row) => Value::from_iter(
-            row.get_column_iter()
-                .map(|(name, field)| (name.clone(), field_value(field))),
+        // A string column written without its UTF-8 annotation
+        Field::Bytes(b) => match std::str::from_utf8(b.data()) {
+            Ok(s) => Value::from(s),
+            Err(e) => {
+                return Err(format!(
+                    "a binary column holds bytes that are not UTF-8 text ({e})"
+                ))
+            }
+        },
+        Field::Group(row) => group(row)?,
+        Field::ListInternal(list) => Value::from(
+            list.elements()
+                .iter()
+                .map(field_value)
+                .collect::<std::result::Result<Vec<_>, String>>()?,
         ),
-        Field::ListInternal(list) => {
-            Value::from(list.elements().iter().map(field_value).collect::<Vec<_>>())
-        }
         Field::MapInternal(map) => Value::from_iter(
             map.entries()
                 .iter()
-                .map(|(k, v)| (field_value(k), field_value(v))),
+                .map(|(k, v)| Ok((field_value(k)?, field_value(v)?)))
+                .collect::<std::result::Result<Vec<_>, String>>()?,
         ),
-        // Bytes, decimals, dates and times: their text (no chat or token column has them)
+        // Decimals, dates and times: their text (no chat or token column has them)
         other => Value::from(other.to_string()),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -288,3 +288,118 @@ fn a_given_format_wins_over_detection() {
         .unwrap();
     assert_eq!(words, "<bos>plain words<turn|>");
 }
+
+/// Every sample of `ds` (ids and labels).
+fn samples(ds: &TokenDataset) -> Vec<(Vec<u32>, Vec<i32>)> {
+    (0..ds.len())
+        .map(|i| {
+            let s = ds.sample(i).unwrap();
+            (s.input_ids, s.labels)
+        })
+        .collect()
+}
+
+#[test]
+fn every_parquet_codec_reads_the_same_rows() {
+    let enc = Encoder::from_model_dir(&tools_dir()).unwrap();
+    let dir = common::scratch("fmt-parquet-codecs");
+    let o = opts(&dir, LabelMode::AssistantOnly);
+    let want = samples(&open(&parquet("chat.parquet"), Some(&enc), &o).unwrap());
+    assert_eq!(want.len(), 6);
+    for codec in ["zstd", "gzip", "lz4", "brotli"] {
+        let name = format!("chat_{codec}.parquet");
+        let got = open(&parquet(&name), Some(&enc), &o).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(samples(&got), want, "{name}");
+    }
+}
+
+#[test]
+fn a_binary_text_column_is_text_and_bytes_that_are_not_utf8_are_a_bad_row() {
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("fmt-parquet-binary");
+    let path = parquet("text_binary.parquet");
+    let err = open(&path, Some(&enc), &opts(&dir, LabelMode::Auto)).unwrap_err();
+    assert!(
+        err.contains(
+            "text_binary.parquet: row 3 (row group 0): a binary column holds bytes that are not \
+             UTF-8 text"
+        ),
+        "{err}"
+    );
+    let mut o = opts(&dir, LabelMode::Auto);
+    o.prepare.skip_bad_lines = true;
+    let ds = open(&path, Some(&enc), &o).unwrap();
+    assert_eq!(ds.len(), 2);
+    let text = enc
+        .tokenizer()
+        .decode(&ds.sample(1).unwrap().input_ids, true)
+        .unwrap();
+    assert!(text.contains("café au lait"), "{text}");
+}
+
+#[test]
+fn json_files_as_people_save_them_read_like_the_jsonl() {
+    use std::io::Write;
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("fmt-json-shapes");
+    let o = opts(&dir, LabelMode::AssistantOnly);
+    let jsonl = std::fs::read_to_string(common::repo().join("assets/sample/chat.jsonl")).unwrap();
+    let lines: Vec<&str> = jsonl.lines().take(12).collect();
+    let plain = dir.join("plain.jsonl");
+    std::fs::write(&plain, lines.join("\n")).unwrap();
+    let want = samples(&open(&plain, Some(&enc), &o).unwrap());
+    assert_eq!(want.len(), 12);
+    let rows: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(lines.join("\n").as_bytes()).unwrap();
+    let variants: [(&str, Vec<u8>); 5] = [
+        (
+            "bom_crlf.jsonl",
+            format!("\u{feff}{}\r\n", lines.join("\r\n")).into_bytes(),
+        ),
+        ("array.json", serde_json::to_vec(&rows).unwrap()),
+        (
+            "array_indented.json",
+            serde_json::to_vec_pretty(&rows).unwrap(),
+        ),
+        ("chat.jsonl.gz", gz.finish().unwrap()),
+        (
+            "chat.jsonl.zst",
+            zstd::encode_all(lines.join("\n").as_bytes(), 3).unwrap(),
+        ),
+    ];
+    for (name, bytes) in variants {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let got = open(&path, Some(&enc), &o).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(samples(&got), want, "{name}");
+    }
+    // An array's rows are located by the line they start on; a broken array by where it breaks.
+    let mut bad_rows = rows[..3].to_vec();
+    bad_rows[1] = serde_json::json!({"messages": [{"role": "bot", "content": "x"}]});
+    let bad = dir.join("bad_row.json");
+    std::fs::write(&bad, serde_json::to_vec_pretty(&bad_rows).unwrap()).unwrap();
+    let second_line = 1
+        + serde_json::to_string_pretty(&rows[0])
+            .unwrap()
+            .lines()
+            .count()
+        + 1;
+    let err = open(&bad, Some(&enc), &o).unwrap_err();
+    assert!(
+        err.contains(&format!(
+            "bad_row.json:{second_line}: messages[0].role: unknown role"
+        )),
+        "{err}"
+    );
+    let broken = dir.join("broken.json");
+    std::fs::write(&broken, "[\n  {\"messages\": []},\n  {\"messages\": \n").unwrap();
+    let err = open(&broken, Some(&enc), &o).unwrap_err();
+    assert!(
+        err.contains("broken.json:4: a file that starts with `[` is read as one JSON array"),
+        "{err}"
+    );
+}
