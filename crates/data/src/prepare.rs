@@ -193,13 +193,12 @@ impl PrepareReport {
     }
 }
 
-/// The first row of a file and its location, or `None` for a file without rows.
-fn first_row(path: &Path, max_line_bytes: usize) -> Result<Option<(Location, RawRow)>> {
-    let mut source = Source::open(path, max_line_bytes)?;
-    source.next_row()
-}
+/// How many rows `--skip-bad-lines` lets format detection look through for one it can read.
+const DETECT_ROWS: usize = 100;
 
-/// The format of a file: `opts.format`, else detected from its first row.
+/// The format of a file: `opts.format`, else detected from its first row (with
+/// `opts.skip_bad_lines`, the first of its first [`DETECT_ROWS`] rows that reads as a row of a
+/// known format: the bad ones before it are skipped and reported with the others).
 pub fn detect_format(path: &Path, opts: &PrepareOptions) -> Result<Format> {
     if let Some(f) = opts.format {
         return Ok(f);
@@ -209,15 +208,30 @@ pub fn detect_format(path: &Path, opts: &PrepareOptions) -> Result<Format> {
         line,
         reason,
     };
-    let Some((loc, raw)) = first_row(path, opts.max_line_bytes)? else {
-        return Err(bad(0, "the file has no rows".into()));
-    };
-    let value = match raw {
-        RawRow::Json(text) => rows::parse_json(&text).map_err(|e| bad(loc.line, e.reason))?,
-        RawRow::Value(v) => v,
-        RawRow::Bad(e) => return Err(bad(loc.line, e.reason)),
-    };
-    rows::detect(&value).map_err(|reason| bad(loc.line, reason))
+    let mut source = Source::open(path, opts.max_line_bytes)?;
+    let mut first_failure = None;
+    for _ in 0..if opts.skip_bad_lines { DETECT_ROWS } else { 1 } {
+        let Some((loc, raw)) = source.next_row()? else {
+            break;
+        };
+        let detected = match raw {
+            RawRow::Json(text) => rows::parse_json(&text)
+                .map_err(|e| e.reason)
+                .and_then(|v| rows::detect(&v)),
+            RawRow::Value(v) => rows::detect(&v),
+            RawRow::Bad(e) => Err(e.reason),
+        };
+        match detected {
+            Ok(format) => return Ok(format),
+            Err(reason) => {
+                first_failure.get_or_insert((loc.line, reason));
+            }
+        }
+    }
+    Err(match first_failure {
+        Some((line, reason)) => bad(line, reason),
+        None => bad(0, "the file has no rows".into()),
+    })
 }
 
 /// Encodes every row of `path` and passes `(line, row)` to `sink` in file order, saying every

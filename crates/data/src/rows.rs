@@ -444,6 +444,12 @@ fn sharegpt(v: &Value) -> Result<Vec<Value>, RowError> {
     if turns.is_empty() {
         return Err(RowError::field("conversations: empty conversation (`[]`)"));
     }
+    // `role`/`content` turns under `conversations` (what Unsloth's `standardize_sharegpt` writes
+    // back): chat messages.
+    let first = &turns[0];
+    if non_null(first, "role").is_some() && non_null(first, "from").is_none() {
+        return messages(v, "conversations");
+    }
     turns
         .iter()
         .enumerate()
@@ -456,7 +462,8 @@ fn sharegpt(v: &Value) -> Result<Vec<Value>, RowError> {
                 "system" => "system",
                 other => {
                     return Err(RowError::field(format!(
-                        "{at}.from: unknown speaker {other:?} (expected human, gpt or system)"
+                        "{at}.from: unknown speaker {other:?} (expected human, user, gpt, \
+                         assistant, model or system)"
                     )))
                 }
             };
@@ -793,6 +800,14 @@ mod tests {
         assert!(
             err(r#"{"conversations": [{"from": "gpt"}]}"#).contains("conversations[0]: no `value`")
         );
+        // role/content turns under `conversations` are chat messages
+        let Row::Chat(c) = parse_line(
+            r#"{"conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}"#,
+        )
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!((c.model_turns, c.conversation.messages.len()), (1, Some(2)));
         let Row::Text(t) = parse_line(r#"{"prompt": "p", "completion": "c"}"#).unwrap() else {
             panic!()
         };

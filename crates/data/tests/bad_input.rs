@@ -234,3 +234,31 @@ fn missing_template_is_named() {
         "{err}"
     );
 }
+
+#[test]
+fn a_bad_first_row_is_skipped_like_any_other_when_asked() {
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("bad-first");
+    let path = common::write_jsonl(&dir, "first.jsonl", &["{\"messages\": [", GOOD, GOOD]);
+    let err = TokenDataset::open(
+        &path,
+        Some(&enc),
+        &opts(&dir, false, LabelMode::AssistantOnly, 64),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("first.jsonl:1: cannot detect the data format: invalid JSON"),
+        "{err}"
+    );
+    let ds = TokenDataset::open(
+        &path,
+        Some(&enc),
+        &opts(&dir, true, LabelMode::AssistantOnly, 64),
+    )
+    .unwrap();
+    assert_eq!(ds.len(), 2);
+    let report = ds.report();
+    assert_eq!(report.bad_lines.len(), 1);
+    assert_eq!(report.bad_lines[0].line, 1);
+}
