@@ -197,7 +197,7 @@ impl PrepareReport {
 const DETECT_ROWS: usize = 100;
 
 /// The format of a file: `opts.format`, else detected from its first row (with
-/// `opts.skip_bad_lines`, the first of its first [`DETECT_ROWS`] rows that reads as a row of a
+/// `opts.skip_bad_lines`, the first of its first `DETECT_ROWS` (100) rows that reads as a row of a
 /// known format: the bad ones before it are skipped and reported with the others).
 pub fn detect_format(path: &Path, opts: &PrepareOptions) -> Result<Format> {
     if let Some(f) = opts.format {
