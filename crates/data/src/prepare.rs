@@ -266,7 +266,17 @@ pub fn tokenize_file(
             RawRow::Value(v) => v,
             RawRow::Bad(e) => return Err(e.clone()),
         };
-        let row = rows::parse(value, format, vocab_size)?;
+        let row = rows::parse(value, format, vocab_size).map_err(|mut e| {
+            // A row of another format than the file's (detected from its first readable row).
+            if let Some(other) = rows::detect(value).ok().filter(|&f| f != format) {
+                e.reason = format!(
+                    "{}; this row is a `{other}` row, but the file was read as `{format}` (from \
+                     its first row): keep one format per file, or pass --data-format",
+                    e.reason
+                );
+            }
+            e
+        })?;
         let Some(enc) = encoder else {
             return crate::encoder::encode_tokens(&row, opts.max_len, opts.label_mode);
         };

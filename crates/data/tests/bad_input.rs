@@ -262,3 +262,24 @@ fn a_bad_first_row_is_skipped_like_any_other_when_asked() {
     assert_eq!(report.bad_lines.len(), 1);
     assert_eq!(report.bad_lines[0].line, 1);
 }
+
+#[test]
+fn a_row_of_another_format_than_the_files_says_so() {
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("mixed-formats");
+    let path = common::write_jsonl(&dir, "mixed.jsonl", &[GOOD, r#"{"text": "hello"}"#]);
+    let err = TokenDataset::open(
+        &path,
+        Some(&enc),
+        &opts(&dir, false, LabelMode::AssistantOnly, 64),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains(
+            "mixed.jsonl:2: missing `messages`; this row is a `text` row, but the file was read \
+             as `chat` (from its first row)"
+        ),
+        "{err}"
+    );
+}
