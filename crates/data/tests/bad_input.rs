@@ -235,18 +235,23 @@ fn missing_template_is_named() {
     );
 }
 
+/// The error of opening `path` with assistant-only labels and no skipping.
+fn assistant_only_error(enc: &Encoder, dir: &std::path::Path, path: &std::path::Path) -> String {
+    TokenDataset::open(
+        path,
+        Some(enc),
+        &opts(dir, false, LabelMode::AssistantOnly, 64),
+    )
+    .unwrap_err()
+    .to_string()
+}
+
 #[test]
 fn a_bad_first_row_is_skipped_like_any_other_when_asked() {
     let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
     let dir = common::scratch("bad-first");
     let path = common::write_jsonl(&dir, "first.jsonl", &["{\"messages\": [", GOOD, GOOD]);
-    let err = TokenDataset::open(
-        &path,
-        Some(&enc),
-        &opts(&dir, false, LabelMode::AssistantOnly, 64),
-    )
-    .unwrap_err()
-    .to_string();
+    let err = assistant_only_error(&enc, &dir, &path);
     assert!(
         err.contains("first.jsonl:1: cannot detect the data format: invalid JSON"),
         "{err}"
@@ -268,13 +273,7 @@ fn a_row_of_another_format_than_the_files_says_so() {
     let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
     let dir = common::scratch("mixed-formats");
     let path = common::write_jsonl(&dir, "mixed.jsonl", &[GOOD, r#"{"text": "hello"}"#]);
-    let err = TokenDataset::open(
-        &path,
-        Some(&enc),
-        &opts(&dir, false, LabelMode::AssistantOnly, 64),
-    )
-    .unwrap_err()
-    .to_string();
+    let err = assistant_only_error(&enc, &dir, &path);
     assert!(
         err.contains(
             "mixed.jsonl:2: missing `messages`; this row is a `text` row, but the file was read \
