@@ -30,8 +30,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use candle_core::Device;
 use clap::{ArgMatches, ValueEnum};
 use g4ft::data::{
-    detect_format, Batch, Batching, DataLoader, DatasetOptions, Encoder, Format, LabelMode,
-    LoaderConfig, PrepareOptions, TokenDataset,
+    detect_files_format, Batch, Batching, DataFiles, DataLoader, DatasetOptions, Encoder, Format,
+    LabelMode, LoaderConfig, PrepareOptions, SplitChoice, TokenDataset,
 };
 use g4ft::ddp::{
     signals, DdpError, DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup,
@@ -214,11 +214,24 @@ fn train_in_group(
     // 5. Data: DistributedSampler(seed, drop_last) + loader with drop_last on every rank. Opened
     //    before the weights load, so that a mistake in the data costs no model load, and before
     //    the first collective, so that bad data is every rank's own error.
-    let data = |path: &Path, train: bool| {
-        open_loader(cfg, model_dir, &config, path, rank, world_size, train)
+    let data = |files: DataFiles, train: bool| {
+        open_loader(cfg, model_dir, &config, &files, rank, world_size, train)
     };
-    let loader = data(&cfg.data, true)?;
-    let eval_loader = cfg.eval_data.as_ref().map(|p| data(p, false)).transpose()?;
+    let train_split = SplitChoice::train(cfg.data_split.as_deref());
+    let loader = data(
+        DataFiles::resolve(&cfg.data.to_string_lossy(), train_split)?,
+        true,
+    )?;
+    let eval_loader = match &cfg.eval_data {
+        Some(spec) => {
+            let eval_split = SplitChoice::eval(cfg.eval_split.as_deref());
+            Some(data(
+                DataFiles::resolve(&spec.to_string_lossy(), eval_split)?,
+                false,
+            )?)
+        }
+        None => None,
+    };
     // len(loader) // ACCUM optimizer steps per epoch, the partial window dropped.
     let steps_per_epoch = loader.len() / cfg.accum;
     if steps_per_epoch == 0 {
@@ -227,7 +240,7 @@ fn train_in_group(
             "{}: {} {unit} make {} batch(es) of --micro-batch {} on each of {world_size} rank(s), \
              fewer than --accum {}: one optimizer step takes {} {unit}; lower --micro-batch or \
              --accum, or add data",
-            cfg.data.display(),
+            loader.dataset().files().describe(),
             loader.sampler().dataset_len(),
             loader.len(),
             cfg.micro_batch,
@@ -880,7 +893,7 @@ fn open_logger(
     for (split, loader) in splits {
         if let Some(l) = loader {
             let ds = l.dataset();
-            logger.log_dataset(split, ds.data_path(), ds.report().to_json())?;
+            logger.log_dataset(split, ds.files(), ds.report().to_json())?;
         }
     }
     Ok(logger)
@@ -928,7 +941,7 @@ struct Position {
 }
 
 /// The post's `ChatJsonl` + `DistributedSampler` + `DataLoader(collate_fn=PadCollate)`.
-/// Every rank opens (and tokenizes, or reuses the cache of) the file before any collective.
+/// Every rank opens (and tokenizes, or reuses the caches of) the files before any collective.
 /// Pre-tokenized data needs no tokenizer: the pad id and vocabulary come from the model config.
 /// Rank 0 prints the dataset report and a warning per skipped row. `model_dir` holds the
 /// tokenizer and chat template.
@@ -936,7 +949,7 @@ fn open_loader(
     cfg: &TrainConfig,
     model_dir: &Path,
     model: &g4ft::gemma4::Config,
-    path: &Path,
+    files: &DataFiles,
     rank: usize,
     world_size: usize,
     train: bool,
@@ -953,7 +966,7 @@ fn open_loader(
         format: cfg.data_format,
         max_line_bytes: cfg.max_line_bytes,
     };
-    let encoder = match detect_format(path, &prepare)? {
+    let encoder = match detect_files_format(files, &prepare)? {
         Format::Tokens => None,
         _ => {
             let encoder = Encoder::from_model_dir(model_dir)?;
@@ -969,7 +982,7 @@ fn open_loader(
         pad_id: Some(model.pad_token_id),
         ..Default::default()
     };
-    let dataset = Arc::new(TokenDataset::open(path, encoder.as_ref(), &opts)?);
+    let dataset = Arc::new(TokenDataset::open_files(files, encoder.as_ref(), &opts)?);
     if rank == 0 {
         print_dataset_report(&dataset);
     }
@@ -1008,9 +1021,9 @@ fn open_loader(
 /// The dataset report, a warning per skipped row, and one when most rows were truncated.
 fn print_dataset_report(ds: &TokenDataset) {
     let report = ds.report();
+    let source = ds.files().describe();
     println!(
-        "dataset {}{}",
-        ds.data_path().display(),
+        "dataset {source}{}",
         if ds.from_cache() {
             " (token cache)"
         } else {
@@ -1020,19 +1033,20 @@ fn print_dataset_report(ds: &TokenDataset) {
     for line in report.lines() {
         println!("  {line}");
     }
-    for bad in &report.bad_lines {
-        eprintln!(
-            "warning: {}: skipped ({}): {}",
-            bad.location(ds.data_path()),
-            bad.kind.as_str(),
-            bad.reason
-        );
+    for (path, file_report) in ds.file_reports() {
+        for bad in &file_report.bad_lines {
+            eprintln!(
+                "warning: {}: skipped ({}): {}",
+                bad.location(path),
+                bad.kind.as_str(),
+                bad.reason
+            );
+        }
     }
     if report.mostly_truncated() {
         eprintln!(
-            "warning: {}: {} of {} rows are longer than max_len {} and were truncated \
+            "warning: {source}: {} of {} rows are longer than max_len {} and were truncated \
              (p50 {} tokens after truncation); raise --max-len or shorten the data",
-            ds.data_path().display(),
             report.truncated_rows,
             report.rows,
             ds.max_len(),

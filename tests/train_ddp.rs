@@ -813,6 +813,60 @@ fn pre_tokenized_data_needs_no_tokenizer_and_trains_packed() {
 }
 
 #[test]
+fn a_folder_of_shards_trains_its_train_split_as_the_one_file_would() {
+    // The fixture's 12 rows cut into two train shards, the whole file as the validation split:
+    // the folder trains and evaluates exactly as the files themselves.
+    let dir = tmp("shards");
+    let data = dir.join("ds/data");
+    std::fs::create_dir_all(&data).unwrap();
+    let rows = std::fs::read_to_string(fixture("data.jsonl")).unwrap();
+    let lines: Vec<&str> = rows.lines().collect();
+    for (i, part) in lines.chunks(6).enumerate() {
+        let name = format!("train-{i:05}-of-00002.jsonl");
+        std::fs::write(data.join(name), part.join("\n") + "\n").unwrap();
+    }
+    std::fs::write(data.join("validation-00000-of-00001.jsonl"), &rows).unwrap();
+    let folder = dir.join("ds").display().to_string();
+    // The base flags with --data replaced.
+    let args_for = |out: &Path, data: &str| {
+        let mut args = args_with(out, &["--max-steps", "2", "--eval-every", "2"]);
+        let i = args.iter().position(|a| a == "--data").unwrap();
+        args[i + 1] = data.to_string();
+        args.extend(["--eval-data".to_string(), data.to_string()]);
+        args
+    };
+    let run_with = |out: &str, data: &str| {
+        let out = dir.join(out);
+        (run_ok(1, &args_for(&out, data), &[]), out)
+    };
+    let (log, from_folder) = run_with("folder", &folder);
+    let (_, from_file) = run_with("file", &fixture("data.jsonl"));
+    assert_eq!(losses(&from_folder), losses(&from_file));
+    let eval_loss = |out: &Path| metrics(out, "eval")[0]["loss"].as_f64();
+    assert_eq!(eval_loss(&from_folder), eval_loss(&from_file));
+    assert!(
+        log.contains(&format!("dataset {folder} (split train, 2 files)")),
+        "{log}"
+    );
+    let records = metrics(&from_folder, "dataset");
+    let (train, eval) = (&records[0], &records[1]);
+    assert_eq!(
+        (&train["data_split"], &eval["data_split"]),
+        (&"train".into(), &"validation".into())
+    );
+    assert_eq!(train["files"].as_array().map(Vec::len), Some(2));
+    assert_eq!(train["rows"].as_u64(), Some(12));
+    // A split the folder does not have names the ones it has.
+    let mut args = args_for(&dir.join("no-split"), &folder);
+    args.extend(["--data-split".to_string(), "test".to_string()]);
+    let err = run_err(&args);
+    assert!(
+        err.contains("no split `test` here: the files make the splits train, validation"),
+        "{err}"
+    );
+}
+
+#[test]
 fn too_little_data_for_one_step_is_an_error_before_the_weights_load() {
     let out = tmp("little");
     let outs = run(

@@ -156,6 +156,14 @@ pub enum DataError {
         /// What went wrong.
         msg: String,
     },
+    /// What `--data` names cannot be resolved to data files, or its files do not go together.
+    #[error("{spec}: {msg}")]
+    DataFiles {
+        /// The file, folder, glob or Hub id given.
+        spec: String,
+        /// What is wrong.
+        msg: String,
+    },
     /// A config value is out of range or inconsistent.
     #[error("{field}: {msg}")]
     Config {

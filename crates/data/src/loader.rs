@@ -86,8 +86,9 @@ impl DataLoader {
                     return Err(DataError::Config {
                         field: "pack_len",
                         msg: format!(
-                            "sample {i} (line {}) has {} tokens, more than pack_len {pack_len}; \
+                            "sample {i} ({}:{}) has {} tokens, more than pack_len {pack_len}; \
                              set pack_len >= max_len",
+                            dataset.file_of(i).display(),
                             dataset.line_of(i),
                             lengths[i]
                         ),

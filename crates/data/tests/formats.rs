@@ -281,7 +281,7 @@ fn a_given_format_wins_over_detection() {
     let given = open(&path, Some(&enc), &o).unwrap();
     assert_eq!(detected.report().format, Some(Format::Chat));
     assert_eq!(given.report().format, Some(Format::Text));
-    assert_ne!(detected.cache_path(), given.cache_path());
+    assert_ne!(detected.cache_paths(), given.cache_paths());
     let words = enc
         .tokenizer()
         .decode(&given.sample(0).unwrap().input_ids, false)

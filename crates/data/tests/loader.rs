@@ -39,7 +39,7 @@ fn cache_is_reused_and_keyed() {
     let a = TokenDataset::open(&data, Some(&enc), &opts).unwrap();
     let b = TokenDataset::open(&data, Some(&enc), &opts).unwrap();
     assert!(!a.from_cache() && b.from_cache());
-    assert_eq!(a.cache_path(), b.cache_path());
+    assert_eq!(a.cache_paths(), b.cache_paths());
     assert_eq!(a.sample(7).unwrap(), b.sample(7).unwrap());
     let other = DatasetOptions {
         prepare: PrepareOptions {
@@ -49,7 +49,7 @@ fn cache_is_reused_and_keyed() {
         ..opts.clone()
     };
     let c = TokenDataset::open(&data, Some(&enc), &other).unwrap();
-    assert!(!c.from_cache() && c.cache_path() != a.cache_path());
+    assert!(!c.from_cache() && c.cache_paths() != a.cache_paths());
     // editing the data file invalidates the cache
     let mut text = std::fs::read_to_string(&data).unwrap();
     text.push_str(r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}"#);

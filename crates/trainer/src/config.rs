@@ -156,13 +156,20 @@ pub struct TrainConfig {
     #[arg(long, value_name = "REV", help_heading = section::MODEL_DATA)]
     pub revision: Option<String>,
     /// Training data: JSONL or Parquet, chat/ShareGPT/prompt-completion/text/token rows (the
-    /// post's DATA_PATH).
-    #[arg(long, value_name = "FILE", env = "DATA_PATH", default_value = "train.jsonl", help_heading = section::MODEL_DATA)]
+    /// post's DATA_PATH). A file, a folder (its --data-split, split as Hugging Face datasets
+    /// splits a folder) or a glob in quotes ('shards/*.parquet'): several files are one dataset.
+    #[arg(long, value_name = "FILE|DIR|GLOB", env = "DATA_PATH", default_value = "train.jsonl", help_heading = section::MODEL_DATA)]
     pub data: PathBuf,
-    /// Evaluation data, same formats, evaluated on every rank over a DistributedSampler, metrics
-    /// all-reduced.
-    #[arg(long, value_name = "FILE", help_heading = section::MODEL_DATA)]
+    /// The split of a --data folder to train on (default: train).
+    #[arg(long, value_name = "SPLIT", help_heading = section::MODEL_DATA)]
+    pub data_split: Option<String>,
+    /// Evaluation data, same formats and forms as --data, evaluated on every rank over a
+    /// DistributedSampler, metrics all-reduced.
+    #[arg(long, value_name = "FILE|DIR|GLOB", help_heading = section::MODEL_DATA)]
     pub eval_data: Option<PathBuf>,
+    /// The split of an --eval-data folder (default: validation, else test).
+    #[arg(long, value_name = "SPLIT", help_heading = section::MODEL_DATA)]
+    pub eval_split: Option<String>,
     /// Output directory for checkpoints, metrics and the loss plot (the post's OUTPUT_DIR).
     #[arg(long, visible_alias = "output-dir", value_name = "DIR", env = "OUTPUT_DIR", default_value = "checkpoints", help_heading = section::RUN)]
     pub output: PathBuf,
@@ -681,14 +688,18 @@ impl TrainConfig {
             ));
         }
         let needs_eval_data = [
-            ("eval_every", self.eval_every),
-            ("eval_micro_batch", self.eval_micro_batch),
+            ("eval_every", self.eval_every.map(|n| n.to_string())),
+            (
+                "eval_micro_batch",
+                self.eval_micro_batch.map(|n| n.to_string()),
+            ),
+            ("eval_split", self.eval_split.clone()),
         ];
         for (field, value) in needs_eval_data {
-            if let (Some(n), None) = (value, &self.eval_data) {
+            if let (Some(v), None) = (value, &self.eval_data) {
                 return Err(bad(
                     field,
-                    n.to_string(),
+                    v,
                     "needs eval_data (--eval-data) to evaluate anything".into(),
                 ));
             }

@@ -422,15 +422,22 @@ impl MetricsLogger {
         Ok(record)
     }
 
-    /// Records the dataset report of one data file (`"kind": "dataset"`, `split` is `train` or
-    /// `eval`; `report` is `g4ft_data::PrepareReport::to_json`).
+    /// Records the dataset report of the training or evaluation data (`"kind": "dataset"`, `split`
+    /// is `train` or `eval`; `path` what `--data` gave, `files` its files, `data_split` the split
+    /// taken from a folder; `report` is `g4ft_data::PrepareReport::to_json`).
     pub fn log_dataset(
         &mut self,
         split: &str,
-        path: &Path,
+        files: &g4ft_data::DataFiles,
         report: serde_json::Value,
     ) -> Result<()> {
-        let mut record = serde_json::json!({"kind": "dataset", "split": split, "path": path});
+        let mut record = serde_json::json!({
+            "kind": "dataset",
+            "split": split,
+            "path": files.spec,
+            "files": files.files,
+            "data_split": files.split,
+        });
         if let (Some(r), serde_json::Value::Object(fields)) = (record.as_object_mut(), report) {
             r.extend(fields);
         }
