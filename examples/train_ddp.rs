@@ -217,18 +217,17 @@ fn train_in_group(
     let data = |files: DataFiles, train: bool| {
         open_loader(cfg, model_dir, &config, &files, rank, world_size, train)
     };
-    let train_split = SplitChoice::train(cfg.data_split.as_deref());
-    let loader = data(
-        DataFiles::resolve(&cfg.data.to_string_lossy(), train_split)?,
-        true,
-    )?;
+    let data_hub = Hub::from_env(cfg.data_revision.as_deref());
+    let train_split =
+        SplitChoice::train(cfg.data_split.as_deref()).with_config(cfg.data_config.as_deref());
+    let train_files = DataFiles::resolve(&cfg.data.to_string_lossy(), train_split, &data_hub)?;
+    let loader = data(train_files, true)?;
     let eval_loader = match &cfg.eval_data {
         Some(spec) => {
-            let eval_split = SplitChoice::eval(cfg.eval_split.as_deref());
-            Some(data(
-                DataFiles::resolve(&spec.to_string_lossy(), eval_split)?,
-                false,
-            )?)
+            let eval_split = SplitChoice::eval(cfg.eval_split.as_deref())
+                .with_config(cfg.eval_config.as_deref());
+            let files = DataFiles::resolve(&spec.to_string_lossy(), eval_split, &data_hub)?;
+            Some(data(files, false)?)
         }
         None => None,
     };

@@ -1,7 +1,8 @@
-//! A small HTTP server on 127.0.0.1 that serves a model directory in the Hugging Face Hub's URL
-//! layout (`/{owner}/{name}/resolve/{revision}/{file}`, with the `etag`, `x-repo-commit` and
-//! `content-range` headers `hf-hub` reads), optionally requiring a bearer token like a gated
-//! repository, and records every request.
+//! A small HTTP server on 127.0.0.1 that serves a model or dataset directory in the Hugging Face
+//! Hub's URL layout (`/{owner}/{name}/resolve/{revision}/{file}`, `/datasets/{owner}/{name}/...`,
+//! with the `etag`, `x-repo-commit` and `content-range` headers `hf-hub` reads, and the file list
+//! at `/api/datasets/{owner}/{name}/revision/{revision}`), optionally requiring a bearer token like
+//! a gated repository, and records every request.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -22,13 +23,22 @@ pub struct HubServer {
 }
 
 impl HubServer {
-    /// Serves the files of `dir` as repository `repo` at any revision, answering 401 without
-    /// `Authorization: Bearer <token>` when `token` is given.
+    /// Serves the files of `dir` as model repository `repo` at any revision, answering 401
+    /// without `Authorization: Bearer <token>` when `token` is given.
     pub fn start(dir: &Path, repo: &str, token: Option<&str>) -> Self {
+        Self::serve(dir, repo.to_string(), token)
+    }
+
+    /// Serves the files of `dir` as dataset repository `repo`, with its file list.
+    pub fn start_dataset(dir: &Path, repo: &str) -> Self {
+        Self::serve(dir, format!("datasets/{repo}"), None)
+    }
+
+    fn serve(dir: &Path, repo: String, token: Option<&str>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let (dir, repo) = (dir.to_path_buf(), repo.to_string());
+        let dir = dir.to_path_buf();
         let token = token.map(str::to_string);
         let log = requests.clone();
         std::thread::spawn(move || {
@@ -107,6 +117,12 @@ fn answer(
             return reply(&mut out, "401 Unauthorized", &[], b"gated");
         }
     }
+    if let Some(rev) = path
+        .strip_prefix(&format!("/api/{repo}/revision/"))
+        .filter(|_| repo.starts_with("datasets/"))
+    {
+        return reply(&mut out, "200 OK", &[], listing(dir, rev).as_bytes());
+    }
     let prefix = format!("/{repo}/resolve/");
     let file: Option<(String, PathBuf)> = path.strip_prefix(&prefix).and_then(|rest| {
         let (rev, name) = rest.split_once('/')?;
@@ -129,16 +145,9 @@ fn answer(
     let mut h = std::collections::hash_map::DefaultHasher::new();
     std::hash::Hash::hash(&bytes, &mut h);
     let etag = format!("\"{:016x}\"", std::hash::Hasher::finish(&h));
-    let commit = format!(
-        "{:0>40}",
-        rev.bytes().map(|b| format!("{b:02x}")).collect::<String>()
-    );
     let headers = vec![
         ("etag".to_string(), etag),
-        (
-            "x-repo-commit".to_string(),
-            commit[commit.len() - 40..].to_string(),
-        ),
+        ("x-repo-commit".to_string(), commit(&rev)),
         (
             "content-range".to_string(),
             format!("bytes {start}-{}/{}", end.max(1) - 1, bytes.len()),
@@ -150,4 +159,35 @@ fn answer(
         "200 OK"
     };
     reply(&mut out, status, &headers, &bytes[start.min(end)..end])
+}
+
+/// The Hub API's answer for a repository: its commit and every file under `dir`.
+fn listing(dir: &Path, rev: &str) -> String {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().map_while(Result::ok) {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p
+                    .strip_prefix(dir)
+                    .unwrap()
+                    .to_string_lossy()
+                    .replace('\\', "/");
+                files.push(serde_json::json!({ "rfilename": rel }));
+            }
+        }
+    }
+    serde_json::json!({ "sha": commit(rev), "siblings": files }).to_string()
+}
+
+/// The 40-hex-digit commit the server gives a revision.
+fn commit(rev: &str) -> String {
+    let hex = format!(
+        "{:0>40}",
+        rev.bytes().map(|b| format!("{b:02x}")).collect::<String>()
+    );
+    hex[hex.len() - 40..].to_string()
 }

@@ -10,11 +10,17 @@
 //!   then in a file name (`train.jsonl`, `my_test-1.parquet`), else every data file is `train`.
 //!   One split is taken (`train` unless another is asked for).
 //!
-//! Files and folders whose names start with `.` or `__` are left out unless a glob names them
-//! (`.g4ft-cache/` beside the data is never data). The same rules serve a Hub dataset's file list.
+//! A folder's `README.md` (its dataset card) may list `configs` (subsets), each with its splits'
+//! file patterns: the config asked for (else the default one) then decides the splits, as in
+//! `datasets`. Files and folders whose names start with `.` or `__` are left out unless a pattern
+//! names them (`.g4ft-cache/` beside the data is never data). The same rules serve a Hub
+//! dataset's file list ([`crate::hub`]).
 
 use std::path::{Path, PathBuf};
 
+use g4ft_hub::{looks_like_a_path, Hub};
+
+use crate::card::CardConfig;
 use crate::error::{DataError, Result};
 
 /// The split that holds every data file of a folder whose names name no split.
@@ -29,6 +35,10 @@ pub struct SplitChoice<'a> {
     pub defaults: &'a [&'a str],
     /// The option that asks for a split (named in errors).
     pub flag: &'a str,
+    /// The config (subset) to take when the dataset card lists several.
+    pub config: Option<&'a str>,
+    /// The option that asks for a config (named in errors).
+    pub config_flag: &'a str,
 }
 
 impl<'a> SplitChoice<'a> {
@@ -38,6 +48,8 @@ impl<'a> SplitChoice<'a> {
             asked,
             defaults: &["train"],
             flag: "--data-split",
+            config: None,
+            config_flag: "--data-config",
         }
     }
 
@@ -47,7 +59,14 @@ impl<'a> SplitChoice<'a> {
             asked,
             defaults: &["validation", "test"],
             flag: "--eval-split",
+            config: None,
+            config_flag: "--eval-config",
         }
+    }
+
+    /// The same choice within the config `config`.
+    pub fn with_config(self, config: Option<&'a str>) -> Self {
+        SplitChoice { config, ..self }
     }
 }
 
@@ -92,6 +111,8 @@ const COMPRESSION: [&str; 6] = ["gz", "zst", "bz2", "xz", "lz4", "zip"];
 pub struct DataFiles {
     /// What was given: a file, a folder, a glob or a Hub id.
     pub spec: String,
+    /// The config (subset) taken, when the dataset card lists configs.
+    pub config: Option<String>,
     /// The split taken, when the spec has splits (a folder or a Hub dataset).
     pub split: Option<String>,
     /// The files, in the order their rows are concatenated.
@@ -103,26 +124,46 @@ impl DataFiles {
     pub fn one(path: &Path) -> Self {
         DataFiles {
             spec: path.display().to_string(),
+            config: None,
             split: None,
             files: vec![path.to_path_buf()],
         }
     }
 
-    /// Resolves `spec` with [`resolve_local`]; an error when it names no file, folder or glob.
-    pub fn resolve(spec: &str, split: SplitChoice) -> Result<Self> {
-        resolve_local(spec, split)?.ok_or_else(|| DataError::DataFiles {
-            spec: spec.to_string(),
-            msg: "no such file or folder, and no wildcard (*, ?, [) to match files".into(),
-        })
+    /// Resolves `spec`: a local file, folder or glob ([`resolve_local`]), else a Hub dataset id
+    /// (`owner/name`, [`crate::hub::resolve_hub`]: the split's files downloaded into the Hub
+    /// cache once).
+    pub fn resolve(spec: &str, split: SplitChoice, hub: &Hub) -> Result<Self> {
+        if let Some(files) = resolve_local(spec, split)? {
+            return Ok(files);
+        }
+        match looks_like_a_path(spec) {
+            None => crate::hub::resolve_hub(spec, split, hub),
+            Some(why) => Err(DataError::DataFiles {
+                spec: spec.to_string(),
+                msg: format!(
+                    "no such file or folder, and no wildcard (*, ?, [) to match files ({why}, so \
+                     it is not taken for a Hub dataset id)"
+                ),
+            }),
+        }
     }
 
-    /// `spec (split train, 3 files)`, or the file for a single file.
+    /// `spec (config main, split train, 3 files)`, or the file for a single file.
     pub fn describe(&self) -> String {
-        match (&self.split, self.files.len()) {
-            (None, 1) if self.files[0] == Path::new(&self.spec) => self.spec.clone(),
-            (None, n) => format!("{} ({n} file{})", self.spec, plural(n)),
-            (Some(s), n) => format!("{} (split {s}, {n} file{})", self.spec, plural(n)),
+        let n = self.files.len();
+        if n == 1 && self.split.is_none() && self.files[0] == Path::new(&self.spec) {
+            return self.spec.clone();
         }
+        let mut parts: Vec<String> = Vec::new();
+        if let Some(c) = &self.config {
+            parts.push(format!("config {c}"));
+        }
+        if let Some(s) = &self.split {
+            parts.push(format!("split {s}"));
+        }
+        parts.push(format!("{n} file{}", plural(n)));
+        format!("{} ({})", self.spec, parts.join(", "))
     }
 }
 
@@ -152,9 +193,15 @@ pub fn resolve_local(spec: &str, split: SplitChoice) -> Result<Option<DataFiles>
     }
     if path.is_dir() {
         let names = walk(path)?;
-        let (split, rel) = choose_split(&names, split).map_err(err)?;
+        let readme = path.join("README.md");
+        let card = match readme.is_file() {
+            true => Some(std::fs::read_to_string(&readme).map_err(|e| DataError::io(&readme, e))?),
+            false => None,
+        };
+        let (config, split, rel) = choose_split(&names, card.as_deref(), split).map_err(err)?;
         return Ok(Some(DataFiles {
             spec: spec.to_string(),
+            config,
             split: Some(split),
             files: rel.iter().map(|r| path.join(r)).collect(),
         }));
@@ -188,55 +235,77 @@ pub fn resolve_local(spec: &str, split: SplitChoice) -> Result<Option<DataFiles>
     }
     Ok(Some(DataFiles {
         spec: spec.to_string(),
+        config: None,
         split: None,
         files,
     }))
 }
 
-/// The split `split` chooses from a folder's or a Hub dataset's files (`/`-separated paths
-/// relative to its root) and that split's data files, by the rules of the module doc. The error
-/// lists the splits there are, or says why no file is data.
+/// The split `choice` takes from a folder's or a Hub dataset's files (`/`-separated paths
+/// relative to its root; `card` its `README.md`), by the rules of the module doc: the config
+/// taken, the split's name and its data files. The error lists the configs or splits there are,
+/// or says why no file is data.
 pub fn choose_split(
     names: &[String],
-    split: SplitChoice,
-) -> std::result::Result<(String, Vec<String>), String> {
-    let mut splits = splits(names)?;
-    let wanted: Vec<&str> = match split.asked {
+    card: Option<&str>,
+    choice: SplitChoice,
+) -> std::result::Result<(Option<String>, String, Vec<String>), String> {
+    let Splits { config, mut splits } = splits(names, card, choice)?;
+    let wanted: Vec<&str> = match choice.asked {
         Some(s) => vec![s],
-        None => split.defaults.to_vec(),
+        None => choice.defaults.to_vec(),
     };
     if let Some(i) = wanted
         .iter()
         .find_map(|w| splits.iter().position(|(s, _)| s == w))
     {
-        return Ok(splits.swap_remove(i));
+        let (split, files) = splits.swap_remove(i);
+        return Ok((config, split, files));
     }
     let have: Vec<&str> = splits.iter().map(|(s, _)| s.as_str()).collect();
     Err(format!(
-        "no split {} here: the files make the split{} {} (pick one with {})",
+        "no split {} here{}: the files make the split{} {} (pick one with {})",
         wanted
             .iter()
             .map(|w| format!("`{w}`"))
             .collect::<Vec<_>>()
             .join(" or "),
+        config
+            .map(|c| format!(" in config `{c}`"))
+            .unwrap_or_default(),
         plural(have.len()),
         have.join(", "),
-        split.flag
+        choice.flag
     ))
 }
 
+/// The splits of a folder or a Hub dataset, and the config (subset) they belong to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Splits {
+    /// The config taken from the dataset card, when it lists any.
+    pub config: Option<String>,
+    /// Each split with its data files, in order.
+    pub splits: Vec<(String, Vec<String>)>,
+}
+
 /// Every split of a folder's or a Hub dataset's files (`/`-separated paths relative to its root),
-/// each with its data files in order, by the rules of the module doc. Only files of the kind most
-/// of them are count (Parquet wins a tie); an error when there are none, or when that kind is not
-/// JSON or Parquet.
-pub fn splits(names: &[String]) -> std::result::Result<Vec<(String, Vec<String>)>, String> {
-    let mut data: Vec<String> = names
+/// each with its data files in order, by the rules of the module doc; when the dataset card
+/// (`card`, its `README.md`) lists `configs`, the splits of the one `choice.config` names (else
+/// of the default one). Only files of the kind most of them are count (Parquet wins a tie); an error when
+/// there are none, or when that kind is not JSON or Parquet.
+pub fn splits(
+    names: &[String],
+    card: Option<&str>,
+    choice: SplitChoice,
+) -> std::result::Result<Splits, String> {
+    let mut candidates: Vec<String> = names.iter().filter(|n| is_data_file(n)).cloned().collect();
+    candidates.sort();
+    let visible: Vec<String> = candidates
         .iter()
-        .filter(|n| !unrequested_hidden(&[], n) && is_data_file(n))
+        .filter(|n| !unrequested_hidden(&[], n))
         .cloned()
         .collect();
-    data.sort();
-    if data.is_empty() {
+    if visible.is_empty() {
         return Err(format!(
             "no data files here ({} file{} in all; data files end in .jsonl, .json or .parquet, \
              compressed or not)",
@@ -244,14 +313,33 @@ pub fn splits(names: &[String]) -> std::result::Result<Vec<(String, Vec<String>)
             plural(names.len())
         ));
     }
-    let mut splits: Vec<(String, Vec<String>)> = split_patterns(&data)
+    let configs = match card {
+        Some(text) => crate::card::configs(text).map_err(|e| format!("README.md: configs: {e}"))?,
+        None => Vec::new(),
+    };
+    let (config, patterns) = match (configs.is_empty(), choice.config) {
+        (true, Some(c)) => {
+            return Err(format!(
+                "a config (`{c}`) was asked for, but the dataset card (README.md) lists no configs"
+            ))
+        }
+        (true, None) => (None, split_patterns(&visible)),
+        (false, _) => {
+            let chosen = pick_config(&configs, choice)?;
+            (Some(chosen.name.clone()), chosen.splits.clone())
+        }
+    };
+    let mut splits: Vec<(String, Vec<String>)> = patterns
         .into_iter()
         .map(|(split, patterns)| {
             let mut files: Vec<String> = Vec::new();
             for p in patterns {
                 let pattern = components(&p);
-                for n in &data {
-                    if glob_matches(&pattern, n) && !files.contains(n) {
+                for n in &candidates {
+                    if glob_matches(&pattern, n)
+                        && !unrequested_hidden(&pattern, n)
+                        && !files.contains(n)
+                    {
                         files.push(n.clone());
                     }
                 }
@@ -271,7 +359,37 @@ pub fn splits(names: &[String]) -> std::result::Result<Vec<(String, Vec<String>)
         files.retain(|f| kind_of(f) == Some(kind));
     }
     splits.retain(|(_, files)| !files.is_empty());
-    Ok(splits)
+    Ok(Splits { config, splits })
+}
+
+/// The config `choice` names, else the card's default (`default: true`, else the one named
+/// `default`, else the only one).
+fn pick_config<'c>(
+    configs: &'c [CardConfig],
+    choice: SplitChoice,
+) -> std::result::Result<&'c CardConfig, String> {
+    let names = configs
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    match choice.config {
+        Some(a) => configs.iter().find(|c| c.name == a).ok_or_else(|| {
+            format!("no config `{a}` in the dataset card (README.md): it lists {names}")
+        }),
+        None => configs
+            .iter()
+            .find(|c| c.default)
+            .or_else(|| configs.iter().find(|c| c.name == "default"))
+            .or_else(|| (configs.len() == 1).then(|| &configs[0]))
+            .ok_or_else(|| {
+                format!(
+                    "the dataset card (README.md) lists the configs {names} and marks none as \
+                     the default (pick one with {})",
+                    choice.config_flag
+                )
+            }),
+    }
 }
 
 /// Each split's patterns, in `datasets`' order of rules: shard names, split folders, split file
@@ -543,10 +661,11 @@ mod tests {
             "data/train_sft-00000-of-00002-bb.parquet",
             "data/train_sft-00001-of-00002-cc.parquet",
         ]);
-        let (split, got) = choose_split(&files, SplitChoice::train(Some("train_sft"))).unwrap();
+        let (_, split, got) =
+            choose_split(&files, None, SplitChoice::train(Some("train_sft"))).unwrap();
         assert_eq!(split, "train_sft");
         assert_eq!(got, files[2..]);
-        let err = choose_split(&files, SplitChoice::train(None)).unwrap_err();
+        let err = choose_split(&files, None, SplitChoice::train(None)).unwrap_err();
         assert!(err.contains("splits test_sft, train_sft"), "{err}");
     }
 
@@ -558,7 +677,7 @@ mod tests {
             "config.json",
             "a.jsonl",
         ]);
-        let got = choose_split(&files, SplitChoice::train(None)).unwrap();
-        assert_eq!(got.1, names(&["a.jsonl"]));
+        let got = choose_split(&files, None, SplitChoice::train(None)).unwrap();
+        assert_eq!(got.2, names(&["a.jsonl"]));
     }
 }

@@ -33,12 +33,14 @@
 
 pub mod batching;
 pub mod cache;
+pub mod card;
 pub mod collate;
 pub mod dataset;
 pub mod encoder;
 pub mod error;
 pub mod files;
 pub mod hash;
+pub mod hub;
 pub mod labels;
 pub mod loader;
 pub mod prepare;

@@ -10,12 +10,30 @@ use g4ft_data::files::{resolve_local, splits, SplitChoice};
 use g4ft_data::{DataFiles, DatasetOptions, Encoder, PrepareOptions, TokenDataset};
 use serde_json::Value;
 
-fn fixtures() -> Vec<Value> {
+/// One section of the fixtures `datasets` made: `layouts` (folders) or `cards` (folders with a
+/// dataset card listing configs).
+fn fixtures_of(section: &str) -> Vec<Value> {
     let text =
         std::fs::read_to_string(common::repo().join("tools/reference/data/split_fixtures.json"))
             .unwrap();
     let v: Value = serde_json::from_str(&text).unwrap();
-    v["layouts"].as_array().unwrap().clone()
+    v[section].as_array().unwrap().clone()
+}
+
+fn fixtures() -> Vec<Value> {
+    fixtures_of("layouts")
+}
+
+/// Splits in name order (each split's files keep their order).
+fn by_split(mut splits: Vec<(String, Vec<String>)>) -> Vec<(String, Vec<String>)> {
+    splits.sort();
+    splits
+}
+
+/// A fixture's `{split: [files]}`, in name order.
+fn fixture_splits(v: &Value) -> Vec<(String, Vec<String>)> {
+    let splits = v.as_object().unwrap().iter();
+    by_split(splits.map(|(k, v)| (k.clone(), strings(v))).collect())
 }
 
 fn strings(v: &Value) -> Vec<String> {
@@ -30,20 +48,10 @@ fn every_layout_splits_as_datasets_splits_it() {
         let name = layout["name"].as_str().unwrap();
         let files = strings(&layout["files"]);
         let builder = layout["builder"].as_str().unwrap();
-        match splits(&files) {
+        match splits(&files, None, SplitChoice::train(None)).map(|s| s.splits) {
             Ok(got) => {
                 assert!(matches!(builder, "json" | "parquet"), "{name}: {got:?}");
-                let want: Vec<(String, Vec<String>)> = layout["splits"]
-                    .as_object()
-                    .unwrap()
-                    .iter()
-                    .map(|(k, v)| (k.clone(), strings(v)))
-                    .collect();
-                let mut got_sorted = got.clone();
-                let mut want_sorted = want.clone();
-                got_sorted.sort();
-                want_sorted.sort();
-                assert_eq!(got_sorted, want_sorted, "{name}");
+                assert_eq!(by_split(got), fixture_splits(&layout["splits"]), "{name}");
             }
             Err(e) => {
                 assert!(!matches!(builder, "json" | "parquet"), "{name}: {e}");
@@ -51,6 +59,45 @@ fn every_layout_splits_as_datasets_splits_it() {
             }
         }
     }
+}
+
+#[test]
+fn a_dataset_card_s_configs_decide_the_splits_as_in_datasets() {
+    let cases = fixtures_of("cards");
+    assert!(cases.len() >= 6);
+    for case in &cases {
+        let name = case["name"].as_str().unwrap();
+        let files = strings(&case["files"]);
+        let card = format!("---\n{}---\n# a dataset\n", case["card"].as_str().unwrap());
+        let choice = SplitChoice::train(None).with_config(case["config"].as_str());
+        let got = splits(&files, Some(&card), choice).unwrap();
+        assert_eq!(got.config.as_deref(), case["chosen"].as_str(), "{name}");
+        let want = fixture_splits(&case["splits"]);
+        assert_eq!(by_split(got.splits), want, "{name} [{}]", case["config"]);
+    }
+    // Several configs and none the default: the error lists them and names the flag.
+    let two = cases
+        .iter()
+        .find(|c| c["name"] == "card_two_configs")
+        .unwrap();
+    let card = format!("---\n{}---\n", two["card"].as_str().unwrap());
+    let err = splits(
+        &strings(&two["files"]),
+        Some(&card),
+        SplitChoice::eval(None),
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("lists the configs main, socratic and marks none as the default (pick one with --eval-config)"),
+        "{err}"
+    );
+    let err = splits(
+        &strings(&two["files"]),
+        None,
+        SplitChoice::train(None).with_config(Some("main")),
+    )
+    .unwrap_err();
+    assert!(err.contains("lists no configs"), "{err}");
 }
 
 /// Writes the fixture layout `name` as JSONL text rows (`"<file> <i>"`) into a scratch folder.

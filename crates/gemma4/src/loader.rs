@@ -8,11 +8,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
-use g4ft_wait::{this_process, HolderLock, Schedule, Taken, PROGRESS_EVERY};
+pub use g4ft_hub::Hub;
+use g4ft_hub::{looks_like_a_path, HubRepo, RepoKind};
 
 use crate::error::{Error, Result};
 
@@ -23,40 +23,6 @@ pub struct ModelFiles {
     pub config: PathBuf,
     /// Safetensors files (one, or every shard named by `model.safetensors.index.json`).
     pub weights: Vec<PathBuf>,
-}
-
-/// Where and how to reach the Hugging Face Hub, from the same environment variables as
-/// `huggingface_hub`: `HF_ENDPOINT`, `HF_TOKEN` (or `HUGGING_FACE_HUB_TOKEN`, else the token file
-/// `huggingface-cli login` writes), `HF_HOME`, `HF_HUB_OFFLINE`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Hub {
-    /// Base URL (default `https://huggingface.co`).
-    pub endpoint: Option<String>,
-    /// Access token (gated repositories such as Gemma's need one).
-    pub token: Option<String>,
-    /// Branch, tag or commit (default `main`).
-    pub revision: Option<String>,
-    /// Cache root (`$HF_HOME/hub`, default `~/.cache/huggingface/hub`).
-    pub cache_dir: Option<PathBuf>,
-    /// Never download (`HF_HUB_OFFLINE=1`): use the cache only.
-    pub offline: bool,
-}
-
-impl Hub {
-    /// The settings of the environment, with `revision`.
-    pub fn from_env(revision: Option<&str>) -> Self {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        Self {
-            endpoint: var("HF_ENDPOINT"),
-            token: var("HF_TOKEN").or_else(|| var("HUGGING_FACE_HUB_TOKEN")),
-            revision: revision.map(str::to_string),
-            cache_dir: None,
-            // huggingface_hub's true values, in any case.
-            offline: var("HF_HUB_OFFLINE").is_some_and(|v| {
-                matches!(v.to_ascii_uppercase().as_str(), "1" | "ON" | "YES" | "TRUE")
-            }),
-        }
-    }
 }
 
 /// Files a training run reads from a model repository besides the weights, and whether each
@@ -137,201 +103,67 @@ impl ModelFiles {
             model: id.to_string(),
             msg,
         };
-        let cache = match &hub.cache_dir {
-            Some(d) => hf_hub::Cache::new(d.clone()),
-            None => hf_hub::Cache::from_env(),
-        };
-        let repo = match &hub.revision {
-            Some(rev) => {
-                hf_hub::Repo::with_revision(id.into(), hf_hub::RepoType::Model, rev.clone())
-            }
-            None => hf_hub::Repo::model(id.into()),
-        };
-        if let Some(files) = from_cache(&cache.repo(repo.clone()), true) {
+        let repo = HubRepo::new(id, RepoKind::Model, hub);
+        if let Some(files) = from_cache(&repo, true) {
             return Ok(files);
         }
-        if hub.offline {
+        if repo.offline() {
             // Offline, what the cache has must do (a tokenizer may not be needed).
-            return from_cache(&cache.repo(repo.clone()), false).ok_or_else(|| {
+            return from_cache(&repo, false).ok_or_else(|| {
                 resolve_err(format!(
                     "not in the Hub cache {} and HF_HUB_OFFLINE=1",
-                    cache.path().display()
+                    repo.cache_dir().display()
                 ))
             });
         }
         // One download per cache: the first process takes the lock, the others wait for it
         // and then find everything in the cache.
-        let lock_path = cache
-            .path()
-            .join(format!("{}.g4ft-download.lock", repo.folder_name()));
-        let _lock = lock_download(&lock_path, id)?;
-        if let Some(files) = from_cache(&cache.repo(repo.clone()), true) {
+        let _lock = repo.lock().map_err(|e| resolve_err(e.msg))?;
+        if let Some(files) = from_cache(&repo, true) {
             return Ok(files);
         }
-        let mut builder = hf_hub::api::sync::ApiBuilder::from_cache(cache.clone())
-            .with_progress(false)
-            .with_retries(3);
-        if let Some(e) = &hub.endpoint {
-            builder = builder.with_endpoint(e.trim_end_matches('/').to_string());
-        }
-        if let Some(t) = &hub.token {
-            builder = builder.with_token(Some(t.clone()));
-        }
-        let api = builder
-            .build()
-            .map_err(|e| resolve_err(format!("hf-hub: {e}")))?;
-        let remote = api.repo(repo.clone());
-        let token_hint = if hub.token.is_some() || cache.token().is_some() {
-            "check that the token may read this repository (gated models need the license accepted)"
-        } else {
-            "gated repositories need a token: set HF_TOKEN (or run huggingface-cli login)"
-        };
-        let cached = cache.repo(repo.clone());
-        let fetch = |f: &str| -> std::result::Result<PathBuf, (bool, String)> {
-            if let Some(p) = cached.get(f) {
-                return Ok(p);
-            }
-            remote
-                .download_with_progress(f, DownloadNote::new(id))
-                .map_err(|e| {
-                    let text = e.to_string();
-                    let missing = text.contains("404");
-                    let hint = if text.contains("401") || text.contains("403") {
-                        format!("{text}; {token_hint}")
-                    } else {
-                        text
-                    };
-                    (missing, format!("{f}: {hint}"))
-                })
-        };
+        let remote = repo.connect().map_err(|e| resolve_err(e.msg))?;
         for (file, required) in HUB_FILES {
-            match fetch(file) {
+            match remote.fetch(file) {
                 Ok(_) => {}
-                Err((true, _)) if !required => {}
-                Err((_, msg)) => return Err(resolve_err(msg)),
+                Err(e) if e.missing && !required => {}
+                Err(e) => return Err(resolve_err(e.msg)),
             }
         }
-        match fetch("model.safetensors.index.json") {
+        match remote.fetch("model.safetensors.index.json") {
             Ok(index) => {
                 for shard in shard_files(&index)? {
-                    fetch(&shard).map_err(|(_, m)| resolve_err(m))?;
+                    remote.fetch(&shard).map_err(|e| resolve_err(e.msg))?;
                 }
             }
-            Err((true, _)) => {
-                fetch("model.safetensors").map_err(|(_, m)| resolve_err(m))?;
+            Err(e) if e.missing => {
+                remote
+                    .fetch("model.safetensors")
+                    .map_err(|e| resolve_err(e.msg))?;
             }
-            Err((_, msg)) => return Err(resolve_err(msg)),
+            Err(e) => return Err(resolve_err(e.msg)),
         }
-        from_cache(&cache.repo(repo), false)
+        from_cache(&repo, false)
             .ok_or_else(|| resolve_err("downloaded, but the cache does not hold every file".into()))
     }
 }
 
 /// The files of a cached repository: config and weights, and with `with_tokenizer` also
 /// `tokenizer.json` (a cache from a download of the weights alone counts as incomplete).
-fn from_cache(cached: &hf_hub::CacheRepo, with_tokenizer: bool) -> Option<ModelFiles> {
-    let config = cached.get("config.json")?;
-    if with_tokenizer && cached.get("tokenizer.json").is_none() {
+fn from_cache(repo: &HubRepo, with_tokenizer: bool) -> Option<ModelFiles> {
+    let config = repo.cached("config.json")?;
+    if with_tokenizer && repo.cached("tokenizer.json").is_none() {
         return None;
     }
-    let weights = match cached.get("model.safetensors.index.json") {
+    let weights = match repo.cached("model.safetensors.index.json") {
         Some(index) => shard_files(&index)
             .ok()?
             .iter()
-            .map(|f| cached.get(f))
+            .map(|f| repo.cached(f))
             .collect::<Option<Vec<_>>>()?,
-        None => vec![cached.get("model.safetensors")?],
+        None => vec![repo.cached("model.safetensors")?],
     };
     Some(ModelFiles { config, weights })
-}
-
-/// Why `model` is a local path rather than a Hub id (`owner/name`), if it is one.
-fn looks_like_a_path(model: &str) -> Option<String> {
-    if model.starts_with(['.', '/', '~']) || model.contains('\\') {
-        return Some("it starts like a path".into());
-    }
-    let parts: Vec<&str> = model.split('/').collect();
-    if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
-        return Some("a Hub id has exactly one `/` (owner/name)".into());
-    }
-    if Path::new(parts[0]).is_dir() {
-        return Some(format!("`{}` is a local directory", parts[0]));
-    }
-    None
-}
-
-/// Takes the download lock of a repository in the cache, waiting while another process downloads
-/// it and saying so every 10 s, with the lock file and the holder (its pid and host, which the
-/// holder writes into the file). The lock dies with its holder, so a crashed download frees it.
-fn lock_download(path: &Path, id: &str) -> Result<HolderLock> {
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut notes = Schedule::new(Duration::from_secs(2), PROGRESS_EVERY);
-    loop {
-        match HolderLock::try_take(path, &this_process()).map_err(io)? {
-            Taken::Held(lock) => return Ok(lock),
-            Taken::Busy(holder) if notes.due_now() => eprintln!(
-                "hub: waiting for {holder} to download {id} into the cache ({} s; lock {})",
-                notes.elapsed_s(),
-                path.display()
-            ),
-            Taken::Busy(_) => {}
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// A download's progress as a line every 10 s (and one at the start of each file over 10 MB):
-/// the progress bar is invisible under a launcher.
-struct DownloadNote {
-    id: String,
-    file: String,
-    size: usize,
-    done: usize,
-    notes: Schedule,
-}
-
-impl DownloadNote {
-    fn new(id: &str) -> Self {
-        Self {
-            id: id.to_string(),
-            file: String::new(),
-            size: 0,
-            done: 0,
-            notes: Schedule::progress(),
-        }
-    }
-}
-
-impl hf_hub::api::Progress for DownloadNote {
-    fn init(&mut self, size: usize, filename: &str) {
-        (self.size, self.done, self.file) = (size, 0, filename.to_string());
-        if size > 10 << 20 {
-            eprintln!(
-                "hub: downloading {} {filename} ({:.1} GiB)",
-                self.id,
-                size as f64 / (1u64 << 30) as f64
-            );
-        }
-        self.notes = Schedule::progress();
-    }
-
-    fn update(&mut self, size: usize) {
-        self.done += size;
-        if self.notes.due_now() {
-            eprintln!(
-                "hub: {} {}: {:.1} of {:.1} GiB",
-                self.id,
-                self.file,
-                self.done as f64 / (1u64 << 30) as f64,
-                self.size as f64 / (1u64 << 30) as f64
-            );
-        }
-    }
-
-    fn finish(&mut self) {}
 }
 
 fn shard_files(index: &Path) -> Result<Vec<String>> {

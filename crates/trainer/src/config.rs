@@ -157,19 +157,30 @@ pub struct TrainConfig {
     pub revision: Option<String>,
     /// Training data: JSONL or Parquet, chat/ShareGPT/prompt-completion/text/token rows (the
     /// post's DATA_PATH). A file, a folder (its --data-split, split as Hugging Face datasets
-    /// splits a folder) or a glob in quotes ('shards/*.parquet'): several files are one dataset.
-    #[arg(long, value_name = "FILE|DIR|GLOB", env = "DATA_PATH", default_value = "train.jsonl", help_heading = section::MODEL_DATA)]
+    /// splits a folder), a glob in quotes ('shards/*.parquet') or a Hub dataset id
+    /// (owner/name, downloaded into the Hub cache): several files are one dataset.
+    #[arg(long, value_name = "FILE|DIR|GLOB|HUB_ID", env = "DATA_PATH", default_value = "train.jsonl", help_heading = section::MODEL_DATA)]
     pub data: PathBuf,
-    /// The split of a --data folder to train on (default: train).
+    /// The split of a --data folder or Hub dataset to train on (default: train).
     #[arg(long, value_name = "SPLIT", help_heading = section::MODEL_DATA)]
     pub data_split: Option<String>,
+    /// The config (subset) of --data, when its dataset card lists several (default: the card's
+    /// default).
+    #[arg(long, value_name = "NAME", help_heading = section::MODEL_DATA)]
+    pub data_config: Option<String>,
+    /// Hub revision of a --data / --eval-data dataset id: a branch, tag or commit (default: main).
+    #[arg(long, value_name = "REV", help_heading = section::MODEL_DATA)]
+    pub data_revision: Option<String>,
     /// Evaluation data, same formats and forms as --data, evaluated on every rank over a
     /// DistributedSampler, metrics all-reduced.
-    #[arg(long, value_name = "FILE|DIR|GLOB", help_heading = section::MODEL_DATA)]
+    #[arg(long, value_name = "FILE|DIR|GLOB|HUB_ID", help_heading = section::MODEL_DATA)]
     pub eval_data: Option<PathBuf>,
-    /// The split of an --eval-data folder (default: validation, else test).
+    /// The split of an --eval-data folder or Hub dataset (default: validation, else test).
     #[arg(long, value_name = "SPLIT", help_heading = section::MODEL_DATA)]
     pub eval_split: Option<String>,
+    /// The config (subset) of --eval-data, as --data-config.
+    #[arg(long, value_name = "NAME", help_heading = section::MODEL_DATA)]
+    pub eval_config: Option<String>,
     /// Output directory for checkpoints, metrics and the loss plot (the post's OUTPUT_DIR).
     #[arg(long, visible_alias = "output-dir", value_name = "DIR", env = "OUTPUT_DIR", default_value = "checkpoints", help_heading = section::RUN)]
     pub output: PathBuf,
@@ -694,6 +705,7 @@ impl TrainConfig {
                 self.eval_micro_batch.map(|n| n.to_string()),
             ),
             ("eval_split", self.eval_split.clone()),
+            ("eval_config", self.eval_config.clone()),
         ];
         for (field, value) in needs_eval_data {
             if let (Some(v), None) = (value, &self.eval_data) {

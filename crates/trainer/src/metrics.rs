@@ -423,8 +423,8 @@ impl MetricsLogger {
     }
 
     /// Records the dataset report of the training or evaluation data (`"kind": "dataset"`, `split`
-    /// is `train` or `eval`; `path` what `--data` gave, `files` its files, `data_split` the split
-    /// taken from a folder; `report` is `g4ft_data::PrepareReport::to_json`).
+    /// is `train` or `eval`; `path` what `--data` gave, `files` its files, `data_config` and
+    /// `data_split` the config and split taken from a folder or Hub dataset; `report` is `g4ft_data::PrepareReport::to_json`).
     pub fn log_dataset(
         &mut self,
         split: &str,
@@ -436,6 +436,7 @@ impl MetricsLogger {
             "split": split,
             "path": files.spec,
             "files": files.files,
+            "data_config": files.config,
             "data_split": files.split,
         });
         if let (Some(r), serde_json::Value::Object(fields)) = (record.as_object_mut(), report) {

@@ -6,7 +6,8 @@
 Builds each layout below in a temporary folder (small valid JSONL / Parquet / CSV files), asks
 `datasets.load_dataset_builder(folder)` for its data files and writes `split_fixtures.json` next to
 this script: per layout, the files (paths relative to the folder), the builder `datasets` picked
-(json, parquet, csv, ...) and each split's files in order. `crates/data/tests/files.rs` resolves
+(json, parquet, csv, ...) and each split's files in order; then folders whose README.md lists
+`configs` (subsets), each config asked for by name or left to `datasets` to choose. `crates/data/tests/files.rs` resolves
 the same layouts and must pick the same files for every split.
 """
 
@@ -46,6 +47,36 @@ LAYOUTS = {
     "metadata_files": ["config.json", "dataset_info.json", "rows.json"],
     "numbered_split_folders": ["train-1/a.jsonl", "dev_2/b.jsonl", "x_test/c.jsonl"],
     "csv_only": ["train.csv", "test.csv"],
+}
+
+# Folders whose README.md front matter lists `configs`: (files, card YAML, config names to ask
+# for, None being no name).
+CARD_LAYOUTS = {
+    "card_one_config": (
+        ["data/train_sft-00000-of-00001.parquet", "data/test_sft-00000-of-00001.parquet", "extra/x.jsonl"],
+        "configs:\n- config_name: default\n  data_files:\n  - split: train_sft\n    path: data/train_sft-*\n"
+        "  - split: test_sft\n    path: data/test_sft-*\n",
+        [None],
+    ),
+    "card_two_configs": (
+        ["main/train-00000-of-00001.parquet", "main/test-00000-of-00001.parquet",
+         "socratic/train-00000-of-00001.parquet", "socratic/test-00000-of-00001.parquet"],
+        "configs:\n- config_name: main\n  data_files:\n  - split: train\n    path: main/train-*\n"
+        "  - split: test\n    path: main/test-*\n- config_name: socratic\n  data_files:\n"
+        "  - split: train\n    path: socratic/train-*\n  - split: test\n    path: socratic/test-*\n",
+        ["main", "socratic"],
+    ),
+    "card_default_flag": (
+        ["a/one.jsonl", "a/two.jsonl", "b/three.jsonl"],
+        "configs:\n  - config_name: first\n    data_files: b/*.jsonl\n"
+        "  - config_name: second\n    default: true\n    data_files:\n      - a/two.jsonl\n      - a/one.jsonl\n",
+        [None, "first"],
+    ),
+    "card_flow_list_and_quotes": (
+        ["x/0.jsonl", "x/1.jsonl", "y/0.jsonl"],
+        "configs:\n- config_name: \"all\"\n  data_files:\n  - split: 'train'\n    path: [x/*.jsonl, y/*.jsonl]\n",
+        [None],
+    ),
 }
 
 
@@ -88,9 +119,25 @@ def main():
             }
             out.append({"name": name, "files": files, "builder": builder.name, "splits": splits})
             print(f"{name}: {builder.name} {splits}")
+    cards = []
+    for name, (files, card, configs) in CARD_LAYOUTS.items():
+        with tempfile.TemporaryDirectory() as root:
+            for f in files:
+                write(os.path.join(root, f))
+            with open(os.path.join(root, "README.md"), "w") as f:
+                f.write("---\n" + card + "---\n# a dataset\n")
+            for config in configs:
+                builder = datasets.load_dataset_builder(root, name=config)
+                splits = {
+                    str(split): [os.path.relpath(p, root).replace(os.sep, "/") for p in paths]
+                    for split, paths in builder.config.data_files.items()
+                }
+                cards.append({"name": name, "files": files, "card": card, "config": config,
+                              "chosen": builder.config.name, "splits": splits})
+                print(f"{name} [{config}]: {builder.config.name} {splits}")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "split_fixtures.json")
     with open(path, "w") as f:
-        json.dump({"datasets": datasets.__version__, "layouts": out}, f, indent=1)
+        json.dump({"datasets": datasets.__version__, "layouts": out, "cards": cards}, f, indent=1)
         f.write("\n")
     print(f"wrote {path}")
 
