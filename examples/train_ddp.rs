@@ -381,21 +381,26 @@ fn train_in_group(
     };
     // SIGINT, SIGTERM or SIGHUP (Ctrl-C, a launcher, a scheduler's preemption) stops the run at
     // the next step boundary, where every rank learns of it from the step's first all-reduce
-    // and rank 0 saves a checkpoint; a second signal ends the process at once.
+    // and rank 0 saves a checkpoint; a second signal ends the process at once. The first rank
+    // of each node (local rank 0) prints the notices and the report, so that every node's
+    // terminal says why its workers exit.
+    let speaks = group.env().local_rank == 0;
     signals::install(signals::Catch {
-        notice: is_main.then(|| {
+        notice: speaks.then(|| {
             format!(
                 "{prefix}{{signal}}: stopping after the step in progress and saving a \
                  checkpoint; send it again to stop at once"
             )
         }),
         exit_on_repeat_after: Some(STOP_AT_ONCE_AFTER),
-        exit_notice: is_main.then(|| {
+        exit_notice: speaks.then(|| {
             format!(
                 "{prefix}a second signal: stopping at once; a checkpoint being written is left \
                  incomplete, and --resume latest continues from the last complete one"
             )
         }),
+        launcher_notice: speaks
+            .then(|| format!("{prefix}the launcher is stopping the workers because {{reason}}")),
     });
     let first_step = pos.step;
     let (mut last_saved, mut last_eval): (Option<(u64, String)>, _) = (None, None);
@@ -436,8 +441,18 @@ fn train_in_group(
                         Some(name)
                     }
                 };
-                let report = stop_report(sig, pos.step, run_steps, cfg, saved.as_deref(), start);
-                return stopped(sig, is_main.then_some(report), logger.as_mut());
+                let report = speaks.then(|| {
+                    stop_report(
+                        sig,
+                        pos.step,
+                        run_steps,
+                        cfg,
+                        saved.as_deref(),
+                        start,
+                        is_main,
+                    )
+                });
+                return stopped(sig, report, logger.as_mut());
             }
             let weighting = if cfg.token_weighted_loss {
                 LossWeighting::TokenWeighted {
@@ -571,8 +586,18 @@ fn train_in_group(
     }
     if let Some(sig) = stop {
         let saved = last_saved.map(|(_, name)| name);
-        let report = stop_report(sig, pos.step, run_steps, cfg, saved.as_deref(), start);
-        return stopped(sig, is_main.then_some(report), logger.as_mut());
+        let report = speaks.then(|| {
+            stop_report(
+                sig,
+                pos.step,
+                run_steps,
+                cfg,
+                saved.as_deref(),
+                start,
+                is_main,
+            )
+        });
+        return stopped(sig, report, logger.as_mut());
     }
     if let Some((step, loss)) = logger.as_ref().and_then(MetricsLogger::best_eval) {
         println!("{}", best_eval_report(&cfg.output, step, loss)?);
@@ -624,7 +649,8 @@ fn best_eval_report(output: &Path, step: u64, loss: f64) -> Result<String> {
     })
 }
 
-/// The end of a run that `sig` stopped: rank 0 prints `report`, the loss plot is written.
+/// The end of a run that `sig` stopped: `report` is printed (by the first rank of each node),
+/// the loss plot is written (by rank 0).
 fn stopped(sig: i32, report: Option<String>, logger: Option<&mut MetricsLogger>) -> Result<RunEnd> {
     if let Some(report) = report {
         println!("{report}");
@@ -636,7 +662,8 @@ fn stopped(sig: i32, report: Option<String>, logger: Option<&mut MetricsLogger>)
 }
 
 /// What a run stopped by `sig` after `step` of `run_steps` says: the checkpoint that holds it
-/// (`saved`, in the output folder) and how to continue.
+/// (`saved`, in the output folder) and how to continue. Said by another node's first rank than
+/// rank 0 (`!by_rank0`), it names rank 0's node as the one whose output folder holds them.
 fn stop_report(
     sig: i32,
     step: u64,
@@ -644,25 +671,27 @@ fn stop_report(
     cfg: &TrainConfig,
     saved: Option<&str>,
     start: &Start<'_>,
+    by_rank0: bool,
 ) -> String {
     let head = format!(
         "stopped by {} after step {step} of {run_steps}",
         signals::name(sig)
     );
+    let there = if by_rank0 { "" } else { " on rank 0's node" };
     match (saved, &start.plan.start) {
         // The last step's save or the final evaluation (whose abandonment is reported by
         // itself) was under way.
         (Some(name), _) if step == run_steps => format!(
-            "{head}: training is complete, its adapter is saved in {}",
+            "{head}: training is complete, its adapter is saved in {}{there}",
             cfg.output.join(name).display()
         ),
         (Some(name), _) => format!(
-            "{head}: saved {}; to continue, run the same command with --resume latest",
+            "{head}: saved {}{there}; to continue, run the same command with --resume latest",
             cfg.output.join(name).display()
         ),
         (None, resume::Start::Checkpoint { dir, .. }) => format!(
             "{head}, before this run finished a step: nothing new to save; the same command \
-             continues from {} again",
+             continues from {}{there} again",
             dir.display()
         ),
         (None, _) => format!("{head}: no step had finished, nothing was saved"),

@@ -444,6 +444,45 @@ fn a_signal_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint() {
     );
 }
 
+#[test]
+fn a_stop_is_reported_on_every_node() {
+    // Two nodes of one rank each (both local rank 0); SIGINT to rank 1 alone, as a Ctrl-C on
+    // node 1's terminal. Rank 0 saves and reports as ever; rank 1 says the same on its own
+    // terminal, naming rank 0's node as the checkpoint's.
+    let out = tmp("signal-nodes");
+    let mut flags = SMALL_STEP.to_vec();
+    flags.extend(["--max-steps", "100000"]);
+    let nodes = [("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")];
+    let mut ranks = spawn_ranks(2, &args_with(&out, &flags), &nodes);
+    let mut lines = Lines::of(&mut ranks[0]);
+    lines.wait_for(|l| step_of(l).is_some_and(|n| n >= 2), &mut ranks);
+    interrupt(&ranks[1]);
+    let outs = wait_all(ranks);
+    let log = lines.finish().join("\n");
+    assert_all_exited(&outs, 130, &log);
+    // "stopped by SIGINT after step N of 100000: saved OUT/NAME; to continue, ..."
+    let (report, _) = line_with_number(&log, "stopped by SIGINT after step ");
+    let tail = "; to continue, run the same command with --resume latest";
+    assert!(
+        report.contains(": saved ") && report.ends_with(tail),
+        "{report}"
+    );
+    let (out1, err1) = (
+        String::from_utf8_lossy(&outs[1].stdout),
+        String::from_utf8_lossy(&outs[1].stderr),
+    );
+    assert!(
+        err1.contains("[rank 1] SIGINT: stopping after the step in progress"),
+        "{err1}"
+    );
+    let elsewhere = report.replace(tail, &format!(" on rank 0's node{tail}"));
+    assert_eq!(
+        out1.lines().last(),
+        Some(elsewhere.as_str()),
+        "{out1}\n{err1}"
+    );
+}
+
 /// Two ranks saving every 2 steps of a long run; `victim` is killed once step 3 is logged. The
 /// other rank must fail, naming the run's last complete checkpoint and `--resume latest`.
 fn the_survivor_names_the_last_checkpoint(name: &str, victim: usize) {

@@ -4,13 +4,22 @@
 //!
 //! `ddprun` forwards what it catches to its workers and gives them time to stop; `train_ddp`
 //! stops at the next step boundary with a checkpoint and ends at once on a second signal.
+//!
+//! `ddprun` also stops its workers itself, with SIGTERM, when another worker failed; it first
+//! writes why into a pipe each worker inherits ([`REASON_FD_ENV`]), so that the handler can
+//! tell that stop from one a user asked for ([`Catch::launcher_notice`]).
 
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 /// The signals [`install`] catches.
 pub const STOP_SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// Set by `ddprun` in each worker's environment: the number of an inherited file descriptor,
+/// the read end of a pipe into which `ddprun` writes why it stops the workers (`worker rank 1
+/// (node 0, local rank 1) exited with code 3`) before it sends them SIGTERM.
+pub const REASON_FD_ENV: &str = "G4FT_STOP_REASON_FD";
 
 /// What the handler does besides recording.
 #[derive(Debug, Clone, Default)]
@@ -26,6 +35,12 @@ pub struct Catch {
     pub exit_on_repeat_after: Option<Duration>,
     /// A line written to stderr when a second signal ends the process.
     pub exit_notice: Option<String>,
+    /// A line written to stderr instead of `notice` when the first signal is `ddprun` stopping
+    /// the workers because another one failed, `{reason}` in it replaced by `ddprun`'s words for
+    /// the failure; `exit_notice` is then not written either. The process stops as on any stop
+    /// signal. torchrun also stops the survivors of a failure with SIGTERM, but says nothing to
+    /// them: under torchrun that signal reads as any other (`notice`).
+    pub launcher_notice: Option<String>,
 }
 
 static FIRST: AtomicI32 = AtomicI32::new(0);
@@ -37,6 +52,14 @@ static REPEAT_NS: AtomicU64 = AtomicU64::new(0);
 static NOTICES: OnceLock<[Vec<u8>; 3]> = OnceLock::new();
 /// [`Catch::exit_notice`], formatted before the handler can run.
 static EXIT_NOTICE: OnceLock<Vec<u8>> = OnceLock::new();
+/// [`Catch::launcher_notice`] before and after its `{reason}`.
+static LAUNCHER_NOTICE: OnceLock<(Vec<u8>, Vec<u8>)> = OnceLock::new();
+/// The pipe of [`REASON_FD_ENV`], non-blocking; -1 without one.
+static REASON_FD: AtomicI32 = AtomicI32::new(-1);
+/// Whether the first signal was the launcher's stop after a failure.
+static BY_LAUNCHER: AtomicBool = AtomicBool::new(false);
+/// The most of a launcher's reason that is written.
+const REASON_MAX: usize = 512;
 
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -46,6 +69,57 @@ fn monotonic_ns() -> u64 {
     // SAFETY: clock_gettime writes the timespec it is given and is async-signal-safe.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Writes `text` to stderr from the handler.
+fn write_stderr(text: &[u8]) {
+    // SAFETY: write(2) is async-signal-safe and reads only the `text.len()` bytes it is given.
+    unsafe { libc::write(2, text.as_ptr().cast(), text.len()) };
+}
+
+/// Reads what the launcher wrote into the [`REASON_FD_ENV`] pipe, without its line ends, into
+/// `buf`: the length, 0 when it wrote nothing (or there is no pipe).
+fn launcher_reason(buf: &mut [u8]) -> usize {
+    let fd = REASON_FD.load(Ordering::SeqCst);
+    if fd < 0 {
+        return 0;
+    }
+    // SAFETY: read(2) is async-signal-safe; the fd is non-blocking and `buf` is writable for
+    // its length.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    let mut n = n.max(0) as usize;
+    while n > 0 && matches!(buf[n - 1], b'\n' | b'\r') {
+        n -= 1;
+    }
+    n
+}
+
+/// Takes the pipe [`REASON_FD_ENV`] names, if it is one this process holds: non-blocking, and
+/// not passed on to the processes this one starts.
+fn open_reason_pipe() {
+    let Some(fd) = std::env::var(REASON_FD_ENV)
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+        .filter(|&fd| fd > 2)
+    else {
+        return;
+    };
+    // SAFETY: fstat(2) and fcntl(2) on a descriptor number only read or set its flags; one that
+    // is not open fails with EBADF, and anything but a pipe is left alone.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 || st.st_mode & libc::S_IFMT != libc::S_IFIFO {
+            return;
+        }
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0
+            || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) != 0
+            || libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) != 0
+        {
+            return;
+        }
+    }
+    REASON_FD.store(fd, Ordering::SeqCst);
 }
 
 extern "C" fn on_signal(sig: libc::c_int) {
@@ -58,19 +132,30 @@ extern "C" fn on_signal(sig: libc::c_int) {
         .is_ok()
     {
         FIRST_AT_NS.store(now, Ordering::SeqCst);
+        let mut reason = [0u8; REASON_MAX];
+        let n = launcher_reason(&mut reason);
+        if n > 0 {
+            BY_LAUNCHER.store(true, Ordering::SeqCst);
+            if let Some((before, after)) = LAUNCHER_NOTICE.get() {
+                write_stderr(before);
+                write_stderr(&reason[..n]);
+                write_stderr(after);
+            }
+            return;
+        }
         let slot = STOP_SIGNALS.iter().position(|&s| s == sig);
         if let (Some(notices), Some(i)) = (NOTICES.get(), slot) {
-            let text = &notices[i];
-            // SAFETY: write(2) is async-signal-safe; the buffer lives in a static.
-            unsafe { libc::write(2, text.as_ptr().cast(), text.len()) };
+            write_stderr(&notices[i]);
         }
         return;
     }
     let repeat = REPEAT_NS.load(Ordering::SeqCst);
     if repeat > 0 && now.saturating_sub(FIRST_AT_NS.load(Ordering::SeqCst)) >= repeat {
-        if let Some(text) = EXIT_NOTICE.get() {
-            // SAFETY: write(2) is async-signal-safe; the buffer lives in a static.
-            unsafe { libc::write(2, text.as_ptr().cast(), text.len()) };
+        if let Some(text) = EXIT_NOTICE
+            .get()
+            .filter(|_| !BY_LAUNCHER.load(Ordering::SeqCst))
+        {
+            write_stderr(text);
         }
         // SAFETY: _exit is async-signal-safe; ending the process here is what was asked.
         unsafe { libc::_exit(128 + FIRST.load(Ordering::SeqCst)) };
@@ -89,6 +174,11 @@ pub fn install(catch: Catch) {
     if let Some(text) = &catch.exit_notice {
         let _ = EXIT_NOTICE.set(format!("{text}\n").into_bytes());
     }
+    if let Some(text) = &catch.launcher_notice {
+        let (before, after) = text.split_once("{reason}").unwrap_or((text, ""));
+        let _ = LAUNCHER_NOTICE.set((before.into(), format!("{after}\n").into_bytes()));
+    }
+    open_reason_pipe();
     if let Some(after) = catch.exit_on_repeat_after {
         let _ = REPEAT_NS.compare_exchange(
             0,
@@ -173,12 +263,24 @@ mod tests {
     const REPEAT_AFTER: Duration = Duration::from_millis(300);
 
     /// In the child: installs the handler, raises `mode`'s signals and exits with 10 + the
-    /// number caught (unless the handler ended it first).
+    /// number caught (unless the handler ended it first). In mode `launcher`, a launcher's
+    /// reason waits in the pipe of [`REASON_FD_ENV`] first.
     fn child(mode: &str) -> ! {
+        if mode == "launcher" {
+            let mut fds = [0; 2];
+            // SAFETY: pipe(2) fills the two descriptors; write(2) reads the given bytes.
+            unsafe {
+                assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+                let why = b"worker rank 1 exited with code 3\n";
+                libc::write(fds[1], why.as_ptr().cast(), why.len());
+            }
+            std::env::set_var(REASON_FD_ENV, fds[0].to_string());
+        }
         install(Catch {
             notice: Some("caught {signal}".into()),
             exit_on_repeat_after: Some(REPEAT_AFTER),
             exit_notice: Some("ending now".into()),
+            launcher_notice: Some("stopped by the launcher: {reason}".into()),
         });
         let raise = |sig| {
             // SAFETY: raise(3) on this process, whose handler is installed above.
@@ -187,7 +289,7 @@ mod tests {
         let pause = || std::thread::sleep(REPEAT_AFTER + Duration::from_millis(100));
         raise(libc::SIGINT);
         match mode {
-            "repeat-later" => {
+            "repeat-later" | "launcher" => {
                 pause();
                 raise(libc::SIGINT);
             }
@@ -246,5 +348,23 @@ mod tests {
         // Sooner, it is the same request delivered twice: counted only.
         assert_eq!(run_child(test, "repeat-at-once").0, Some(12));
         assert_eq!(run_child(test, "another-at-once").0, Some(12));
+    }
+
+    #[test]
+    fn a_launchers_stop_after_a_failure_says_why_instead_of_the_notices() {
+        if let Ok(mode) = std::env::var(CHILD) {
+            child(&mode);
+        }
+        let test =
+            "signals::tests::a_launchers_stop_after_a_failure_says_why_instead_of_the_notices";
+        // The launcher's reason replaces the notice; the process stops as on any signal, and
+        // a later repeat ends it without the exit notice.
+        let (code, err) = run_child(test, "launcher");
+        assert_eq!(code, Some(128 + libc::SIGINT), "{err}");
+        assert_eq!(
+            err.lines().collect::<Vec<_>>(),
+            ["stopped by the launcher: worker rank 1 exited with code 3"],
+            "{err}"
+        );
     }
 }

@@ -238,6 +238,55 @@ fn two_nodes_on_loopback() {
 }
 
 #[test]
+fn workers_stopped_after_a_failure_are_told_which_worker_failed() {
+    // Rank 3 (node 1) fails once the others wait for a stop signal; its node's launcher stops
+    // rank 2 and node 0's launcher, told through the store, stops ranks 0 and 1.
+    let ep = format!("127.0.0.1:{}", free_port());
+    let script = format!("if [ $RANK = 3 ]; then sleep 3; exit 3; fi; exec {WORKER} wait-for-stop");
+    let node = |rank: &str| {
+        Command::new(DDPRUN)
+            .args([
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--node-rank",
+                rank,
+            ])
+            .args(["--rdzv-endpoint", &ep, "--rdzv-id", "job3"])
+            .args(["--", "sh", "-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn ddprun")
+    };
+    let (a, b) = (node("0"), node("1"));
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let (ta, tb) = (text(&a), text(&b));
+    let failed = "worker rank 3 (node 1, local rank 1) exited with code 3";
+    assert!(
+        tb.contains(&format!("ddprun: {failed}; stopping the other workers")),
+        "{tb}"
+    );
+    assert!(
+        ta.contains(&format!(
+            "ddprun: another node failed: {failed}; stopping this node's workers"
+        )),
+        "{ta}"
+    );
+    for (o, t, ranks) in [(&a, &ta, [0, 1].as_slice()), (&b, &tb, &[2])] {
+        assert_eq!(o.status.code(), Some(1), "{t}");
+        for r in ranks {
+            assert!(
+                t.contains(&format!("[rank {r}] stopped by the launcher: {failed}\n")),
+                "{t}"
+            );
+        }
+        assert!(!t.contains("SIGTERM: stopping"), "{t}");
+    }
+}
+
+#[test]
 fn worker_counts_that_make_no_sense_are_errors() {
     for (n, says) in [
         ("0", "at least 1"),

@@ -2,17 +2,21 @@
 //! hand-made torchrun environment). `ddp_test_worker <scenario> [args]`; prints `OK <scenario>`
 //! on success, exits 1 with the error otherwise. `G4FT_DDP_TIMEOUT_S` sets the collective timeout.
 //!
-//! Every scenario runs on the CPU backend except `nccl`: the `collectives` checks on CUDA tensors
-//! (device `cuda:LOCAL_RANK`, one GPU per rank) through NCCL, plus a DDP bucket/no_sync round,
-//! with the NCCL communicator forced so that world size 1 runs NCCL too (needs `--features cuda`).
+//! `wait-for-stop` starts no process group: it waits for a stop signal and prints the notice of
+//! its kind ([`signals::Catch`]).
+//!
+//! Every other scenario runs on the CPU backend except `nccl`: the `collectives` checks on CUDA
+//! tensors (device `cuda:LOCAL_RANK`, one GPU per rank) through NCCL, plus a DDP bucket/no_sync
+//! round, with the NCCL communicator forced so that world size 1 runs NCCL too (needs
+//! `--features cuda`).
 //! The DDP rounds cover both accumulation entry points on CUDA: single reports (bf16 gradients,
 //! converted) and batched `grads_ready_from` reports (f32, read in place by the batched kernel,
 //! across buckets and past the kernel's 32-entry table).
 
 use candle_core::{DType, Device, Tensor, Var};
 use g4ft_ddp::{
-    Backend, DdpError, DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup,
-    ReduceOp,
+    signals, Backend, DdpError, DdpOptions, DistEnv, DistributedDataParallel, GroupOptions,
+    ProcessGroup, ReduceOp,
 };
 use std::time::Duration;
 
@@ -56,6 +60,9 @@ fn run(scenario: &str, a: &[String]) -> Res<()> {
     if scenario == "nccl" {
         return nccl();
     }
+    if scenario == "wait-for-stop" {
+        return wait_for_stop();
+    }
     let store_checks = scenario == "async-skip";
     let pg = group(&Device::Cpu, None, store_checks.then_some(true))?;
     if scenario == "fail-first" {
@@ -73,6 +80,23 @@ fn run(scenario: &str, a: &[String]) -> Res<()> {
         "drift" => drift(&pg),
         "decide" => decide(&pg),
         other => Err(format!("unknown scenario {other:?}").into()),
+    }
+}
+
+/// Catches the stop signals with a notice for each kind of stop, says `ready`, and once a stop
+/// signal comes exits with 128 + it.
+fn wait_for_stop() -> Res<()> {
+    signals::install(signals::Catch {
+        notice: Some("{signal}: stopping".into()),
+        launcher_notice: Some("stopped by the launcher: {reason}".into()),
+        ..Default::default()
+    });
+    println!("ready");
+    loop {
+        if let Some(sig) = signals::received() {
+            std::process::exit(128 + sig);
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

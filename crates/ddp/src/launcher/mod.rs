@@ -5,9 +5,10 @@
 //! with the full torchrun environment (`TORCHELASTIC_USE_AGENT_STORE=True`, so workers connect as
 //! clients under `/worker/attempt_<n>/`), prefixes their output lines with `[rank N]`, forwards
 //! SIGINT/SIGTERM/SIGHUP, and when a worker fails stops every worker (on every node, through the
-//! store) and exits 1, or restarts them all with `TORCHELASTIC_RESTART_COUNT+1` within
-//! `--max-restarts`. Not supported: elastic `--nnodes MIN:MAX` with MIN != MAX, `-m`/python
-//! modules (the command is always executed as given, like `--no-python`).
+//! store; each is told which worker failed, [`crate::signals::REASON_FD_ENV`]) and exits 1, or
+//! restarts them all with `TORCHELASTIC_RESTART_COUNT+1` within `--max-restarts`. Not
+//! supported: elastic `--nnodes MIN:MAX` with MIN != MAX, `-m`/python modules (the command is
+//! always executed as given, like `--no-python`).
 
 mod args;
 mod workers;

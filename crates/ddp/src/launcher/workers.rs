@@ -1,13 +1,15 @@
 //! Worker processes of one attempt: environment, spawn (each in its own process group), output
-//! prefixing, monitoring, and stopping (SIGTERM to the group, SIGKILL after a grace period). A
-//! [`WorkerSet`] dropped with workers still running (the launcher's own error, such as a lost
-//! store) stops them, so that no worker outlives its launcher.
+//! prefixing, monitoring, and stopping (SIGTERM to the group, SIGKILL after a grace period;
+//! after a failure, each worker is first told why through its [`signals::REASON_FD_ENV`]
+//! pipe). A [`WorkerSet`] dropped with workers still running (the launcher's own error, such
+//! as a lost store) stops them, so that no worker outlives its launcher.
 
 use super::Layout;
 use crate::error::{DdpError, Result};
 use crate::signals;
 use crate::store::StoreClient;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, PipeWriter, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
@@ -82,6 +84,8 @@ struct Worker {
     child: Child,
     exit: Option<i32>,
     pumps: Vec<JoinHandle<()>>,
+    /// The write end of the worker's [`signals::REASON_FD_ENV`] pipe.
+    reason: PipeWriter,
 }
 
 /// Makes the worker `cmd` starts die with the launcher (Linux's parent-death signal, SIGKILL):
@@ -101,6 +105,22 @@ fn die_with_launcher(cmd: &mut Command) {
             // The launcher may have died before the signal was armed.
             if libc::getppid() != launcher {
                 libc::_exit(128 + libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Leaves the descriptor `fd` open in the worker `cmd` starts, where [`signals::REASON_FD_ENV`]
+/// names it.
+fn hand_over(cmd: &mut Command, fd: i32) {
+    cmd.env(signals::REASON_FD_ENV, fd.to_string());
+    // SAFETY: fcntl(2) in the child, between fork and exec, only clears the descriptor's
+    // close-on-exec flag, and is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
@@ -131,7 +151,12 @@ impl WorkerSet {
                 .stderr(Stdio::piped())
                 .process_group(0);
             die_with_launcher(&mut cmd);
-            let mut child = match cmd.spawn() {
+            let started = std::io::pipe().and_then(|(read_end, reason)| {
+                hand_over(&mut cmd, read_end.as_raw_fd());
+                // The read end is closed here once the worker holds it.
+                Ok((cmd.spawn()?, reason))
+            });
+            let (mut child, reason) = match started {
                 Ok(c) => c,
                 Err(e) => {
                     set.stop();
@@ -154,6 +179,7 @@ impl WorkerSet {
                 child,
                 exit: None,
                 pumps,
+                reason,
             });
         }
         Ok(set)
@@ -203,7 +229,7 @@ impl WorkerSet {
                             stopped = stopped.or(Some(sig));
                         } else if code != 0 && failure.is_none() {
                             failure = Some(format!(
-                                "worker rank {} (node {}, local rank {}) {how}; stopping the other workers",
+                                "worker rank {} (node {}, local rank {}) {how}",
                                 w.rank, l.node_rank, w.local_rank
                             ));
                         }
@@ -217,11 +243,13 @@ impl WorkerSet {
                 return Ok(self.stopped_by(sig));
             }
             if let Some(why) = failure {
-                self.stop();
                 if let Err(e) = store.set(&failed_key, why.as_bytes()) {
                     eprintln!("ddprun: could not tell the other nodes that {why}: {e}");
                 }
-                return Ok(Outcome::Failed(why));
+                self.stop_after_failure(&why);
+                return Ok(Outcome::Failed(format!(
+                    "{why}; stopping the other workers"
+                )));
             }
             if self.workers.iter().all(|w| w.exit == Some(0)) {
                 self.join_pumps();
@@ -231,8 +259,10 @@ impl WorkerSet {
                 last_check = Instant::now();
                 if store.check(&[&failed_key])? {
                     let why = String::from_utf8_lossy(&store.get(&failed_key)?).into_owned();
-                    self.stop();
-                    return Ok(Outcome::Failed(format!("another node failed: {why}")));
+                    self.stop_after_failure(&why);
+                    return Ok(Outcome::Failed(format!(
+                        "another node failed: {why}; stopping this node's workers"
+                    )));
                 }
                 if store.check(&[&stopped_key])? {
                     let sig = String::from_utf8_lossy(&store.get(&stopped_key)?).parse();
@@ -301,6 +331,16 @@ impl WorkerSet {
                 libc::kill(-(w.child.id() as libc::pid_t), sig);
             }
         }
+    }
+
+    /// [`WorkerSet::stop`] because `why` (a worker failed), which each live worker reads from
+    /// its [`signals::REASON_FD_ENV`] pipe when the SIGTERM comes.
+    fn stop_after_failure(&mut self, why: &str) {
+        for w in self.workers.iter_mut().filter(|w| w.exit.is_none()) {
+            // A worker that does not read it, or has exited meanwhile, leaves it unread.
+            let _ = w.reason.write_all(why.as_bytes());
+        }
+        self.stop();
     }
 
     /// SIGTERM to every live worker's process group, SIGKILL after [`GRACE`], then reap.
