@@ -7,15 +7,21 @@
 //!     --out assets/sample/tokens.jsonl --max-len 256 --labels assistant_only
 //! ```
 //! Prints the dataset report (rows, skipped rows per reason, truncated rows, tokens, trainable
-//! tokens, length percentiles), a warning per skipped row, and throughput (rows/s, tokens/s).
+//! tokens, length percentiles), a warning per skipped row (past 20, one line counting the rest,
+//! all of them written to OUT with the extension `.skipped.jsonl`), and throughput (rows/s,
+//! tokens/s).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
+use g4ft::data::prepare::SKIPPED_SHOWN;
 use g4ft::data::source::DEFAULT_MAX_LINE_BYTES;
-use g4ft::data::{tokenize_file, Encoder, Format, LabelMode, PrepareOptions};
+use g4ft::data::{
+    skipped_row_warnings, tokenize_file, write_skipped_rows, Encoder, Format, LabelMode,
+    PrepareOptions,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "Tokenize a data file into pre-tokenized JSONL")]
@@ -118,13 +124,14 @@ fn run(args: &Args) -> anyhow::Result<()> {
     drop(out);
     std::fs::rename(&tmp, &args.out)
         .with_context(|| format!("renaming to {}", args.out.display()))?;
-    for bad in &report.bad_lines {
-        eprintln!(
-            "warning: {}: skipped ({}): {}",
-            bad.location(&args.data),
-            bad.kind.as_str(),
-            bad.reason
-        );
+    let files = [(args.data.as_path(), &report)];
+    let listed_in =
+        (report.bad_lines.len() > SKIPPED_SHOWN).then(|| args.out.with_extension("skipped.jsonl"));
+    if let Some(path) = &listed_in {
+        write_skipped_rows(&files, path)?;
+    }
+    for line in skipped_row_warnings(&files, listed_in.as_deref()) {
+        eprintln!("{line}");
     }
     if report.mostly_truncated() {
         eprintln!(

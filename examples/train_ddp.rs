@@ -30,8 +30,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use candle_core::Device;
 use clap::{ArgMatches, ValueEnum};
 use g4ft::data::{
-    detect_files_format, Batch, Batching, DataFiles, DataLoader, DatasetOptions, Encoder, Format,
-    LabelMode, LoaderConfig, PrepareOptions, SplitChoice, TokenDataset,
+    detect_files_format, prepare::SKIPPED_SHOWN, skipped_row_warnings, write_skipped_rows, Batch,
+    Batching, DataFiles, DataLoader, DatasetOptions, Encoder, Format, LabelMode, LoaderConfig,
+    PrepareOptions, SplitChoice, TokenDataset,
 };
 use g4ft::ddp::{
     signals, DdpError, DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup,
@@ -1012,7 +1013,9 @@ fn open_loader(
     };
     let dataset = Arc::new(TokenDataset::open_files(files, encoder.as_ref(), &opts)?);
     if rank == 0 {
-        print_dataset_report(&dataset);
+        let split = if train { "train" } else { "eval" };
+        let skipped_list = cfg.output.join(format!("skipped_rows.{split}.jsonl"));
+        print_dataset_report(&dataset, &skipped_list)?;
     }
 
     let batching = if cfg.packing {
@@ -1046,8 +1049,9 @@ fn open_loader(
     Ok(loader)
 }
 
-/// The dataset report, a warning per skipped row, and one when most rows were truncated.
-fn print_dataset_report(ds: &TokenDataset) {
+/// The dataset report, the warnings about skipped rows (every one written to `skipped_list` when
+/// there are too many to print), and one when most rows were truncated.
+fn print_dataset_report(ds: &TokenDataset, skipped_list: &Path) -> Result<()> {
     let report = ds.report();
     let source = ds.files().describe();
     println!(
@@ -1061,15 +1065,13 @@ fn print_dataset_report(ds: &TokenDataset) {
     for line in report.lines() {
         println!("  {line}");
     }
-    for (path, file_report) in ds.file_reports() {
-        for bad in &file_report.bad_lines {
-            eprintln!(
-                "warning: {}: skipped ({}): {}",
-                bad.location(path),
-                bad.kind.as_str(),
-                bad.reason
-            );
-        }
+    let files: Vec<_> = ds.file_reports().collect();
+    let listed_in = (report.bad_lines.len() > SKIPPED_SHOWN).then_some(skipped_list);
+    if let Some(path) = listed_in {
+        write_skipped_rows(&files, path)?;
+    }
+    for line in skipped_row_warnings(&files, listed_in) {
+        eprintln!("{line}");
     }
     if report.mostly_truncated() {
         eprintln!(
@@ -1081,6 +1083,7 @@ fn print_dataset_report(ds: &TokenDataset) {
             report.lengths.p50
         );
     }
+    Ok(())
 }
 
 /// What every checkpoint of the run shares: the group, the settings, the model whose adapters

@@ -59,7 +59,10 @@ pub use error::{BadLine, DataError, Result, RowError, SkipReason};
 pub use files::{resolve_local, DataFiles, SplitChoice};
 pub use labels::{LabelMode, ModelSpans, TurnMarkers, IGNORE};
 pub use loader::{Batches, DataLoader, LoaderConfig};
-pub use prepare::{detect_format, tokenize_file, LengthStats, PrepareOptions, PrepareReport};
+pub use prepare::{
+    detect_format, skipped_row_warnings, tokenize_file, write_skipped_rows, LengthStats,
+    PrepareOptions, PrepareReport,
+};
 pub use rows::{Format, Row};
 pub use sampler::DistributedSampler;
 pub use template::{ChatTemplate, Conversation, RenderOptions};

@@ -395,3 +395,71 @@ fn check_format(
     }
     Ok(())
 }
+
+/// Skipped rows warned about one by one; the others are counted in one line.
+pub const SKIPPED_SHOWN: usize = 20;
+
+/// The warnings about the skipped rows of `files` (each data file with its report): one line per
+/// row for the first [`SKIPPED_SHOWN`], then one counting the others and naming `listed_in`
+/// (where [`write_skipped_rows`] put them all), then one when most rows read were skipped.
+pub fn skipped_row_warnings(
+    files: &[(&Path, &PrepareReport)],
+    listed_in: Option<&Path>,
+) -> Vec<String> {
+    let rows = files
+        .iter()
+        .flat_map(|(path, r)| r.bad_lines.iter().map(move |b| (*path, b)));
+    let total = files.iter().map(|(_, r)| r.bad_lines.len()).sum::<usize>();
+    let mut out: Vec<String> = rows
+        .take(SKIPPED_SHOWN)
+        .map(|(path, bad)| {
+            format!(
+                "warning: {}: skipped ({}): {}",
+                bad.location(path),
+                bad.kind.as_str(),
+                bad.reason
+            )
+        })
+        .collect();
+    if total > SKIPPED_SHOWN {
+        out.push(format!(
+            "warning: {} more rows skipped{}",
+            total - SKIPPED_SHOWN,
+            listed_in.map_or(String::new(), |p| format!(
+                "; every skipped row is listed in {}",
+                p.display()
+            ))
+        ));
+    }
+    let read: u64 = files.iter().map(|(_, r)| r.rows_read).sum();
+    if read > 0 && 2 * total as u64 > read {
+        out.push(format!(
+            "warning: {total} of {read} rows were skipped: check --data-format, --labels and the \
+             data itself"
+        ));
+    }
+    out
+}
+
+/// Writes every skipped row of `files` to `path` as JSON lines (`file`, `line`, `row_group`,
+/// `kind`, `reason`), replacing it whole.
+pub fn write_skipped_rows(files: &[(&Path, &PrepareReport)], path: &Path) -> Result<()> {
+    let mut text = String::new();
+    for (file, report) in files {
+        for bad in &report.bad_lines {
+            let row = serde_json::json!({
+                "file": file,
+                "line": bad.line,
+                "row_group": bad.row_group,
+                "kind": bad.kind.as_str(),
+                "reason": bad.reason,
+            });
+            text.push_str(&row.to_string());
+            text.push('\n');
+        }
+    }
+    let tmp = path.with_extension(format!("jsonl.{}", std::process::id()));
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| DataError::io(path, e))
+}

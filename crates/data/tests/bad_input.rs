@@ -282,3 +282,72 @@ fn a_row_of_another_format_than_the_files_says_so() {
         "{err}"
     );
 }
+
+#[test]
+fn many_skipped_rows_are_counted_past_the_first_and_all_written_down() {
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let dir = common::scratch("many-bad");
+    // Two files of 15 rows each, 13 of them bad: 26 of 30 rows skipped.
+    let mut lines = vec![GOOD, GOOD];
+    lines.extend(std::iter::repeat_n("{\"messages\": [", 13));
+    let a = common::write_jsonl(&dir, "a.jsonl", &lines);
+    let b = common::write_jsonl(&dir, "b.jsonl", &lines);
+    let files = g4ft_data::DataFiles::resolve(
+        &format!("{}/*.jsonl", dir.display()),
+        g4ft_data::SplitChoice::train(None),
+        &Default::default(),
+    )
+    .unwrap();
+    let ds = TokenDataset::open_files(&files, Some(&enc), &opts(&dir, true, LabelMode::Auto, 64))
+        .unwrap();
+    assert_eq!((ds.len(), ds.report().bad_lines.len()), (4, 26));
+    let reports: Vec<_> = ds.file_reports().collect();
+    let list = dir.join("skipped.jsonl");
+    let warnings = g4ft_data::skipped_row_warnings(&reports, Some(&list));
+    assert_eq!(
+        warnings.len(),
+        g4ft_data::prepare::SKIPPED_SHOWN + 2,
+        "{warnings:#?}"
+    );
+    let first = format!(
+        "warning: {}:3: skipped (invalid_json): invalid JSON",
+        a.display()
+    );
+    assert!(warnings[0].starts_with(&first), "{}", warnings[0]);
+    assert!(
+        warnings[19].starts_with(&format!("warning: {}:9:", b.display())),
+        "{}",
+        warnings[19]
+    );
+    assert_eq!(
+        warnings[20],
+        format!(
+            "warning: 6 more rows skipped; every skipped row is listed in {}",
+            list.display()
+        )
+    );
+    assert!(
+        warnings[21].starts_with("warning: 26 of 30 rows were skipped"),
+        "{}",
+        warnings[21]
+    );
+    g4ft_data::write_skipped_rows(&reports, &list).unwrap();
+    let written: Vec<serde_json::Value> = std::fs::read_to_string(&list)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(written.len(), 26);
+    assert_eq!(
+        (
+            &written[25]["file"],
+            &written[25]["line"],
+            &written[25]["kind"]
+        ),
+        (
+            &b.display().to_string().into(),
+            &15.into(),
+            &"invalid_json".into()
+        )
+    );
+}
