@@ -64,7 +64,7 @@ use g4ft::trainer::step::{self, Evaluation, LossWeighting};
 use g4ft::trainer::TrainConfig;
 
 fn main() -> ExitCode {
-    let matches = cli::command().get_matches();
+    let matches = cli::get_matches();
     let prefix = g4ft::ddp::env::message_prefix(|k| std::env::var(k).ok());
     match train(&matches, &prefix) {
         // Stopped by a signal with its checkpoint saved: the exit code of a process it ended.

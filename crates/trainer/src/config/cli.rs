@@ -62,6 +62,45 @@ pub fn command() -> clap::Command {
         })
 }
 
+/// The process's arguments parsed with [`command`]; a bad flag prints clap's message and exits
+/// (2), with a hint when the shell expanded an unquoted glob after `--data` or `--eval-data`
+/// into several files (`--data shards/*.jsonl`).
+pub fn get_matches() -> ArgMatches {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    command().try_get_matches_from(&args).unwrap_or_else(|e| {
+        if let Some(hint) = expanded_glob_hint(&e, &args) {
+            let _ = e.print();
+            eprintln!("{hint}");
+            std::process::exit(e.exit_code());
+        }
+        e.exit()
+    })
+}
+
+/// The hint for `e` when it is an unexpected argument after `--data` / `--eval-data` and the
+/// values there are existing files: what an unquoted glob expands to.
+fn expanded_glob_hint(e: &clap::Error, args: &[std::ffi::OsString]) -> Option<String> {
+    if e.kind() != clap::error::ErrorKind::UnknownArgument {
+        return None;
+    }
+    let i = args
+        .iter()
+        .position(|a| a == "--data" || a == "--eval-data")?;
+    let flag = args[i].to_string_lossy();
+    let values = args[i + 1..]
+        .iter()
+        .take_while(|a| !a.to_string_lossy().starts_with('-'))
+        .collect::<Vec<_>>();
+    (values.len() > 1 && values.iter().all(|v| Path::new(v).exists())).then(|| {
+        format!(
+            "hint: {flag} takes one value, and the shell passed it {} files (an unquoted glob?): \
+             quote the pattern ({flag} 'shards/*.jsonl') for train_ddp to match it, or pass \
+             their folder",
+            values.len()
+        )
+    })
+}
+
 /// Parses `args` (the program name first) with [`command`] and resolves them; `--help`,
 /// `--version` and bad flags come back as [`Error::Flags`].
 pub fn resolve_args<I, T>(args: I) -> Result<ResolvedConfig>
@@ -288,6 +327,31 @@ impl ShapeArgs {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_expanded_glob_after_data_gets_a_hint() {
+        let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/sample");
+        let (a, b) = (sample.join("chat.jsonl"), sample.join("tokens.jsonl"));
+        let args: Vec<std::ffi::OsString> = ["train_ddp", "--data"]
+            .iter()
+            .map(Into::into)
+            .chain([a.into_os_string(), b.into_os_string()])
+            .chain(["--max-steps".into(), "1".into()])
+            .collect();
+        let e = command().try_get_matches_from(&args).unwrap_err();
+        let hint = expanded_glob_hint(&e, &args).expect("a hint");
+        assert!(
+            hint.starts_with("hint: --data takes one value, and the shell passed it 2 files"),
+            "{hint}"
+        );
+        // A stray word that is no file is clap's error alone.
+        let args: Vec<std::ffi::OsString> = ["train_ddp", "--data", "a.jsonl", "oops"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        let e = command().try_get_matches_from(&args).unwrap_err();
+        assert_eq!(expanded_glob_hint(&e, &args), None);
+    }
     use super::*;
     use crate::config::{DTypeKind, DeviceKind, LabelsKind};
     use crate::step::schedule::LrSchedulerKind;
