@@ -222,12 +222,14 @@ fn train_in_group(
     let train_split =
         SplitChoice::train(cfg.data_split.as_deref()).with_config(cfg.data_config.as_deref());
     let train_files = DataFiles::resolve(&cfg.data.to_string_lossy(), train_split, &data_hub)?;
+    check_outside_output(&train_files, &cfg.output)?;
     let loader = data(train_files, true)?;
     let eval_loader = match &cfg.eval_data {
         Some(spec) => {
             let eval_split = SplitChoice::eval(cfg.eval_split.as_deref())
                 .with_config(cfg.eval_config.as_deref());
             let files = DataFiles::resolve(&spec.to_string_lossy(), eval_split, &data_hub)?;
+            check_outside_output(&files, &cfg.output)?;
             Some(data(files, false)?)
         }
         None => None,
@@ -967,6 +969,28 @@ struct Position {
     step_in_epoch: usize,
     micro_step: u64,
     skipped_in_a_row: usize,
+}
+
+/// Data files inside the output folder (a data folder that holds it, such as `--data .`) would
+/// make the run's own files (`metrics.jsonl`, `skipped_rows.*.jsonl`) training data: an error.
+fn check_outside_output(files: &DataFiles, output: &Path) -> Result<()> {
+    let Ok(output_dir) = output.canonicalize() else {
+        return Ok(()); // not made yet: no file is in it
+    };
+    let inside = files
+        .files
+        .iter()
+        .find(|f| f.canonicalize().is_ok_and(|f| f.starts_with(&output_dir)));
+    match inside {
+        Some(f) => bail!(
+            "{}: {} is in the output folder {}, whose files would become training data; keep \
+             --output outside the data folder, or name the data files with a glob",
+            files.spec,
+            f.display(),
+            output.display()
+        ),
+        None => Ok(()),
+    }
 }
 
 /// The post's `ChatJsonl` + `DistributedSampler` + `DataLoader(collate_fn=PadCollate)`.

@@ -903,6 +903,13 @@ fn a_folder_of_shards_trains_its_train_split_as_the_one_file_would() {
         err.contains("no split `test` here: the files make the splits train, validation"),
         "{err}"
     );
+    // An output folder inside a data folder all of whose files are data would feed the run's
+    // own files back as data.
+    let plain = dir.join("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    std::fs::write(plain.join("rows.jsonl"), &rows).unwrap();
+    let err = run_err(&args_for(&plain.join("out"), &plain.display().to_string()));
+    assert!(err.contains("is in the output folder"), "{err}");
 }
 
 #[test]
