@@ -1,32 +1,42 @@
-//! Scores pre-tokenized JSONL with a Gemma 4 checkpoint: the mean token NLL exactly as
-//! transformers' causal-LM loss computes it, summed over the whole file.
+//! Scores data with a Gemma 4 checkpoint: the mean token NLL exactly as transformers' causal-LM
+//! loss computes it, summed over the whole dataset.
 //!
 //! ```text
-//! cargo run --release --example score -- --model assets/tiny --data FILE.jsonl \
-//!     [--adapter DIR] [--dtype auto|f32|bf16] [--device auto|cpu|cuda] [--batch-size N]
+//! cargo run --release --example score -- --model assets/tiny --data FILE|DIR|GLOB|HUB_ID \
+//!     [--adapter DIR] [--labels auto|full|assistant_only] [--data-split S] [--max-len N] \
+//!     [--dtype auto|f32|bf16] [--device auto|cpu|cuda] [--batch-size N]
 //! ```
-//! `--adapter DIR` applies a PEFT LoRA adapter (`adapter_config.json` + `adapter_model.safetensors`,
-//! ours or PEFT's) on top of the base model before scoring.
-//! Each line is `{"input_ids": [...]}` with optional `"labels": [...]` (same length, -100 =
-//! ignore; default: the input ids). Rows are right padded per batch with the pad id. Prints one
-//! JSON line `{"loss": L, "tokens": N, "sequences": M}`: `L` = Σ NLL / N over every label token of
-//! the file (shifted: the label of position t+1 is predicted at t), `N` = those tokens.
+//! The data is read and tokenized as `train_ddp` reads it (`docs/data.md`): any format (chat,
+//! ShareGPT, prompt/completion, text, token rows), a folder's or Hub dataset's split (default:
+//! validation, else test, else train), the trained tokens of `--labels` scored. Token rows
+//! `{"input_ids": [...], "labels": [...]?}` are scored as given (labels default to the input ids).
+//! `--adapter DIR` applies a PEFT LoRA adapter (`adapter_config.json` +
+//! `adapter_model.safetensors`, ours or PEFT's) on top of the base model before scoring. Rows are
+//! right padded per batch with the pad id. Prints one JSON line `{"loss": L, "tokens": N,
+//! "sequences": M}`: `L` = Σ NLL / N over every label token (shifted: the label of position t+1
+//! is predicted at t), `N` = those tokens.
 
-use anyhow::{bail, Context, Result};
+use std::path::Path;
+
+use anyhow::{bail, Result};
 use clap::Parser;
-use g4ft::gemma4::{Gemma4Model, TokenBatch};
+use g4ft::data::{
+    detect_files_format, skipped_row_warnings, DataFiles, DatasetOptions, Encoder, Format,
+    PrepareOptions, SplitChoice, TokenDataset,
+};
+use g4ft::gemma4::{Gemma4Model, Hub, ModelFiles, TokenBatch};
 use g4ft::lora::LoraContext;
+use g4ft::trainer::config::LabelsKind;
 use g4ft::wait::Schedule;
 
 #[derive(Parser, Debug)]
-#[command(about = "Mean token NLL of pre-tokenized JSONL under a Gemma 4 checkpoint")]
+#[command(about = "Mean token NLL of a dataset under a Gemma 4 checkpoint")]
 struct Args {
     /// Model directory (config.json + safetensors) or Hugging Face Hub id.
     #[arg(long)]
     model: String,
-    /// Pre-tokenized JSONL: {"input_ids": [...], "labels": [...]?} per line.
-    #[arg(long)]
-    data: String,
+    #[command(flatten)]
+    data: DataArgs,
     #[command(flatten)]
     run_on: g4ft::InferenceSettings,
     /// Sequences per forward.
@@ -37,79 +47,80 @@ struct Args {
     adapter: Option<std::path::PathBuf>,
 }
 
-/// One JSONL row.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Row {
-    input_ids: Vec<u32>,
-    labels: Option<Vec<i64>>,
+/// What to score and which of its tokens (`train_ddp`'s flags of the same names).
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct DataArgs {
+    /// A data file, folder, glob (quoted) or Hub dataset id.
+    #[arg(long)]
+    pub data: String,
+    /// The split of a folder or Hub dataset (default: validation, else test, else train).
+    #[arg(long)]
+    pub data_split: Option<String>,
+    /// The config (subset) of a dataset whose card lists several.
+    #[arg(long)]
+    pub data_config: Option<String>,
+    /// Which tokens are scored: what the format implies (auto), all, or assistant turns only.
+    #[arg(long, value_enum, default_value_t = LabelsKind::Auto)]
+    pub labels: LabelsKind,
+    /// Row format (unset: detected from each file's first row).
+    #[arg(long)]
+    pub data_format: Option<Format>,
+    /// Rows longer than this many tokens are cut (default: the model's context length).
+    #[arg(long)]
+    pub max_len: Option<usize>,
+    /// Skip bad rows (each reported) instead of failing.
+    #[arg(long)]
+    pub skip_bad_lines: bool,
 }
 
-/// Reads and validates every row; errors name the 1-based line number.
-pub(crate) fn read_rows(path: &str, vocab: usize) -> Result<Vec<(Vec<u32>, Vec<i64>)>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-    let mut rows = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let row: Row = serde_json::from_str(line).with_context(|| {
-            let text_row = [
-                "\"messages\"",
-                "\"conversations\"",
-                "\"prompt\"",
-                "\"text\"",
-            ]
-            .iter()
-            .any(|k| line.contains(k));
-            let hint = if text_row {
-                " (score reads token rows: tokenize chat or text rows with the `prepare` example \
-                 first)"
-            } else {
-                ""
-            };
-            format!("{path}:{n}: invalid row{hint}")
-        })?;
-        if row.input_ids.is_empty() {
-            bail!("{path}:{n}: input_ids is empty");
-        }
-        if let Some(&bad) = row.input_ids.iter().find(|&&id| id as usize >= vocab) {
-            bail!("{path}:{n}: token id {bad} is outside the vocabulary (size {vocab})");
-        }
-        let labels = match row.labels {
-            Some(l) if l.len() != row.input_ids.len() => bail!(
-                "{path}:{n}: labels has {} values, input_ids has {}",
-                l.len(),
-                row.input_ids.len()
-            ),
-            Some(l) => {
-                if let Some(&bad) = l
-                    .iter()
-                    .find(|&&x| x != -100 && (x < 0 || x as usize >= vocab))
-                {
-                    bail!("{path}:{n}: label {bad} is neither -100 nor a token id < {vocab}");
-                }
-                l
-            }
-            None => row.input_ids.iter().map(|&x| x as i64).collect(),
-        };
-        rows.push((row.input_ids, labels));
+/// Every row of the data `args` names, tokenized as `train_ddp` tokenizes it with the model in
+/// `model_dir` (its tokenizer and chat template; none for token rows): input ids and labels
+/// (-100 = not scored). Rows whose scored tokens are all cut, or bad, are errors naming them.
+pub(crate) fn read_rows(
+    args: &DataArgs,
+    model_dir: &Path,
+    model: &g4ft::gemma4::Config,
+) -> Result<Vec<(Vec<u32>, Vec<i64>)>> {
+    let choice = SplitChoice {
+        asked: args.data_split.as_deref(),
+        defaults: &["validation", "test", "train"],
+        flag: "--data-split",
+        config: args.data_config.as_deref(),
+        config_flag: "--data-config",
+    };
+    let files = DataFiles::resolve(&args.data, choice, &Hub::from_env(None))?;
+    let prepare = PrepareOptions {
+        max_len: args.max_len.unwrap_or(model.max_position_embeddings),
+        label_mode: args.labels.into(),
+        skip_bad_lines: args.skip_bad_lines,
+        vocab_size: Some(model.vocab_size),
+        format: args.data_format,
+        ..Default::default()
+    };
+    let encoder = match detect_files_format(&files, &prepare)? {
+        Format::Tokens => None,
+        _ => Some(Encoder::from_model_dir(model_dir)?),
+    };
+    let opts = DatasetOptions {
+        prepare,
+        cache_dir: Some(std::env::temp_dir().join("g4ft-score-token-cache")),
+        pad_id: Some(model.pad_token_id),
+        ..Default::default()
+    };
+    let ds = TokenDataset::open_files(&files, encoder.as_ref(), &opts)?;
+    let reports: Vec<_> = ds.file_reports().collect();
+    for line in skipped_row_warnings(&reports, None) {
+        eprintln!("{line}");
     }
-    if rows.is_empty() {
-        bail!("{path}: no rows");
+    if files.files.len() > 1 || files.split.is_some() {
+        eprintln!("score: {}", files.describe());
     }
-    // Position t predicts the label of t + 1: a row's first label is never scored.
-    if rows
-        .iter()
-        .all(|(_, l)| l.iter().skip(1).all(|&x| x == -100))
-    {
-        bail!(
-            "{path}: no token to score: every row has one token, or -100 for every label after \
-             its first"
-        );
-    }
-    Ok(rows)
+    (0..ds.len())
+        .map(|i| {
+            let s = ds.sample(i)?;
+            Ok((s.input_ids, s.labels.into_iter().map(i64::from).collect()))
+        })
+        .collect()
 }
 
 /// Σ NLL and the number of label tokens over `rows`, `batch_size` rows per forward (right padded
@@ -167,7 +178,9 @@ fn run(args: &Args) -> Result<()> {
         eprintln!("{note}");
     }
     let model = g4ft::load_inference_model(&args.model, args.adapter.as_deref(), &device, dtype)?;
-    let rows = read_rows(&args.data, model.config().vocab_size)?;
+    let files = ModelFiles::resolve(&args.model)?;
+    let model_dir = files.config.parent().unwrap_or(Path::new("."));
+    let rows = read_rows(&args.data, model_dir, model.config())?;
 
     let (loss_sum, tokens) = score(&model, &rows, args.batch_size)?;
     let loss = loss_sum / tokens as f64;

@@ -31,8 +31,8 @@ use candle_core::Device;
 use clap::{ArgMatches, ValueEnum};
 use g4ft::data::{
     detect_files_format, prepare::SKIPPED_SHOWN, skipped_row_warnings, write_skipped_rows, Batch,
-    Batching, DataFiles, DataLoader, DatasetOptions, Encoder, Format, LabelMode, LoaderConfig,
-    PrepareOptions, SplitChoice, TokenDataset,
+    Batching, DataFiles, DataLoader, DatasetOptions, Encoder, Format, LoaderConfig, PrepareOptions,
+    SplitChoice, TokenDataset,
 };
 use g4ft::ddp::{
     signals, DdpError, DdpOptions, DistEnv, DistributedDataParallel, GroupOptions, ProcessGroup,
@@ -50,7 +50,7 @@ use g4ft::trainer::checkpoint::{
 };
 use g4ft::trainer::config::cli;
 use g4ft::trainer::config::ResolvedConfig;
-use g4ft::trainer::config::{LabelsKind, Origin, ReportTo};
+use g4ft::trainer::config::{Origin, ReportTo};
 use g4ft::trainer::metrics::memory::{self, MemProbe};
 use g4ft::trainer::metrics::tensorboard::EventWriter;
 use g4ft::trainer::metrics::{
@@ -1009,11 +1009,7 @@ fn open_loader(
 ) -> Result<DataLoader> {
     let prepare = PrepareOptions {
         max_len: cfg.max_len,
-        label_mode: match cfg.labels {
-            LabelsKind::Auto => LabelMode::Auto,
-            LabelsKind::Full => LabelMode::Full,
-            LabelsKind::AssistantOnly => LabelMode::AssistantOnly,
-        },
+        label_mode: cfg.labels.into(),
         skip_bad_lines: cfg.skip_bad_lines,
         vocab_size: Some(model.vocab_size),
         format: cfg.data_format,

@@ -398,12 +398,18 @@ fn prepare_refuses_to_overwrite_its_input_and_tools_print_one_error_line() {
         "the chats are untouched"
     );
 
+    let missing = dir.join("missing.jsonl");
     let err = one_error_line(
         "score",
-        &["--model".as_ref(), model, "--data".as_ref(), chats_arg],
+        &[
+            "--model".as_ref(),
+            model,
+            "--data".as_ref(),
+            missing.as_os_str(),
+        ],
     );
     assert!(
-        err.starts_with("error: ") && err.contains("chat.jsonl:1: invalid row"),
+        err.starts_with("error: ") && err.contains("missing.jsonl: no such file or folder"),
         "{err}"
     );
 

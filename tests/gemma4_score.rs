@@ -1,5 +1,6 @@
-//! The `score` example's logic (included from `examples/score.rs`): the file-level mean NLL equals
-//! transformers' loss on the golden batch for any batch size, and bad lines name their number.
+//! The `score` example's logic (included from `examples/score.rs`): the dataset-level mean NLL
+//! equals transformers' loss on the golden batch for any batch size, bad rows name their line,
+//! and chat rows score as the token rows `prepare` makes of them.
 
 #[allow(dead_code)]
 #[path = "../examples/score.rs"]
@@ -39,7 +40,7 @@ fn file_loss_matches_transformers_for_every_batch_size() {
     let path = write_jsonl("ok", &lines);
     let model =
         Gemma4Model::load(golden_dir().to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
-    let rows = score::read_rows(&path, model.config().vocab_size).unwrap();
+    let rows = score::read_rows(&data_args(&path), &golden_dir(), model.config()).unwrap();
     for bs in [1, 2] {
         let (sum, tokens) = score::score(&model, &rows, bs).unwrap();
         let got = sum / tokens as f64;
@@ -55,35 +56,70 @@ fn file_loss_matches_transformers_for_every_batch_size() {
     }
 }
 
-#[test]
-fn bad_lines_name_their_line_number() {
-    let cases = [
-        (r#"{"input_ids": [2, 5, "x"]}"#, ":2: invalid row"),
-        (r#"{"input_ids": []}"#, ":2: input_ids is empty"),
-        (
-            r#"{"input_ids": [2, 5], "labels": [5]}"#,
-            ":2: labels has 1 values",
-        ),
-        (r#"{"input_ids": [2, 500000]}"#, ":2: token id 500000"),
-        (r#"{"ids": [2]}"#, ":2: invalid row"),
-        (
-            r#"{"messages": [{"role": "user", "content": "hi"}]}"#,
-            ":2: invalid row (score reads token rows: tokenize chat or text rows with the `prepare`",
-        ),
-    ];
-    for (i, (bad, want)) in cases.iter().enumerate() {
-        let path = write_jsonl(
-            &format!("bad{i}"),
-            &[r#"{"input_ids": [2, 7, 9]}"#.to_string(), bad.to_string()],
-        );
-        let err = format!("{:#}", score::read_rows(&path, 128).unwrap_err());
-        assert!(err.contains(want), "{bad}: {err}");
+/// `score`'s data flags for `path`, everything else at its default.
+fn data_args(path: &str) -> score::DataArgs {
+    score::DataArgs {
+        data: path.to_string(),
+        data_split: None,
+        data_config: None,
+        labels: g4ft::trainer::config::LabelsKind::Auto,
+        data_format: None,
+        max_len: None,
+        skip_bad_lines: false,
     }
-    let nothing = [
-        r#"{"input_ids": [2]}"#,
-        r#"{"input_ids": [2, 7], "labels": [7, -100]}"#,
-    ];
-    let path = write_jsonl("nothing", &nothing.map(String::from));
-    let err = format!("{:#}", score::read_rows(&path, 128).unwrap_err());
-    assert!(err.contains("no token to score"), "{err}");
+}
+
+#[test]
+fn a_bad_row_names_its_line_and_skipped_ones_are_not_scored() {
+    let model =
+        Gemma4Model::load(golden_dir().to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
+    let good = r#"{"input_ids": [2, 7, 9]}"#.to_string();
+    let path = write_jsonl(
+        "bad",
+        &[good.clone(), r#"{"input_ids": [2, 500000]}"#.into()],
+    );
+    let err = format!(
+        "{:#}",
+        score::read_rows(&data_args(&path), &golden_dir(), model.config()).unwrap_err()
+    );
+    assert!(err.contains(&format!("{path}:2: ")), "{err}");
+    let args = score::DataArgs {
+        skip_bad_lines: true,
+        ..data_args(&path)
+    };
+    let rows = score::read_rows(&args, &golden_dir(), model.config()).unwrap();
+    assert_eq!(rows, [(vec![2, 7, 9], vec![2, 7, 9])]);
+}
+
+#[test]
+fn chat_rows_score_as_the_token_rows_prepare_makes_of_them() {
+    let tiny = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/tiny");
+    let model = Gemma4Model::load(tiny.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
+    let chats =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/sample/chat.jsonl");
+    let args = score::DataArgs {
+        labels: g4ft::trainer::config::LabelsKind::AssistantOnly,
+        max_len: Some(64),
+        ..data_args(chats.to_str().unwrap())
+    };
+    let from_chats = score::read_rows(&args, &tiny, model.config()).unwrap();
+    // What the `prepare` example writes: the same tokenization, as token rows.
+    let encoder = g4ft::data::Encoder::from_model_dir(&tiny).unwrap();
+    let opts = g4ft::data::PrepareOptions {
+        max_len: 64,
+        label_mode: g4ft::data::LabelMode::AssistantOnly,
+        ..Default::default()
+    };
+    let mut lines = Vec::new();
+    g4ft::data::tokenize_file(&chats, Some(&encoder), &opts, |_, row| {
+        lines.push(
+            serde_json::json!({"input_ids": row.input_ids, "labels": row.labels}).to_string(),
+        );
+        Ok(())
+    })
+    .unwrap();
+    let tokens = write_jsonl("prepared", &lines);
+    let from_tokens = score::read_rows(&data_args(&tokens), &tiny, model.config()).unwrap();
+    assert_eq!(from_chats.len(), 400);
+    assert_eq!(from_chats, from_tokens);
 }

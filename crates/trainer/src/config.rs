@@ -80,6 +80,16 @@ pub enum LabelsKind {
     AssistantOnly,
 }
 
+impl From<LabelsKind> for g4ft_data::LabelMode {
+    fn from(kind: LabelsKind) -> Self {
+        match kind {
+            LabelsKind::Auto => g4ft_data::LabelMode::Auto,
+            LabelsKind::Full => g4ft_data::LabelMode::Full,
+            LabelsKind::AssistantOnly => g4ft_data::LabelMode::AssistantOnly,
+        }
+    }
+}
+
 /// What to do when the loss or the gradient norm is NaN or infinite (decided identically on every
 /// rank, see [`crate::step::nonfinite`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
