@@ -20,8 +20,9 @@ use std::path::{Path, PathBuf};
 
 use g4ft_hub::{looks_like_a_path, Hub};
 
-use crate::card::CardConfig;
+use crate::card::{is_split_name, CardConfig};
 use crate::error::{DataError, Result};
+use crate::glob::{components, glob_matches, has_wildcard, split_glob, unrequested_hidden, walk};
 
 /// The split that holds every data file of a folder whose names name no split.
 const DEFAULT_SPLIT: &str = "train";
@@ -92,19 +93,65 @@ const NOT_DATA: [&str; 6] = [
     "dataset_dict.json",
 ];
 
-/// Kinds of data file by extension, each with the extensions that make it, in the order that
-/// breaks a tie in the file count (as `datasets` breaks it: Parquet, then JSON Lines, JSON).
-const KINDS: [(&str, &[&str]); 6] = [
-    ("parquet", &["parquet"]),
-    ("arrow", &["arrow"]),
-    ("json", &["jsonl", "json"]),
-    ("csv", &["csv", "tsv"]),
-    ("text", &["txt"]),
-    ("xml", &["xml"]),
+/// The builder `datasets` reads a file with, by extension (lower case): its readers of data
+/// files and its folders of media. A file is data when one of its extensions is here; the builder
+/// most of a split's extensions name reads the split.
+const BUILDERS: &[(&str, &str)] = &[
+    ("parquet", "parquet"),
+    ("geoparquet", "parquet"),
+    ("gpq", "parquet"),
+    ("json", "json"),
+    ("jsonl", "json"),
+    ("ndjson", "json"),
+    ("arrow", "arrow"),
+    ("csv", "csv"),
+    ("tsv", "csv"),
+    ("txt", "text"),
+    ("xml", "xml"),
+    ("hdf5", "hdf5"),
+    ("h5", "hdf5"),
+    ("conll", "conll"),
+    ("conllu", "conll"),
+    ("tar", "webdataset"),
+    ("eval", "eval"),
+    ("toml", "harbor"),
+    ("md", "harbor"),
+    ("lance", "lance"),
+    ("vortex", "vortex"),
+    ("fasta", "fasta"),
+    ("fastq", "fastq"),
+    ("pdb", "pdb"),
+    ("jpg", "imagefolder"),
+    ("jpeg", "imagefolder"),
+    ("png", "imagefolder"),
+    ("gif", "imagefolder"),
+    ("bmp", "imagefolder"),
+    ("tif", "imagefolder"),
+    ("tiff", "imagefolder"),
+    ("webp", "imagefolder"),
+    ("wav", "audiofolder"),
+    ("mp3", "audiofolder"),
+    ("flac", "audiofolder"),
+    ("ogg", "audiofolder"),
+    ("m4a", "audiofolder"),
+    ("mp4", "videofolder"),
+    ("mov", "videofolder"),
+    ("mkv", "videofolder"),
+    ("webm", "videofolder"),
+    ("pdf", "pdffolder"),
 ];
 
-/// Compression suffixes a data file may carry after its kind's extension.
-const COMPRESSION: [&str; 6] = ["gz", "zst", "bz2", "xz", "lz4", "zip"];
+/// Builders whose extensions count in upper case too (`A.PNG`); the others' only in lower case.
+const ANY_CASE: [&str; 5] = [
+    "imagefolder",
+    "audiofolder",
+    "videofolder",
+    "pdffolder",
+    "pdb",
+];
+
+/// The builders this crate reads.
+const READ: [&str; 2] = ["json", "parquet"];
 
 /// The files `--data` (or `--eval-data`) stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,7 +230,7 @@ pub fn resolve_local(spec: &str, split: SplitChoice) -> Result<Option<DataFiles>
         msg,
     };
     let path = Path::new(spec);
-    if path.is_file() {
+    if path.is_file() && !has_wildcard(spec) {
         if let Some(s) = split.asked {
             return Err(err(format!(
                 "a split (`{s}`) names part of a folder or a Hub dataset; this is one file"
@@ -191,7 +238,7 @@ pub fn resolve_local(spec: &str, split: SplitChoice) -> Result<Option<DataFiles>
         }
         return Ok(Some(DataFiles::one(path)));
     }
-    if path.is_dir() {
+    if path.is_dir() && !has_wildcard(spec) {
         let names = walk(path)?;
         let readme = path.join("README.md");
         let card = match readme.is_file() {
@@ -214,6 +261,7 @@ pub fn resolve_local(spec: &str, split: SplitChoice) -> Result<Option<DataFiles>
             "a split (`{s}`) names part of a folder or a Hub dataset, not of a glob's files"
         )));
     }
+    check_pattern(spec).map_err(err)?;
     let (base, pattern) = split_glob(spec);
     let base_dir = if base.as_os_str().is_empty() {
         Path::new(".")
@@ -227,7 +275,11 @@ pub fn resolve_local(spec: &str, split: SplitChoice) -> Result<Option<DataFiles>
     };
     let files: Vec<PathBuf> = names
         .iter()
-        .filter(|n| glob_matches(&pattern, n) && !unrequested_hidden(&pattern, n))
+        .filter(|n| {
+            glob_matches(&pattern, n)
+                && !unrequested_hidden(&pattern, n)
+                && !unrequested_metadata(&pattern, n)
+        })
         .map(|n| base.join(n))
         .collect();
     if files.is_empty() {
@@ -291,28 +343,24 @@ pub struct Splits {
 /// Every split of a folder's or a Hub dataset's files (`/`-separated paths relative to its root),
 /// each with its data files in order, by the rules of the module doc; when the dataset card
 /// (`card`, its `README.md`) lists `configs`, the splits of the one `choice.config` names (else
-/// of the default one). Only files of the kind most of them are count (Parquet wins a tie); an error when
-/// there are none, or when that kind is not JSON or Parquet.
+/// of the default one). Without a card, a split's files of another builder than most of them are
+/// left out, as `datasets` leaves them out; a split of another builder than the others, a card's
+/// config whose files are of two kinds, a split without files, a card's file that is not there
+/// and a builder other than JSON or Parquet are errors.
 pub fn splits(
     names: &[String],
     card: Option<&str>,
     choice: SplitChoice,
 ) -> std::result::Result<Splits, String> {
+    if names.iter().any(|n| n == ".huggingface.yaml") {
+        return Err(
+            ".huggingface.yaml sets this dataset's configs, and it is not read here: \
+                    name the files of a split with a glob, or pass its folder"
+                .into(),
+        );
+    }
     let mut candidates: Vec<String> = names.iter().filter(|n| is_data_file(n)).cloned().collect();
     candidates.sort();
-    let visible: Vec<String> = candidates
-        .iter()
-        .filter(|n| !unrequested_hidden(&[], n))
-        .cloned()
-        .collect();
-    if visible.is_empty() {
-        return Err(format!(
-            "no data files here ({} file{} in all; data files end in .jsonl, .json or .parquet, \
-             compressed or not)",
-            names.len(),
-            plural(names.len())
-        ));
-    }
     let configs = match card {
         Some(text) => crate::card::configs(text).map_err(|e| format!("README.md: configs: {e}"))?,
         None => Vec::new(),
@@ -323,47 +371,171 @@ pub fn splits(
                 "a config (`{c}`) was asked for, but the dataset card (README.md) lists no configs"
             ))
         }
-        (true, None) => (None, split_patterns(&visible)),
+        (true, None) => (None, inferred_patterns(names, "")?),
         (false, _) => {
             let chosen = pick_config(&configs, choice)?;
-            (Some(chosen.name.clone()), chosen.splits.clone())
+            let dir = chosen.data_dir.as_deref().unwrap_or("");
+            let patterns = match &chosen.splits {
+                Some(splits) => splits
+                    .iter()
+                    .map(|(split, ps)| (split.clone(), ps.iter().map(|p| under(dir, p)).collect()))
+                    .collect(),
+                None => inferred_patterns(names, dir)?,
+            };
+            (Some(chosen.name.clone()), patterns)
         }
     };
-    let mut splits: Vec<(String, Vec<String>)> = patterns
-        .into_iter()
-        .map(|(split, patterns)| {
-            let mut files: Vec<String> = Vec::new();
-            for p in patterns {
-                let pattern = components(&p);
-                for n in &candidates {
-                    if glob_matches(&pattern, n)
-                        && !unrequested_hidden(&pattern, n)
-                        && !files.contains(n)
-                    {
-                        files.push(n.clone());
-                    }
+    let in_config = config
+        .as_ref()
+        .map(|c| format!("config {c}: "))
+        .unwrap_or_default();
+    let mut splits: Vec<(String, Vec<String>)> = Vec::new();
+    for (split, patterns) in patterns {
+        let mut files: Vec<String> = Vec::new();
+        for p in &patterns {
+            check_pattern(p).map_err(|e| format!("{in_config}split `{split}`: {e}"))?;
+            let pattern = components(p);
+            let matched = candidates.iter().filter(|n| {
+                glob_matches(&pattern, n)
+                    && !unrequested_hidden(&pattern, n)
+                    && !unrequested_metadata(&pattern, n)
+            });
+            let before = files.len();
+            for n in matched {
+                if !files.contains(n) {
+                    files.push(n.clone());
                 }
             }
-            (split, files)
-        })
-        .collect();
-    let all: Vec<String> = splits.iter().flat_map(|(_, f)| f.clone()).collect();
-    let kind = majority_kind(&all);
-    if !matches!(kind, "json" | "parquet") {
+            if files.len() == before && config.is_some() && !has_wildcard(p) {
+                return Err(format!(
+                    "{in_config}split `{split}`: no data file `{p}` here"
+                ));
+            }
+        }
+        if files.is_empty() {
+            return Err(format!(
+                "{in_config}split `{split}` has no data files (patterns {})",
+                patterns.join(", ")
+            ));
+        }
+        splits.push((split, files));
+    }
+    let builder = match config {
+        Some(_) => one_builder(&splits, &in_config)?,
+        None => {
+            let builder = one_inferred_builder(&splits)?;
+            for (_, files) in &mut splits {
+                files.retain(|f| has_builder(f, builder));
+            }
+            builder
+        }
+    };
+    if !READ.contains(&builder) {
         return Err(format!(
-            "the data files here are {kind} files, which are not read: convert them to JSONL or \
-             Parquet"
+            "{in_config}the data files here are read by `datasets`' {builder} builder, which is \
+             not read here: convert them to JSONL or Parquet"
         ));
     }
-    for (_, files) in &mut splits {
-        files.retain(|f| kind_of(f) == Some(kind));
-    }
-    splits.retain(|(_, files)| !files.is_empty());
     Ok(Splits { config, splits })
 }
 
-/// The config `choice` names, else the card's default (`default: true`, else the one named
-/// `default`, else the only one).
+/// An error for a pattern `datasets` refuses: `**` inside a component (`**.jsonl`).
+fn check_pattern(pattern: &str) -> std::result::Result<(), String> {
+    match pattern.split('/').find(|c| c.contains("**") && *c != "**") {
+        Some(c) => Err(format!(
+            "`{pattern}`: `**` must be a whole path component (`**/{}`), not part of `{c}`",
+            c.replace("**", "*")
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `pattern` inside the folder `dir` (none: the root).
+fn under(dir: &str, pattern: &str) -> String {
+    match dir {
+        "" => pattern.to_string(),
+        _ => format!("{dir}/{pattern}"),
+    }
+}
+
+/// The folder rules' splits of the files under `dir`, as patterns from the root. As in
+/// `datasets`, every file that is not hidden or metadata takes part, data or not: a split whose
+/// files are none of them data is then an error (no data files), not a split left out.
+fn inferred_patterns(
+    names: &[String],
+    dir: &str,
+) -> std::result::Result<Vec<(String, Vec<String>)>, String> {
+    let prefix = under(dir, "");
+    let mut visible: Vec<String> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix(prefix.as_str()))
+        .filter(|n| !unrequested_hidden(&[], n) && !unrequested_metadata(&[], n))
+        .map(str::to_string)
+        .collect();
+    visible.sort();
+    if !visible.iter().any(|n| is_data_file(n)) {
+        return Err(format!(
+            "no data files {} (data files end in .jsonl, .json or .parquet, compressed or not)",
+            if dir.is_empty() {
+                "here".to_string()
+            } else {
+                format!("in `{dir}`")
+            }
+        ));
+    }
+    let patterns = split_patterns(&visible)?;
+    Ok(patterns
+        .into_iter()
+        .map(|(split, ps)| (split, ps.iter().map(|p| under(dir, p)).collect()))
+        .collect())
+}
+
+/// The one builder of a card config's files (`datasets` reads them all with one).
+fn one_builder(
+    splits: &[(String, Vec<String>)],
+    in_config: &str,
+) -> std::result::Result<&'static str, String> {
+    let mut builders: Vec<(&'static str, &str)> = Vec::new();
+    for f in splits.iter().flat_map(|(_, files)| files) {
+        let b = extensions(f).find_map(builder_of).unwrap_or("archive");
+        if !builders.iter().any(|(k, _)| *k == b) {
+            builders.push((b, f));
+        }
+    }
+    match builders.as_slice() {
+        [(b, _)] => Ok(b),
+        [(a, fa), (b, fb), ..] => Err(format!(
+            "{in_config}its files are of two kinds: {fa} ({a}) and {fb} ({b}); keep one kind"
+        )),
+        [] => Err(format!("{in_config}no data files")),
+    }
+}
+
+/// The builder of every split, inferred per split as `datasets` infers it; splits of two are an
+/// error naming them.
+fn one_inferred_builder(
+    splits: &[(String, Vec<String>)],
+) -> std::result::Result<&'static str, String> {
+    let mut first: Option<(&str, &'static str)> = None;
+    for (split, files) in splits {
+        let b = infer_builder(files).unwrap_or("archive");
+        match first {
+            None => first = Some((split, b)),
+            Some((s, a)) if a != b => {
+                return Err(format!(
+                    "the split `{s}` is {a} files but `{split}` is {b} files: keep one kind"
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    first
+        .map(|(_, b)| b)
+        .ok_or_else(|| "no data files here".to_string())
+}
+
+/// The config `choice` names, else the card's default (the only one, the one named `default`,
+/// or the one marked `default: true`; [`crate::card::configs`] has checked there is at most one).
 fn pick_config<'c>(
     configs: &'c [CardConfig],
     choice: SplitChoice,
@@ -379,9 +551,7 @@ fn pick_config<'c>(
         }),
         None => configs
             .iter()
-            .find(|c| c.default)
-            .or_else(|| configs.iter().find(|c| c.name == "default"))
-            .or_else(|| (configs.len() == 1).then(|| &configs[0]))
+            .find(|c| configs.len() == 1 || c.default || c.name == "default")
             .ok_or_else(|| {
                 format!(
                     "the dataset card (README.md) lists the configs {names} and marks none as \
@@ -394,7 +564,7 @@ fn pick_config<'c>(
 
 /// Each split's patterns, in `datasets`' order of rules: shard names, split folders, split file
 /// names, then everything as `train`. The first rule that matches a file decides the splits.
-fn split_patterns(data: &[String]) -> Vec<(String, Vec<String>)> {
+fn split_patterns(data: &[String]) -> std::result::Result<Vec<(String, Vec<String>)>, String> {
     let shard = components("data/*-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*.*");
     let mut sharded: Vec<String> = Vec::new();
     for n in data.iter().filter(|n| glob_matches(&shard, n)) {
@@ -402,6 +572,12 @@ fn split_patterns(data: &[String]) -> Vec<(String, Vec<String>)> {
         if let Some(name) = shard_split(base).filter(|s| !sharded.iter().any(|k| k == s)) {
             sharded.push(name.to_string());
         }
+    }
+    if let Some(bad) = sharded.iter().find(|s| !is_split_name(s)) {
+        return Err(format!(
+            "a shard's file name gives the split `{bad}`: split names are letters, digits and `_`, \
+             joined by dots"
+        ));
     }
     if !sharded.is_empty() {
         let known: Vec<String> = SPLIT_KEYWORDS
@@ -411,7 +587,7 @@ fn split_patterns(data: &[String]) -> Vec<(String, Vec<String>)> {
             .collect();
         let mut others: Vec<String> = sharded.into_iter().filter(|s| !known.contains(s)).collect();
         others.sort();
-        return known
+        return Ok(known
             .into_iter()
             .chain(others)
             .map(|s| {
@@ -419,7 +595,7 @@ fn split_patterns(data: &[String]) -> Vec<(String, Vec<String>)> {
                     format!("data/{s}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*.*");
                 (s, vec![p])
             })
-            .collect();
+            .collect());
     }
     let in_folder = [
         "**/{k}/**",
@@ -449,10 +625,10 @@ fn split_patterns(data: &[String]) -> Vec<(String, Vec<String>)> {
             })
             .collect();
         if !found.is_empty() {
-            return found;
+            return Ok(found);
         }
     }
-    vec![(DEFAULT_SPLIT.to_string(), vec!["**".to_string()])]
+    Ok(vec![(DEFAULT_SPLIT.to_string(), vec!["**".to_string()])])
 }
 
 /// The split a shard's file name gives: what comes before its last `-NNNNN-of-NNNN` (the
@@ -471,155 +647,59 @@ fn shard_split(base: &str) -> Option<&str> {
         .map(|i| &base[..i])
 }
 
-/// The kind (a [`KINDS`] name) of a file, from its extensions (`x.jsonl.gz` is `json`).
-fn kind_of(name: &str) -> Option<&'static str> {
-    let base = name.rsplit('/').next().unwrap_or(name);
-    let exts: Vec<String> = base.split('.').skip(1).map(str::to_lowercase).collect();
-    let mut exts = exts.iter().rev().peekable();
-    while exts
-        .peek()
-        .is_some_and(|e| COMPRESSION.contains(&e.as_str()))
-    {
-        exts.next();
-    }
-    let ext = exts.next()?;
-    KINDS
-        .iter()
-        .find(|(_, es)| es.contains(&ext.as_str()))
-        .map(|(k, _)| *k)
+/// The extensions of a file name (`a.jsonl.gz`: `jsonl`, `gz`).
+fn extensions(name: &str) -> impl Iterator<Item = &str> {
+    name.rsplit('/').next().unwrap_or(name).split('.').skip(1)
 }
 
+/// The builder an extension (as written) names.
+fn builder_of(ext: &str) -> Option<&'static str> {
+    let lower = ext.to_lowercase();
+    let (_, builder) = BUILDERS.iter().find(|(e, _)| *e == lower)?;
+    (ext == lower || (ANY_CASE.contains(builder) && ext == ext.to_uppercase())).then_some(*builder)
+}
+
+/// Whether `datasets` would take the file for data (a known extension anywhere in its name, or
+/// an archive).
 fn is_data_file(name: &str) -> bool {
+    extensions(name).any(|e| e == "zip" || builder_of(e).is_some())
+}
+
+/// Whether `name` is one of `datasets`' metadata files that `pattern` does not name.
+fn unrequested_metadata(pattern: &[String], name: &str) -> bool {
     let base = name.rsplit('/').next().unwrap_or(name);
-    !NOT_DATA.contains(&base) && kind_of(name).is_some()
+    NOT_DATA.contains(&base) && pattern.last().map(String::as_str) != Some(base)
 }
 
-/// The kind most of `files` are (ties broken by [`KINDS`]' order).
-fn majority_kind(files: &[String]) -> &'static str {
-    KINDS
-        .iter()
-        .map(|(k, _)| (*k, files.iter().filter(|f| kind_of(f) == Some(k)).count()))
-        .fold(
-            ("json", 0),
-            |best, (k, n)| if n > best.1 { (k, n) } else { best },
-        )
-        .0
-}
-
-/// Whether a glob has a wildcard.
-fn has_wildcard(spec: &str) -> bool {
-    spec.contains(['*', '?', '['])
-}
-
-/// A glob's leading folders without wildcards, and the rest as components.
-fn split_glob(spec: &str) -> (PathBuf, Vec<String>) {
-    let parts = components(spec);
-    let fixed = parts.iter().take_while(|p| !has_wildcard(p)).count();
-    let fixed = fixed.min(parts.len().saturating_sub(1));
-    let mut base: PathBuf = parts[..fixed].iter().collect();
-    if spec.starts_with('/') {
-        base = Path::new("/").join(base);
-    }
-    (base, parts[fixed..].to_vec())
-}
-
-fn components(pattern: &str) -> Vec<String> {
-    pattern
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .map(str::to_string)
-        .collect()
-}
-
-/// Whether the `/`-separated `path` of a file matches the glob `pattern` (as components): a `**`
-/// component matches any number of path components (at the end, at least one: `dir/**` is what is
-/// under `dir`), any other one exactly one.
-fn glob_matches(pattern: &[String], path: &str) -> bool {
-    let names: Vec<&str> = path.split('/').collect();
-    match_from(pattern, &names)
-}
-
-fn match_from(pattern: &[String], names: &[&str]) -> bool {
-    match pattern.split_first() {
-        None => names.is_empty(),
-        Some((p, rest)) if p == "**" => {
-            (usize::from(rest.is_empty())..=names.len()).any(|k| match_from(rest, &names[k..]))
-        }
-        Some((p, rest)) => {
-            !names.is_empty() && name_matches(p.as_bytes(), names[0].as_bytes()) && {
-                match_from(rest, &names[1..])
-            }
+/// The builder of a split's files as `datasets` infers it: the extension most of them carry
+/// (counted in lower case, each extension of each name), ties going to Parquet, Lance, Vortex,
+/// Arrow, JSON Lines, JSON, CSV, then the later name in alphabetical order.
+fn infer_builder(files: &[String]) -> Option<&'static str> {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for ext in files.iter().flat_map(|f| extensions(f)) {
+        let ext = ext.to_lowercase();
+        match counts.iter_mut().find(|(e, _)| *e == ext) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((ext, 1)),
         }
     }
-}
-
-/// `fnmatch` on one name: `*` any run, `?` one character, `[...]` a class (`!` or `^` negates,
-/// `a-z` ranges).
-fn name_matches(p: &[u8], s: &[u8]) -> bool {
-    match p.first() {
-        None => s.is_empty(),
-        Some(b'*') => (0..=s.len()).any(|k| name_matches(&p[1..], &s[k..])),
-        Some(b'?') => !s.is_empty() && name_matches(&p[1..], &s[1..]),
-        Some(b'[') => match (class(&p[1..], s.first().copied()), s.is_empty()) {
-            (Some((true, used)), false) => name_matches(&p[1 + used..], &s[1..]),
-            (Some(_), _) => false,
-            (None, _) => s.first() == Some(&b'[') && name_matches(&p[1..], &s[1..]),
-        },
-        Some(&c) => s.first() == Some(&c) && name_matches(&p[1..], &s[1..]),
-    }
-}
-
-/// Whether `c` is in the class that starts after `[`, and the class's length through `]`;
-/// `None` when the class does not close (the `[` is then literal).
-fn class(p: &[u8], c: Option<u8>) -> Option<(bool, usize)> {
-    let negated = matches!(p.first(), Some(b'!' | b'^'));
-    let mut i = usize::from(negated);
-    let mut hit = false;
-    let start = i;
-    while i < p.len() && (p[i] != b']' || i == start) {
-        if i + 2 < p.len() && p[i + 1] == b'-' && p[i + 2] != b']' {
-            hit |= c.is_some_and(|c| p[i] <= c && c <= p[i + 2]);
-            i += 3;
-        } else {
-            hit |= c == Some(p[i]);
-            i += 1;
-        }
-    }
-    (i < p.len()).then_some((hit != negated, i + 1))
-}
-
-/// Whether `path` has more hidden (`.x`) or special (`__x`) components than `pattern` names:
-/// such files are left out unless asked for.
-fn unrequested_hidden(pattern: &[String], path: &str) -> bool {
-    let count = |parts: &mut dyn Iterator<Item = &str>, prefix: &str| {
-        parts
-            .filter(|c| c.starts_with(prefix) && *c != "." && *c != "..")
-            .count()
+    let rank = |e: &str| match e {
+        "parquet" => 7,
+        "lance" => 6,
+        "vortex" => 5,
+        "arrow" => 4,
+        "jsonl" => 3,
+        "json" => 2,
+        "csv" => 1,
+        _ => 0,
     };
-    ["." as &str, "__"].iter().any(|prefix| {
-        count(&mut path.split('/'), prefix) > count(&mut pattern.iter().map(String::as_str), prefix)
-    })
+    counts.sort_by(|(a, n), (b, m)| (m, rank(b), b).cmp(&(n, rank(a), a)));
+    counts.iter().find_map(|(e, _)| builder_of(e))
 }
 
-/// Every file under `root` (following links), as `/`-separated paths relative to it, sorted.
-fn walk(root: &Path) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let dir = root.join(&rel);
-        for entry in std::fs::read_dir(&dir).map_err(|e| DataError::io(&dir, e))? {
-            let entry = entry.map_err(|e| DataError::io(&dir, e))?;
-            let child = rel.join(entry.file_name());
-            let path = root.join(&child);
-            if path.is_dir() {
-                stack.push(child);
-            } else if path.is_file() {
-                out.push(child.to_string_lossy().replace('\\', "/"));
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
+/// Whether a file belongs to `builder` (one of its extensions names it, or it is an archive).
+fn has_builder(name: &str, builder: &str) -> bool {
+    extensions(name).any(|e| e == "zip" || builder_of(e) == Some(builder))
 }
 
 #[cfg(test)]
@@ -628,29 +708,6 @@ mod tests {
 
     fn names(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn names_match_like_fnmatch() {
-        assert!(name_matches(b"train[-._ 0-9]*", b"train-00.jsonl"));
-        assert!(!name_matches(b"train[-._ 0-9]*", b"training.jsonl"));
-        assert!(name_matches(b"*[-._ 0-9]test[-._ 0-9]*", b"my_test.json"));
-        assert!(name_matches(b"[!a]?", b"bc"));
-        assert!(!name_matches(b"[!a]?", b"ac"));
-        assert!(name_matches(b"a[b", b"a[b"));
-        assert!(glob_matches(&components("**/train/**"), "train/x.jsonl"));
-        assert!(glob_matches(
-            &components("**/train/**"),
-            "a/train/b/x.jsonl"
-        ));
-        assert!(!glob_matches(&components("**/train/**"), "train.jsonl"));
-        assert!(!glob_matches(
-            &components("**/valid[-._ 0-9]*/**"),
-            "valid.jsonl"
-        ));
-        assert!(glob_matches(&components("**"), "valid.jsonl"));
-        assert!(glob_matches(&components("*.jsonl"), "a.jsonl"));
-        assert!(!glob_matches(&components("*.jsonl"), "d/a.jsonl"));
     }
 
     #[test]

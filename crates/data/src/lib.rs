@@ -39,6 +39,7 @@ pub mod dataset;
 pub mod encoder;
 pub mod error;
 pub mod files;
+mod glob;
 pub mod hash;
 pub mod hub;
 pub mod labels;

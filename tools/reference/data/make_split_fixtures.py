@@ -47,6 +47,13 @@ LAYOUTS = {
     "metadata_files": ["config.json", "dataset_info.json", "rows.json"],
     "numbered_split_folders": ["train-1/a.jsonl", "dev_2/b.jsonl", "x_test/c.jsonl"],
     "csv_only": ["train.csv", "test.csv"],
+    "three_extensions_tie": ["x.json", "y.jsonl", "z.parquet"],
+    "upper_case_extension": ["A.JSONL", "b.jsonl"],
+    "ndjson": ["a.ndjson", "b.jsonl"],
+    "dunder_files": ["__x.jsonl", "sub/__init__.jsonl", "a.jsonl"],
+    "backup_extension": ["train.jsonl.bak", "test.jsonl"],
+    "images_outnumber_rows": ["a.png", "b.png", "c.png", "rows.jsonl"],
+    "splits_of_two_kinds": ["train.parquet", "test.jsonl"],
 }
 
 # Folders whose README.md front matter lists `configs`: (files, card YAML, config names to ask
@@ -77,6 +84,24 @@ CARD_LAYOUTS = {
         "configs:\n- config_name: \"all\"\n  data_files:\n  - split: 'train'\n    path: [x/*.jsonl, y/*.jsonl]\n",
         [None],
     ),
+    "card_data_dir": (
+        ["en/a.jsonl", "en/b.jsonl", "fr/train.jsonl", "fr/test.jsonl", "x.jsonl"],
+        "configs:\n- config_name: en\n  data_dir: en\n  data_files: '*.jsonl'\n"
+        "- config_name: fr\n  data_dir: fr\n",
+        ["en", "fr"],
+    ),
+    "card_comments_and_quoted_commas": (
+        ["a/x, y.jsonl", "b/z.jsonl", "v.jsonl"],
+        "configs: # the subsets\n- config_name: 'main' # main one\n  data_files:\n"
+        "  - split: train\n    path: [\"a/x, y.jsonl\", b/*]\n"
+        "  - split: validation\n    path: \"v.jsonl\"  # held out\n",
+        [None],
+    ),
+    "card_missing_literal_file": (
+        ["a.jsonl"],
+        "configs:\n- config_name: default\n  data_files: [a.jsonl, b.jsonl]\n",
+        [None],
+    ),
 }
 
 
@@ -85,6 +110,9 @@ def write(path):
     name = os.path.basename(path)
     if ".parquet" in name:
         pq.write_table(pa.table({"text": ["a", "b"]}), path)
+    elif name.endswith(".png"):
+        with open(path, "wb") as f:
+            f.write(b"\x89PNG\r\n\x1a\n")
     elif name.endswith(".csv"):
         with open(path, "w") as f:
             f.write("text\na\n")
@@ -112,7 +140,12 @@ def main():
         with tempfile.TemporaryDirectory() as root:
             for f in files:
                 write(os.path.join(root, f))
-            builder = datasets.load_dataset_builder(root)
+            try:
+                builder = datasets.load_dataset_builder(root)
+            except Exception as e:  # datasets refuses the layout: we must refuse it too
+                out.append({"name": name, "files": files, "builder": None, "error": str(e)[:200]})
+                print(f"{name}: error {str(e)[:100]}")
+                continue
             splits = {
                 str(split): [os.path.relpath(p, root).replace(os.sep, "/") for p in paths]
                 for split, paths in builder.config.data_files.items()
@@ -127,13 +160,18 @@ def main():
             with open(os.path.join(root, "README.md"), "w") as f:
                 f.write("---\n" + card + "---\n# a dataset\n")
             for config in configs:
-                builder = datasets.load_dataset_builder(root, name=config)
+                case = {"name": name, "files": files, "card": card, "config": config}
+                try:
+                    builder = datasets.load_dataset_builder(root, name=config)
+                except Exception as e:  # datasets refuses the card: we must refuse it too
+                    cards.append({**case, "error": str(e)[:200]})
+                    print(f"{name} [{config}]: error {str(e)[:100]}")
+                    continue
                 splits = {
                     str(split): [os.path.relpath(p, root).replace(os.sep, "/") for p in paths]
                     for split, paths in builder.config.data_files.items()
                 }
-                cards.append({"name": name, "files": files, "card": card, "config": config,
-                              "chosen": builder.config.name, "splits": splits})
+                cards.append({**case, "chosen": builder.config.name, "splits": splits})
                 print(f"{name} [{config}]: {builder.config.name} {splits}")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "split_fixtures.json")
     with open(path, "w") as f:
