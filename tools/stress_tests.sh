@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 runs=${1:-50}
 # The tests that start several processes (ranks, launchers, workers).
 suite() {
-  cargo test -q -p g4ft --test train_ddp --test first_hour "$@" &&
+  cargo test -q -p g4ft --test train_ddp --test first_hour --test hub_download "$@" &&
     cargo test -q -p g4ft-ddp --test ddp_faults --test ddp_launcher --test ddp_collectives \
       --test ddp_training "$@"
 }
