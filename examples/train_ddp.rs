@@ -409,6 +409,10 @@ fn train_in_group(
     let (mut last_saved, mut last_eval): (Option<(u64, String)>, _) = (None, None);
     // A stop signal that abandoned an evaluation.
     let mut stop = None;
+    // The stop report of a signal after `step`, on the ranks that speak.
+    let report_stop = |sig: i32, step: u64, saved: Option<&str>| {
+        speaks.then(|| stop_report(sig, step, run_steps, cfg, saved, start, is_main))
+    };
     'epochs: for epoch in pos.epoch..epochs {
         pos.epoch = epoch;
         // sampler.set_epoch(epoch): a new shuffle of seed + epoch, the same on all ranks.
@@ -444,17 +448,7 @@ fn train_in_group(
                         Some(name)
                     }
                 };
-                let report = speaks.then(|| {
-                    stop_report(
-                        sig,
-                        pos.step,
-                        run_steps,
-                        cfg,
-                        saved.as_deref(),
-                        start,
-                        is_main,
-                    )
-                });
+                let report = report_stop(sig, pos.step, saved.as_deref());
                 return stopped(sig, report, logger.as_mut());
             }
             let weighting = if cfg.token_weighted_loss {
@@ -589,17 +583,7 @@ fn train_in_group(
     }
     if let Some(sig) = stop {
         let saved = last_saved.map(|(_, name)| name);
-        let report = speaks.then(|| {
-            stop_report(
-                sig,
-                pos.step,
-                run_steps,
-                cfg,
-                saved.as_deref(),
-                start,
-                is_main,
-            )
-        });
+        let report = report_stop(sig, pos.step, saved.as_deref());
         return stopped(sig, report, logger.as_mut());
     }
     if let Some((step, loss)) = logger.as_ref().and_then(MetricsLogger::best_eval) {

@@ -199,9 +199,9 @@ fn workers_die_with_a_killed_launcher() {
     assert!(gone, "worker {pid} outlived its launcher");
 }
 
-#[test]
-fn two_nodes_on_loopback() {
-    let ep = format!("127.0.0.1:{}", free_port());
+/// Two launchers of two workers each, nodes 0 and 1 of job `id` at the endpoint `ep`, running
+/// `worker`; their outputs once both have exited.
+fn two_nodes(ep: &str, id: &str, worker: &[&str]) -> (std::process::Output, std::process::Output) {
     let node = |rank: &str| {
         Command::new(DDPRUN)
             .args([
@@ -211,10 +211,9 @@ fn two_nodes_on_loopback() {
                 "2",
                 "--node-rank",
                 rank,
-                "--rdzv-id",
-                "job1",
             ])
-            .args(["--rdzv-endpoint", &ep, "--", WORKER, "collectives"])
+            .args(["--rdzv-id", id, "--rdzv-endpoint", ep, "--"])
+            .args(worker)
             .env("G4FT_DDP_TIMEOUT_S", "20")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -222,7 +221,13 @@ fn two_nodes_on_loopback() {
             .expect("spawn ddprun")
     };
     let (a, b) = (node("0"), node("1"));
-    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    (a.wait_with_output().unwrap(), b.wait_with_output().unwrap())
+}
+
+#[test]
+fn two_nodes_on_loopback() {
+    let ep = format!("127.0.0.1:{}", free_port());
+    let (a, b) = two_nodes(&ep, "job1", &[WORKER, "collectives"]);
     let (ta, tb) = (text(&a), text(&b));
     assert!(
         a.status.success() && b.status.success(),
@@ -243,25 +248,7 @@ fn workers_stopped_after_a_failure_are_told_which_worker_failed() {
     // rank 2 and node 0's launcher, told through the store, stops ranks 0 and 1.
     let ep = format!("127.0.0.1:{}", free_port());
     let script = format!("if [ $RANK = 3 ]; then sleep 3; exit 3; fi; exec {WORKER} wait-for-stop");
-    let node = |rank: &str| {
-        Command::new(DDPRUN)
-            .args([
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "2",
-                "--node-rank",
-                rank,
-            ])
-            .args(["--rdzv-endpoint", &ep, "--rdzv-id", "job3"])
-            .args(["--", "sh", "-c", &script])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn ddprun")
-    };
-    let (a, b) = (node("0"), node("1"));
-    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let (a, b) = two_nodes(&ep, "job3", &["sh", "-c", &script]);
     let (ta, tb) = (text(&a), text(&b));
     let failed = "worker rank 3 (node 1, local rank 1) exited with code 3";
     assert!(
