@@ -1,4 +1,4 @@
-//! Pre-tokenizes a data file (JSONL or Parquet; chat, ShareGPT, prompt/completion, text or token
+//! Pre-tokenizes a data file (JSONL, Parquet or Arrow; chat, ShareGPT, prompt/completion, text or token
 //! rows) with a model's tokenizer and chat template (only those files of the model directory are
 //! read) and writes `{"input_ids": [...], "labels": [...]}` per row.
 //!
@@ -30,7 +30,7 @@ struct Args {
     /// not needed for token rows.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Input: JSONL or Parquet.
+    /// Input: JSONL, Parquet or Arrow.
     #[arg(long)]
     data: PathBuf,
     /// Pre-tokenized JSONL output.

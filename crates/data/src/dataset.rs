@@ -1,4 +1,4 @@
-//! `TokenDataset`: one or several data files (JSONL or Parquet, any [`Format`]), tokenized once
+//! `TokenDataset`: one or several data files (JSONL, Parquet or Arrow, any [`Format`]), tokenized once
 //! into a token cache per file and read by index — the post's `ChatJsonl`, without holding the
 //! files in memory.
 //!

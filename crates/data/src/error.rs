@@ -72,9 +72,9 @@ impl RowError {
 /// One rejected row: where it is, why, and the message.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BadLine {
-    /// 1-based line number of a JSONL file, or 1-based row number of a Parquet file.
+    /// 1-based line number of a JSONL file, or 1-based row number of a Parquet or Arrow file.
     pub line: u64,
-    /// The Parquet row group holding the row (0-based); `None` for JSONL.
+    /// The Parquet row group or Arrow record batch holding the row (0-based); `None` for JSON.
     pub row_group: Option<u64>,
     /// The reason class.
     pub kind: SkipReason,
@@ -83,11 +83,16 @@ pub struct BadLine {
 }
 
 impl BadLine {
-    /// Where the row is: `file:LINE` for JSONL, `file: row N (row group G)` for Parquet.
+    /// Where the row is: `file:LINE` for JSONL, `file: row N (row group G)` for Parquet,
+    /// `file: row N (record batch G)` for Arrow (a file named `*.arrow`).
     pub fn location(&self, path: &std::path::Path) -> String {
+        let group = match path.extension().and_then(|e| e.to_str()) {
+            Some("arrow") => "record batch",
+            _ => "row group",
+        };
         match self.row_group {
             None => format!("{}:{}", path.display(), self.line),
-            Some(g) => format!("{}: row {} (row group {g})", path.display(), self.line),
+            Some(g) => format!("{}: row {} ({group} {g})", path.display(), self.line),
         }
     }
 }
@@ -138,6 +143,15 @@ pub enum DataError {
         /// The data file.
         path: PathBuf,
         /// What went wrong, with the row group when known.
+        msg: String,
+    },
+    /// An Arrow IPC file could not be read (its schema, a record batch, its compression), or has
+    /// a column `datasets` does not read.
+    #[error("{path}: arrow: {msg}")]
+    Arrow {
+        /// The data file.
+        path: PathBuf,
+        /// What went wrong, with the record batch when known.
         msg: String,
     },
     /// The tokenizer could not be loaded or failed.

@@ -8,7 +8,10 @@
 //! - a folder: its data files, split by `datasets`' rules: `data/{split}-NNNNN-of-NNNNN*` shard
 //!   names first, then a split keyword as a folder name (`train/`, `validation/`, `test/`, ...),
 //!   then in a file name (`train.jsonl`, `my_test-1.parquet`), else every data file is `train`.
-//!   One split is taken (`train` unless another is asked for).
+//!   One split is taken (`train` unless another is asked for);
+//! - a folder written by `save_to_disk` (it holds `state.json` or `dataset_dict.json`): its Arrow
+//!   files as `load_from_disk` reads them, a dataset dict's split taken the same way
+//!   (module `saved`).
 //!
 //! A folder's `README.md` (its dataset card) may list `configs` (subsets), each with its splits'
 //! file patterns: the config asked for (else the default one) then decides the splits, as in
@@ -151,7 +154,7 @@ const ANY_CASE: [&str; 5] = [
 ];
 
 /// The builders this crate reads.
-const READ: [&str; 2] = ["json", "parquet"];
+const READ: [&str; 3] = ["json", "parquet", "arrow"];
 
 /// The files `--data` (or `--eval-data`) stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,6 +242,9 @@ pub fn resolve_local(spec: &str, split: SplitChoice) -> Result<Option<DataFiles>
         return Ok(Some(DataFiles::one(path)));
     }
     if path.is_dir() && !has_wildcard(spec) {
+        if let Some(saved) = crate::saved::resolve_saved(path, spec, split)? {
+            return Ok(Some(saved));
+        }
         let names = walk(path)?;
         let readme = path.join("README.md");
         let card = match readme.is_file() {
@@ -346,7 +352,7 @@ pub struct Splits {
 /// of the default one). Without a card, a split's files of another builder than most of them are
 /// left out, as `datasets` leaves them out; a split of another builder than the others, a card's
 /// config whose files are of two kinds, a split without files, a card's file that is not there
-/// and a builder other than JSON or Parquet are errors.
+/// and a builder other than JSON, Parquet or Arrow are errors.
 pub fn splits(
     names: &[String],
     card: Option<&str>,
@@ -433,7 +439,7 @@ pub fn splits(
     if !READ.contains(&builder) {
         return Err(format!(
             "{in_config}the data files here are read by `datasets`' {builder} builder, which is \
-             not read here: convert them to JSONL or Parquet"
+             not read here: convert them to JSONL, Parquet or Arrow"
         ));
     }
     Ok(Splits { config, splits })

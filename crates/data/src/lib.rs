@@ -1,7 +1,7 @@
 //! g4ft-data: training data for Gemma 4 LoRA fine-tuning — the post's `ChatJsonl`,
 //! `DistributedSampler`, `DataLoader` and `PadCollate`, in Rust.
 //!
-//! Pipeline: a JSONL or Parquet file of chat, ShareGPT, prompt/completion, text or pre-tokenized
+//! Pipeline: a JSONL, Parquet or Arrow file of chat, ShareGPT, prompt/completion, text or pre-tokenized
 //! rows ([`Format`]) → [`TokenDataset::open`] (conversations rendered with the model's chat
 //! template through minijinja as transformers renders them, tools and tool calls included;
 //! tokenized without special tokens; labels `auto`, `full` or `assistant_only`; truncated to
@@ -49,6 +49,7 @@ pub mod pyhelpers;
 pub mod randperm;
 pub mod rows;
 pub mod sampler;
+mod saved;
 pub mod source;
 pub mod template;
 

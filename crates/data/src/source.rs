@@ -1,9 +1,11 @@
 //! Data files as streams of raw rows with their location: JSONL (one JSON object per line), a
 //! JSON array of row objects (what `json.dump(rows)` and `Dataset.to_json(lines=False)` write),
-//! or Parquet (as Hugging Face `datasets` exports it: one column per field, nested lists and
-//! structs). The kind is read from the content, not the name: the Parquet magic bytes `PAR1`,
-//! gzip's and zstd's magic bytes (the JSON is decompressed on the fly), then a leading UTF-8 byte
-//! order mark is skipped and a first `[` makes the file an array.
+//! Parquet (as Hugging Face `datasets` exports it: one column per field, nested lists and
+//! structs), or Arrow IPC ([`arrow`]: `save_to_disk` shards, `.arrow` files). The kind is read
+//! from the content, not the name: the Parquet magic bytes `PAR1`, Arrow's (`ARROW1`, or a
+//! stream's first continuation marker), gzip's and zstd's magic bytes (the JSON is decompressed
+//! on the fly), then a leading UTF-8 byte order mark is skipped and a first `[` makes the file an
+//! array.
 //!
 //! JSONL lines are bounded in size before they are parsed: a line longer than `max_line_bytes`
 //! is skipped through without being held in memory and reported as a bad row. Parquet rows are
@@ -22,25 +24,29 @@ use parquet::record::Field;
 
 use crate::error::{DataError, Result, RowError, SkipReason};
 
+pub mod arrow;
+
+pub use arrow::ArrowRows;
+
 /// Default bound on one JSONL line (bytes).
 pub const DEFAULT_MAX_LINE_BYTES: usize = 16 << 20;
 
 /// Where a row is in its file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Location {
-    /// 1-based JSONL line, or 1-based Parquet row.
+    /// 1-based JSONL line, or 1-based Parquet or Arrow row.
     pub line: u64,
-    /// 0-based Parquet row group; `None` for JSONL.
+    /// 0-based Parquet row group or Arrow record batch; `None` for JSON.
     pub row_group: Option<u64>,
 }
 
-/// A row as read: JSONL text still to parse (in parallel), a Parquet row already converted, or a
-/// row-level failure.
+/// A row as read: JSONL text still to parse (in parallel), a Parquet or Arrow row already
+/// converted, or a row-level failure.
 #[derive(Debug)]
 pub enum RawRow {
     /// One non-blank JSONL line.
     Json(String),
-    /// One Parquet row.
+    /// One Parquet or Arrow row.
     Value(Value),
     /// A line too long or not UTF-8.
     Bad(RowError),
@@ -54,6 +60,8 @@ pub enum Source {
     JsonArray(ArrayRows),
     /// A Parquet file.
     Parquet(ParquetRows),
+    /// An Arrow IPC file or stream.
+    Arrow(ArrowRows),
 }
 
 /// A JSON text stream: the file itself or its decompressed content.
@@ -63,15 +71,18 @@ impl Source {
     /// Opens `path` by its content (see the module doc).
     pub fn open(path: &Path, max_line_bytes: usize) -> Result<Self> {
         let io = |e| DataError::io(path, e);
-        let mut magic = Vec::with_capacity(4);
+        let mut magic = Vec::with_capacity(6);
         File::open(path)
-            .and_then(|f| f.take(4).read_to_end(&mut magic))
+            .and_then(|f| f.take(6).read_to_end(&mut magic))
             .map_err(io)?;
-        if magic == b"PAR1" {
+        if magic.starts_with(b"PAR1") {
             return ParquetRows::open(path).map(Source::Parquet);
         }
+        if arrow::is_arrow(&magic) {
+            return ArrowRows::open(path).map(Source::Arrow);
+        }
         let file = File::open(path).map_err(io)?;
-        let content: Box<dyn Read + Send> = match magic.as_slice() {
+        let content: Box<dyn Read + Send> = match &magic[..magic.len().min(4)] {
             [0x1f, 0x8b, ..] => Box::new(flate2::read::MultiGzDecoder::new(file)),
             [0x28, 0xb5, 0x2f, 0xfd] => Box::new(zstd::Decoder::new(file).map_err(io)?),
             _ => Box::new(file),
@@ -98,12 +109,13 @@ impl Source {
     }
 
     /// The next row and its location; `None` at the end. File-level failures (I/O, a corrupt
-    /// Parquet page or compressed stream) are errors.
+    /// Parquet page, Arrow message or compressed stream) are errors.
     pub fn next_row(&mut self) -> Result<Option<(Location, RawRow)>> {
         match self {
             Source::Jsonl(j) => j.next_row(),
             Source::JsonArray(a) => Ok(a.rows.next()),
             Source::Parquet(p) => p.next_row(),
+            Source::Arrow(a) => a.next_row(),
         }
     }
 }

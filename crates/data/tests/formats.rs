@@ -6,9 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use g4ft_data::{
-    DataError, DatasetOptions, Encoder, Format, LabelMode, PrepareOptions, TokenDataset, IGNORE,
-};
+use g4ft_data::{DataError, DatasetOptions, Encoder, Format, LabelMode, TokenDataset, IGNORE};
 use serde_json::Value;
 
 fn tools_dir() -> PathBuf {
@@ -22,15 +20,7 @@ fn parquet(name: &str) -> PathBuf {
 }
 
 fn opts(dir: &Path, mode: LabelMode) -> DatasetOptions {
-    DatasetOptions {
-        prepare: PrepareOptions {
-            max_len: 4096,
-            label_mode: mode,
-            ..Default::default()
-        },
-        cache_dir: Some(dir.join("cache")),
-        ..Default::default()
-    }
+    common::options(dir, mode)
 }
 
 fn open(path: &Path, enc: Option<&Encoder>, o: &DatasetOptions) -> Result<TokenDataset, String> {
@@ -115,11 +105,8 @@ fn parquet_token_rows_and_bad_rows_name_row_and_row_group() {
         "{err}"
     );
     // a cut file is a parquet error naming the file
-    let cut = dir.join("cut.parquet");
-    let bytes = std::fs::read(parquet("tokens.parquet")).unwrap();
-    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    match TokenDataset::open(&cut, None, &opts(&dir, LabelMode::Auto)) {
-        Err(DataError::Parquet { path, .. }) => assert_eq!(path, cut),
+    match common::open_cut_copy(&parquet("tokens.parquet"), &dir) {
+        (DataError::Parquet { path, .. }, cut) => assert_eq!(path, cut),
         other => panic!("expected a parquet error, got {other:?}"),
     }
 }

@@ -27,3 +27,31 @@ pub fn write_jsonl(dir: &Path, name: &str, lines: &[&str]) -> PathBuf {
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
     path
 }
+
+/// Options with a token cache under `dir`, `max_len` 4096 and the label mode `mode`.
+pub fn options(dir: &Path, mode: g4ft_data::LabelMode) -> g4ft_data::DatasetOptions {
+    g4ft_data::DatasetOptions {
+        prepare: g4ft_data::PrepareOptions {
+            max_len: 4096,
+            label_mode: mode,
+            ..Default::default()
+        },
+        cache_dir: Some(dir.join("cache")),
+        ..Default::default()
+    }
+}
+
+/// The error opening the first half of `file` (copied into `dir`) gives, and the copy's path.
+pub fn open_cut_copy(file: &Path, dir: &Path) -> (g4ft_data::DataError, PathBuf) {
+    let cut = dir.join(format!(
+        "cut-{}",
+        file.file_name().unwrap().to_str().unwrap()
+    ));
+    let bytes = std::fs::read(file).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let opts = options(dir, g4ft_data::LabelMode::Auto);
+    match g4ft_data::TokenDataset::open(&cut, None, &opts) {
+        Err(e) => (e, cut),
+        Ok(_) => panic!("{} opened", cut.display()),
+    }
+}

@@ -1,0 +1,239 @@
+//! Arrow IPC files as rows: the stream format (what `datasets` writes for `save_to_disk` shards,
+//! its cache files and `.arrow` data files) and the file format (`ARROW1`), read record batch by
+//! record batch. Each row becomes the JSON-like value `datasets` hands a template: null for a
+//! null cell or struct field, numbers, strings, lists and objects; dictionary-encoded columns as
+//! their values; dates, times and decimals as their text (no chat or token column has them).
+//! Map columns are an error, as `datasets` has no feature type for them and refuses the file.
+
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float16Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type,
+    UInt32Type, UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_cast::display::{ArrayFormatter, FormatOptions};
+use arrow_ipc::reader::{FileReader, StreamReader};
+use arrow_schema::{ArrowError, DataType};
+use minijinja::Value;
+
+use super::{Location, RawRow};
+use crate::error::{DataError, Result, RowError, SkipReason};
+
+/// The first bytes of an Arrow IPC file in the file format.
+const FILE_MAGIC: &[u8] = b"ARROW1";
+/// The first bytes of an Arrow IPC stream (a message's continuation marker).
+const STREAM_MAGIC: &[u8] = &[0xff, 0xff, 0xff, 0xff];
+
+/// Whether `magic` (a file's first bytes) starts an Arrow IPC file or stream.
+pub(super) fn is_arrow(magic: &[u8]) -> bool {
+    magic.starts_with(STREAM_MAGIC) || magic.starts_with(FILE_MAGIC)
+}
+
+type Batches = Box<dyn Iterator<Item = std::result::Result<RecordBatch, ArrowError>> + Send>;
+
+/// Rows of an Arrow IPC file, converted to JSON-like values.
+pub struct ArrowRows {
+    path: PathBuf,
+    batches: Batches,
+    /// The columns of the current record batch (dictionary-encoded ones decoded).
+    columns: Vec<(String, ArrayRef)>,
+    /// Rows in the current record batch.
+    batch_rows: usize,
+    /// Record batches read so far (the current one is the last of them).
+    batches_read: u64,
+    /// Next row of `batch`.
+    row_in_batch: usize,
+    /// Rows returned so far.
+    rows: u64,
+}
+
+impl ArrowRows {
+    /// Opens `path`, an Arrow IPC stream or file.
+    pub(super) fn open(path: &Path) -> Result<Self> {
+        let io = |e| DataError::io(path, e);
+        let bad = |e: ArrowError| arrow_error(path, e.to_string());
+        let mut file = File::open(path).map_err(io)?;
+        let mut magic = Vec::with_capacity(FILE_MAGIC.len());
+        (&mut file)
+            .take(FILE_MAGIC.len() as u64)
+            .read_to_end(&mut magic)
+            .map_err(io)?;
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
+        let batches: Batches = if magic.starts_with(FILE_MAGIC) {
+            Box::new(FileReader::try_new_buffered(file, None).map_err(bad)?)
+        } else {
+            Box::new(
+                StreamReader::try_new(BufReader::with_capacity(1 << 20, file), None)
+                    .map_err(bad)?,
+            )
+        };
+        Ok(ArrowRows {
+            path: path.to_path_buf(),
+            batches,
+            columns: Vec::new(),
+            batch_rows: 0,
+            batches_read: 0,
+            row_in_batch: 0,
+            rows: 0,
+        })
+    }
+
+    pub(super) fn next_row(&mut self) -> Result<Option<(Location, RawRow)>> {
+        loop {
+            if self.row_in_batch < self.batch_rows {
+                let i = self.row_in_batch;
+                self.row_in_batch += 1;
+                self.rows += 1;
+                let loc = Location {
+                    line: self.rows,
+                    row_group: Some(self.batches_read - 1),
+                };
+                let raw = match row_value(&self.columns, i) {
+                    Ok(v) => RawRow::Value(v),
+                    Err(why) => RawRow::Bad(RowError::new(SkipReason::InvalidUtf8, why)),
+                };
+                return Ok(Some((loc, raw)));
+            }
+            match self.batches.next() {
+                None => return Ok(None),
+                Some(Err(e)) => {
+                    return Err(arrow_error(
+                        &self.path,
+                        format!("record batch {}: {e}", self.batches_read),
+                    ))
+                }
+                Some(Ok(batch)) => {
+                    self.batches_read += 1;
+                    self.batch_rows = batch.num_rows();
+                    self.row_in_batch = 0;
+                    self.columns = columns(&self.path, &batch)?;
+                }
+            }
+        }
+    }
+}
+
+fn arrow_error(path: &Path, msg: String) -> DataError {
+    DataError::Arrow {
+        path: path.to_path_buf(),
+        msg,
+    }
+}
+
+/// The columns of `batch` by name, dictionary-encoded ones decoded to their values; a map
+/// anywhere in a column's type is an error.
+fn columns(path: &Path, batch: &RecordBatch) -> Result<Vec<(String, ArrayRef)>> {
+    let schema = batch.schema();
+    let mut out = Vec::with_capacity(batch.num_columns());
+    for (field, col) in schema.fields().iter().zip(batch.columns()) {
+        let (name, ty) = (field.name(), field.data_type());
+        if has_map(ty) {
+            return Err(arrow_error(
+                path,
+                format!(
+                    "column `{name}` is of type {ty}; a map has no `datasets` feature type \
+                     (`datasets` refuses the file), so it is not read here either"
+                ),
+            ));
+        }
+        let col = match ty {
+            DataType::Dictionary(_, values) => arrow_cast::cast(col, values)
+                .map_err(|e| arrow_error(path, format!("column `{name}`: {e}")))?,
+            _ => col.clone(),
+        };
+        out.push((name.clone(), col));
+    }
+    Ok(out)
+}
+
+fn has_map(ty: &DataType) -> bool {
+    match ty {
+        DataType::Map(..) => true,
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _) => has_map(f.data_type()),
+        DataType::Struct(fields) => fields.iter().any(|f| has_map(f.data_type())),
+        DataType::Dictionary(_, v) => has_map(v),
+        _ => false,
+    }
+}
+
+/// Row `i` of a record batch's columns as an object.
+fn row_value(columns: &[(String, ArrayRef)], i: usize) -> std::result::Result<Value, String> {
+    columns
+        .iter()
+        .map(|(name, col)| Ok((name.clone(), cell(col.as_ref(), i)?)))
+        .collect::<std::result::Result<Vec<_>, String>>()
+        .map(Value::from_iter)
+}
+
+/// Element `i` of `array` as `datasets` would return it (see the module doc); binary data that
+/// is not UTF-8 text is an error, as for Parquet.
+fn cell(array: &dyn Array, i: usize) -> std::result::Result<Value, String> {
+    if array.is_null(i) || array.data_type() == &DataType::Null {
+        return Ok(Value::from(()));
+    }
+    let list = |values: &dyn Array| {
+        (0..values.len())
+            .map(|j| cell(values, j))
+            .collect::<std::result::Result<Vec<_>, String>>()
+            .map(Value::from)
+    };
+    let text = |bytes: &[u8]| match std::str::from_utf8(bytes) {
+        Ok(s) => Ok(Value::from(s)),
+        Err(e) => Err(format!(
+            "a binary column holds bytes that are not UTF-8 text ({e})"
+        )),
+    };
+    Ok(match array.data_type() {
+        DataType::Boolean => Value::from(array.as_boolean().value(i)),
+        DataType::Int8 => Value::from(array.as_primitive::<Int8Type>().value(i)),
+        DataType::Int16 => Value::from(array.as_primitive::<Int16Type>().value(i)),
+        DataType::Int32 => Value::from(array.as_primitive::<Int32Type>().value(i)),
+        DataType::Int64 => Value::from(array.as_primitive::<Int64Type>().value(i)),
+        DataType::UInt8 => Value::from(array.as_primitive::<UInt8Type>().value(i)),
+        DataType::UInt16 => Value::from(array.as_primitive::<UInt16Type>().value(i)),
+        DataType::UInt32 => Value::from(array.as_primitive::<UInt32Type>().value(i)),
+        DataType::UInt64 => Value::from(array.as_primitive::<UInt64Type>().value(i)),
+        DataType::Float16 => Value::from(array.as_primitive::<Float16Type>().value(i).to_f64()),
+        DataType::Float32 => Value::from(f64::from(array.as_primitive::<Float32Type>().value(i))),
+        DataType::Float64 => Value::from(array.as_primitive::<Float64Type>().value(i)),
+        DataType::Utf8 => Value::from(array.as_string::<i32>().value(i)),
+        DataType::LargeUtf8 => Value::from(array.as_string::<i64>().value(i)),
+        DataType::Utf8View => Value::from(array.as_string_view().value(i)),
+        DataType::Binary => text(array.as_binary::<i32>().value(i))?,
+        DataType::LargeBinary => text(array.as_binary::<i64>().value(i))?,
+        DataType::BinaryView => text(array.as_binary_view().value(i))?,
+        DataType::FixedSizeBinary(_) => text(array.as_fixed_size_binary().value(i))?,
+        DataType::List(_) => list(array.as_list::<i32>().value(i).as_ref())?,
+        DataType::LargeList(_) => list(array.as_list::<i64>().value(i).as_ref())?,
+        DataType::ListView(_) => list(array.as_list_view::<i32>().value(i).as_ref())?,
+        DataType::LargeListView(_) => list(array.as_list_view::<i64>().value(i).as_ref())?,
+        DataType::FixedSizeList(..) => list(array.as_fixed_size_list().value(i).as_ref())?,
+        DataType::Struct(fields) => {
+            let s = array.as_struct();
+            fields
+                .iter()
+                .zip(s.columns())
+                .map(|(f, col)| Ok((f.name().clone(), cell(col.as_ref(), i)?)))
+                .collect::<std::result::Result<Vec<_>, String>>()
+                .map(Value::from_iter)?
+        }
+        DataType::Dictionary(..) => {
+            let d = array.as_any_dictionary();
+            cell(d.values().as_ref(), d.normalized_keys()[i])?
+        }
+        // Dates, times, durations, decimals: their text
+        _ => {
+            let format = ArrayFormatter::try_new(array, &FormatOptions::default())
+                .map_err(|e| e.to_string())?;
+            Value::from(format.value(i).to_string())
+        }
+    })
+}
