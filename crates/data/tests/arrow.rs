@@ -54,6 +54,8 @@ fn loose_arrow_files_read_as_datasets_reads_them() {
     for (file, key) in [
         ("tokens_stream.arrow", "tokens_stream"),
         ("tokens_file.arrow", "tokens_file"),
+        ("tokens_lz4.arrow", "tokens_lz4"),
+        ("tokens_zstd.arrow", "tokens_zstd"),
         ("types.arrow", "types"),
     ] {
         assert_eq!(

@@ -9,9 +9,9 @@ Writes, under arrow/ next to this script:
                    conversations whose token ids parquet_fixtures.json holds)
   saved_dict/      `DatasetDict.save_to_disk` of token rows: splits train, validation and test
   saved_split/     one split saved on its own (`load_dataset(..., split="train")`, so `_split` is set)
-  tokens_stream.arrow, tokens_file.arrow
-                   the token rows as an IPC stream (what `datasets` writes) in batches of 2, and
-                   in the IPC file format
+  tokens_stream.arrow, tokens_file.arrow, tokens_lz4.arrow, tokens_zstd.arrow
+                   the token rows as an IPC stream (what `datasets` writes) in batches of 2, in
+                   the IPC file format, and as streams with LZ4 and Zstandard buffers
   types.arrow      one column per Arrow type a dataset may hold (large and view strings,
                    dictionary-encoded strings, 8- to 64-bit integers, 16- to 64-bit floats, nulls,
                    fixed-size and nested lists, structs with null fields, binary text), in
@@ -62,10 +62,11 @@ def types_table():
     })
 
 
-def write_ipc(name, table, file_format=False):
+def write_ipc(name, table, file_format=False, compression=None):
     path = os.path.join(OUT, name)
     opener = pa.ipc.new_file if file_format else pa.ipc.new_stream
-    with opener(path, table.schema) as w:
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with opener(path, table.schema, options=options) as w:
         w.write_table(table, max_chunksize=2)
     return path
 
@@ -123,6 +124,8 @@ def main():
     table = pa.Table.from_pylist(TOKEN_ROWS)
     fixtures["tokens_stream"] = loaded_rows(write_ipc("tokens_stream.arrow", table))
     fixtures["tokens_file"] = loaded_rows(write_ipc("tokens_file.arrow", table, file_format=True))
+    for codec in ("lz4", "zstd"):
+        fixtures[f"tokens_{codec}"] = loaded_rows(write_ipc(f"tokens_{codec}.arrow", table, compression=codec))
     fixtures["types"] = loaded_rows(write_ipc("types.arrow", types_table()))
 
     maps = pa.table({"m": pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int64()))})
