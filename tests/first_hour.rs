@@ -367,6 +367,63 @@ fn one_error_line(name: &str, args: &[&std::ffi::OsStr]) -> String {
 }
 
 #[test]
+fn prepare_reads_a_folder_as_one_dataset_and_refuses_its_own_output_as_data() {
+    let dir = tmp("prepare-folder");
+    let shards = dir.join("shards");
+    std::fs::create_dir_all(&shards).unwrap();
+    let chats = std::fs::read_to_string(Path::new(ROOT).join("assets/sample/chat.jsonl")).unwrap();
+    let lines: Vec<&str> = chats.lines().collect();
+    let (first, rest) = lines.split_at(lines.len() / 3);
+    std::fs::write(shards.join("part-1.jsonl"), first.join("\n") + "\n").unwrap();
+    std::fs::write(shards.join("part-2.jsonl"), rest.join("\n") + "\n").unwrap();
+    let prepare = |data: &Path, out: &Path| {
+        std::process::Command::new(example("prepare"))
+            .args([
+                "--model",
+                &format!("{ROOT}/assets/tiny"),
+                "--labels",
+                "assistant_only",
+            ])
+            .arg("--data")
+            .arg(data)
+            .arg("--out")
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let whole = prepare(
+        &Path::new(ROOT).join("assets/sample/chat.jsonl"),
+        &dir.join("whole.jsonl"),
+    );
+    assert!(
+        whole.status.success(),
+        "{}",
+        String::from_utf8_lossy(&whole.stderr)
+    );
+    let parts = prepare(&shards, &dir.join("parts.jsonl"));
+    let stdout = String::from_utf8_lossy(&parts.stdout);
+    assert!(
+        parts.status.success(),
+        "{}",
+        String::from_utf8_lossy(&parts.stderr)
+    );
+    assert!(stdout.contains("(split train, 2 files)"), "{stdout}");
+    assert_eq!(
+        std::fs::read(dir.join("parts.jsonl")).unwrap(),
+        std::fs::read(dir.join("whole.jsonl")).unwrap(),
+        "the two shards make the same token rows as the whole file"
+    );
+    // Token rows written into the folder become part of it on the next run: refused.
+    std::fs::copy(dir.join("parts.jsonl"), shards.join("tokens.jsonl")).unwrap();
+    let again = prepare(&shards, &shards.join("tokens.jsonl"));
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && err.contains("is the data file") && err.contains("tokens.jsonl"),
+        "{err}"
+    );
+}
+
+#[test]
 fn prepare_refuses_to_overwrite_its_input_and_tools_print_one_error_line() {
     let dir = tmp("prepare");
     std::fs::create_dir_all(&dir).unwrap();

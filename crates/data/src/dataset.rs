@@ -16,7 +16,7 @@ use crate::encoder::Encoder;
 use crate::error::{DataError, Result};
 use crate::files::DataFiles;
 use crate::hash::{hash_file, Fnv64};
-use crate::prepare::{self, LengthStats, PrepareOptions, PrepareReport};
+use crate::prepare::{self, PrepareOptions, PrepareReport};
 use crate::rows::Format;
 
 /// How to open a dataset.
@@ -283,25 +283,11 @@ pub fn detect_files_format(files: &DataFiles, opts: &PrepareOptions) -> Result<F
 /// The reports of several files as one.
 fn combined_report(parts: &[Part]) -> PrepareReport {
     let reports: Vec<&PrepareReport> = parts.iter().map(Part::report).collect();
-    let sum = |f: fn(&PrepareReport) -> u64| reports.iter().map(|r| f(r)).sum();
     let lengths: Vec<u64> = parts
         .iter()
         .flat_map(|p| (0..p.cache.len()).map(|i| p.cache.record_len(i) as u64))
         .collect();
-    PrepareReport {
-        format: reports[0].format,
-        rows_read: sum(|r| r.rows_read),
-        rows: sum(|r| r.rows),
-        tokens: sum(|r| r.tokens),
-        trainable_tokens: sum(|r| r.trainable_tokens),
-        truncated_rows: sum(|r| r.truncated_rows),
-        lengths: LengthStats::of(&lengths),
-        bad_lines: reports
-            .iter()
-            .flat_map(|r| r.bad_lines.iter().cloned())
-            .collect(),
-        seconds: reports.iter().map(|r| r.seconds).sum(),
-    }
+    PrepareReport::combine(&reports, &lengths)
 }
 
 /// `<cache_dir>/<data file stem>.<hash of key>.g4tok`, creating the directory.

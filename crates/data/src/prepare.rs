@@ -172,6 +172,26 @@ impl PrepareReport {
         ]
     }
 
+    /// The reports of several files read as one dataset (`lengths`: every kept row's token
+    /// count, for the combined percentiles).
+    pub fn combine(reports: &[&PrepareReport], lengths: &[u64]) -> PrepareReport {
+        let sum = |f: fn(&PrepareReport) -> u64| reports.iter().map(|r| f(r)).sum();
+        PrepareReport {
+            format: reports.first().and_then(|r| r.format),
+            rows_read: sum(|r| r.rows_read),
+            rows: sum(|r| r.rows),
+            tokens: sum(|r| r.tokens),
+            trainable_tokens: sum(|r| r.trainable_tokens),
+            truncated_rows: sum(|r| r.truncated_rows),
+            lengths: LengthStats::of(lengths),
+            bad_lines: reports
+                .iter()
+                .flat_map(|r| r.bad_lines.iter().cloned())
+                .collect(),
+            seconds: reports.iter().map(|r| r.seconds).sum(),
+        }
+    }
+
     /// The report as one JSON object (the `dataset` record of `metrics.jsonl`).
     pub fn to_json(&self) -> serde_json::Value {
         let skipped: serde_json::Map<String, serde_json::Value> = self
