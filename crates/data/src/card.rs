@@ -38,7 +38,12 @@ pub struct CardConfig {
     /// Each split with its file patterns, in the card's order; `None` without `data_files` (the
     /// folder rules then split `data_dir`).
     pub splits: Option<Vec<(String, Vec<String>)>>,
+    /// The config's other keys: options of its builder (`sep` for CSV, ...), in name order.
+    pub options: Vec<String>,
 }
+
+/// The keys of a config entry that say which files it holds.
+const CONFIG_KEYS: [&str; 4] = ["config_name", "default", "data_dir", "data_files"];
 
 /// The `configs` of a dataset card (`README.md` text); empty when the card has none.
 pub fn configs(readme: &str) -> Result<Vec<CardConfig>, String> {
@@ -135,11 +140,19 @@ fn config(item: &Value) -> Result<CardConfig, String> {
         }
         other => Some(vec![("train".to_string(), patterns(other)?)]),
     };
+    let options = item
+        .as_object()
+        .map(|m| m.keys().filter(|k| !CONFIG_KEYS.contains(&k.as_str())))
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
     Ok(CardConfig {
         name,
         default,
         data_dir,
         splits,
+        options,
     })
 }
 
@@ -435,6 +448,7 @@ mod tests {
                     ("train_sft", &["data/train_sft-*"]),
                     ("test_sft", &["data/test_sft-*"])
                 ]),
+                options: vec![],
             }]
         );
         let card = "\n  ---\r\nconfigs: # the subsets\r\n  - config_name: \"main\"\r\n    default: true\r\n    data_files:\r\n\

@@ -1,6 +1,6 @@
-//! `TokenDataset`: one or several data files (JSONL, Parquet or Arrow, any [`Format`]), tokenized once
-//! into a token cache per file and read by index — the post's `ChatJsonl`, without holding the
-//! files in memory.
+//! `TokenDataset`: one or several data files (JSONL, Parquet, Arrow or CSV, any [`Format`]),
+//! tokenized once into a token cache per file and read by index — the post's `ChatJsonl`, without
+//! holding the files in memory.
 //!
 //! `open` hashes each file, looks for its cache keyed by (file contents, encoder fingerprint,
 //! max_len, label mode), and builds it under a file lock when missing (see [`crate::cache`]).

@@ -72,9 +72,11 @@ impl RowError {
 /// One rejected row: where it is, why, and the message.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BadLine {
-    /// 1-based line number of a JSONL file, or 1-based row number of a Parquet or Arrow file.
+    /// 1-based line number of a JSONL file (of a CSV file: where the record starts), or 1-based
+    /// row number of a Parquet or Arrow file.
     pub line: u64,
-    /// The Parquet row group or Arrow record batch holding the row (0-based); `None` for JSON.
+    /// The Parquet row group or Arrow record batch holding the row (0-based); `None` for JSON and
+    /// CSV.
     pub row_group: Option<u64>,
     /// The reason class.
     pub kind: SkipReason,
@@ -83,7 +85,7 @@ pub struct BadLine {
 }
 
 impl BadLine {
-    /// Where the row is: `file:LINE` for JSONL, `file: row N (row group G)` for Parquet,
+    /// Where the row is: `file:LINE` for JSONL and CSV, `file: row N (row group G)` for Parquet,
     /// `file: row N (record batch G)` for Arrow (a file named `*.arrow`).
     pub fn location(&self, path: &std::path::Path) -> String {
         let group = match path.extension().and_then(|e| e.to_str()) {

@@ -154,7 +154,7 @@ const ANY_CASE: [&str; 5] = [
 ];
 
 /// The builders this crate reads.
-const READ: [&str; 3] = ["json", "parquet", "arrow"];
+const READ: [&str; 4] = ["json", "parquet", "arrow", "csv"];
 
 /// The files `--data` (or `--eval-data`) stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -351,8 +351,9 @@ pub struct Splits {
 /// (`card`, its `README.md`) lists `configs`, the splits of the one `choice.config` names (else
 /// of the default one). Without a card, a split's files of another builder than most of them are
 /// left out, as `datasets` leaves them out; a split of another builder than the others, a card's
-/// config whose files are of two kinds, a split without files, a card's file that is not there
-/// and a builder other than JSON, Parquet or Arrow are errors.
+/// config whose files are of two kinds, a split without files, a card's file that is not there,
+/// a builder other than JSON, Parquet, Arrow or CSV, CSV files with both `.csv` and `.tsv` names,
+/// and a card's CSV config with reading options (`sep`, ...) are errors.
 pub fn splits(
     names: &[String],
     card: Option<&str>,
@@ -371,6 +372,7 @@ pub fn splits(
         Some(text) => crate::card::configs(text).map_err(|e| format!("README.md: configs: {e}"))?,
         None => Vec::new(),
     };
+    let mut options: &[String] = &[];
     let (config, patterns) = match (configs.is_empty(), choice.config) {
         (true, Some(c)) => {
             return Err(format!(
@@ -380,6 +382,7 @@ pub fn splits(
         (true, None) => (None, inferred_patterns(names, "")?),
         (false, _) => {
             let chosen = pick_config(&configs, choice)?;
+            options = &chosen.options;
             let dir = chosen.data_dir.as_deref().unwrap_or("");
             let patterns = match &chosen.splits {
                 Some(splits) => splits
@@ -439,10 +442,41 @@ pub fn splits(
     if !READ.contains(&builder) {
         return Err(format!(
             "{in_config}the data files here are read by `datasets`' {builder} builder, which is \
-             not read here: convert them to JSONL, Parquet or Arrow"
+             not read here: convert them to JSONL, Parquet, Arrow or CSV"
         ));
     }
+    if builder == "csv" {
+        check_csv(&splits, options).map_err(|e| format!("{in_config}{e}"))?;
+    }
     Ok(Splits { config, splits })
+}
+
+/// An error for CSV files `datasets` would read otherwise than this crate: `.csv` and `.tsv` files
+/// in one split (`datasets` reads them all with the separator of the more common extension), or
+/// a card config's reading options for its csv builder (`sep`, `names`, ...).
+fn check_csv(
+    splits: &[(String, Vec<String>)],
+    options: &[String],
+) -> std::result::Result<(), String> {
+    if !options.is_empty() {
+        return Err(format!(
+            "the dataset card sets {} for datasets' csv builder, which is not applied here: \
+             CSV files are read with pandas' defaults (`,`, or a tab for .tsv)",
+            options.join(", ")
+        ));
+    }
+    for (split, files) in splits {
+        let sep = |f: &String| crate::csv_rows::separator(Path::new(f));
+        if let Some(tab) = files.iter().find(|f| sep(f) == Some(b'\t')) {
+            if let Some(comma) = files.iter().find(|f| sep(f) == Some(b',')) {
+                return Err(format!(
+                    "split `{split}` has both .csv and .tsv files ({comma}, {tab}), which \
+                     datasets reads with one separator: keep one kind"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// An error for a pattern `datasets` refuses: `**` inside a component (`**.jsonl`).
@@ -481,7 +515,8 @@ fn inferred_patterns(
     visible.sort();
     if !visible.iter().any(|n| is_data_file(n)) {
         return Err(format!(
-            "no data files {} (data files end in .jsonl, .json or .parquet, compressed or not)",
+            "no data files {} (data files end in .jsonl, .json, .parquet, .csv or .tsv, compressed \
+             or not)",
             if dir.is_empty() {
                 "here".to_string()
             } else {

@@ -1,11 +1,11 @@
 //! g4ft-data: training data for Gemma 4 LoRA fine-tuning — the post's `ChatJsonl`,
 //! `DistributedSampler`, `DataLoader` and `PadCollate`, in Rust.
 //!
-//! Pipeline: a JSONL, Parquet or Arrow file of chat, ShareGPT, prompt/completion, text or pre-tokenized
-//! rows ([`Format`]) → [`TokenDataset::open`] (conversations rendered with the model's chat
-//! template through minijinja as transformers renders them, tools and tool calls included;
-//! tokenized without special tokens; labels `auto`, `full` or `assistant_only`; truncated to
-//! `max_len`; in parallel; cached on disk per file/tokenizer/template/settings; a
+//! Pipeline: a JSONL, Parquet, Arrow or CSV file of chat, ShareGPT, prompt/completion, text or
+//! pre-tokenized rows ([`Format`]) → [`TokenDataset::open`] (conversations rendered with the
+//! model's chat template through minijinja as transformers renders them, tools and tool calls
+//! included; tokenized without special tokens; labels `auto`, `full` or `assistant_only`;
+//! truncated to `max_len`; in parallel; cached on disk per file/tokenizer/template/settings; a
 //! [`PrepareReport`]) → [`DataLoader`] (PyTorch's [`DistributedSampler`] semantics, optional
 //! length grouping or packing, [`PadCollate`] on a prefetch thread) → [`Batch`]. `docs/data.md`
 //! describes the formats, the label rule and the packed batch representation.
@@ -35,6 +35,7 @@ pub mod batching;
 pub mod cache;
 pub mod card;
 pub mod collate;
+pub mod csv_rows;
 pub mod dataset;
 pub mod encoder;
 pub mod error;

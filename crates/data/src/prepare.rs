@@ -1,4 +1,5 @@
-//! Streaming, parallel tokenization of a data file (JSONL, Parquet or Arrow, any [`Format`]).
+//! Streaming, parallel tokenization of a data file (JSONL, Parquet, Arrow or CSV, any
+//! [`Format`]).
 //!
 //! The file is read row by row (never slurped; JSONL lines bounded in size) in chunks of `CHUNK`
 //! rows; each chunk is parsed and encoded on rayon's pool and handed to a sink in file order, so

@@ -1,11 +1,12 @@
 //! Data files as streams of raw rows with their location: JSONL (one JSON object per line), a
 //! JSON array of row objects (what `json.dump(rows)` and `Dataset.to_json(lines=False)` write),
 //! Parquet (as Hugging Face `datasets` exports it: one column per field, nested lists and
-//! structs), or Arrow IPC ([`arrow`]: `save_to_disk` shards, `.arrow` files). The kind is read
-//! from the content, not the name: the Parquet magic bytes `PAR1`, Arrow's (`ARROW1`, or a
-//! stream's first continuation marker), gzip's and zstd's magic bytes (the JSON is decompressed
-//! on the fly), then a leading UTF-8 byte order mark is skipped and a first `[` makes the file an
-//! array.
+//! structs), Arrow IPC ([`arrow`]: `save_to_disk` shards, `.arrow` files), or CSV / TSV
+//! ([`crate::csv_rows`]). A `.csv` or `.tsv` extension makes a file CSV (its content cannot
+//! tell); the other kinds are read from the content, not the name: the Parquet magic bytes
+//! `PAR1`, Arrow's (`ARROW1`, or a stream's first continuation marker), gzip's and zstd's magic
+//! bytes (the text is decompressed on the fly, CSV too), then a leading UTF-8 byte order mark is
+//! skipped and a first `[` makes the file an array.
 //!
 //! JSONL lines are bounded in size before they are parsed: a line longer than `max_line_bytes`
 //! is skipped through without being held in memory and reported as a bad row. Parquet rows are
@@ -22,6 +23,7 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::reader::RowIter;
 use parquet::record::Field;
 
+use crate::csv_rows::{self, CsvRows};
 use crate::error::{DataError, Result, RowError, SkipReason};
 
 pub mod arrow;
@@ -34,19 +36,19 @@ pub const DEFAULT_MAX_LINE_BYTES: usize = 16 << 20;
 /// Where a row is in its file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Location {
-    /// 1-based JSONL line, or 1-based Parquet or Arrow row.
+    /// 1-based JSONL line, 1-based line a CSV record starts on, or 1-based Parquet or Arrow row.
     pub line: u64,
-    /// 0-based Parquet row group or Arrow record batch; `None` for JSON.
+    /// 0-based Parquet row group or Arrow record batch; `None` for JSON and CSV.
     pub row_group: Option<u64>,
 }
 
-/// A row as read: JSONL text still to parse (in parallel), a Parquet or Arrow row already
+/// A row as read: JSONL text still to parse (in parallel), a Parquet, Arrow or CSV row already
 /// converted, or a row-level failure.
 #[derive(Debug)]
 pub enum RawRow {
     /// One non-blank JSONL line.
     Json(String),
-    /// One Parquet or Arrow row.
+    /// One Parquet, Arrow or CSV row.
     Value(Value),
     /// A line too long or not UTF-8.
     Bad(RowError),
@@ -62,23 +64,27 @@ pub enum Source {
     Parquet(ParquetRows),
     /// An Arrow IPC file or stream.
     Arrow(ArrowRows),
+    /// A CSV or TSV file.
+    Csv(CsvRows),
 }
 
-/// A JSON text stream: the file itself or its decompressed content.
-type TextStream = BufReader<Box<dyn Read + Send>>;
+/// A text stream: the file itself or its decompressed content.
+pub(crate) type TextStream = BufReader<Box<dyn Read + Send>>;
 
 impl Source {
-    /// Opens `path` by its content (see the module doc).
+    /// Opens `path` by its extension (CSV) or content (see the module doc); `max_line_bytes`
+    /// bounds a JSONL line or a CSV record.
     pub fn open(path: &Path, max_line_bytes: usize) -> Result<Self> {
         let io = |e| DataError::io(path, e);
         let mut magic = Vec::with_capacity(6);
         File::open(path)
             .and_then(|f| f.take(6).read_to_end(&mut magic))
             .map_err(io)?;
-        if magic.starts_with(b"PAR1") {
+        let csv = csv_rows::separator(path);
+        if magic.starts_with(b"PAR1") && csv.is_none() {
             return ParquetRows::open(path).map(Source::Parquet);
         }
-        if arrow::is_arrow(&magic) {
+        if arrow::is_arrow(&magic) && csv.is_none() {
             return ArrowRows::open(path).map(Source::Arrow);
         }
         let file = File::open(path).map_err(io)?;
@@ -96,6 +102,9 @@ impl Source {
             == Some(&b'[');
         if bom {
             reader.consume(3);
+        }
+        if let Some(sep) = csv {
+            return CsvRows::open(path, reader, sep, max_line_bytes).map(Source::Csv);
         }
         if is_array {
             return ArrayRows::read(path, reader).map(Source::JsonArray);
@@ -116,6 +125,7 @@ impl Source {
             Source::JsonArray(a) => Ok(a.rows.next()),
             Source::Parquet(p) => p.next_row(),
             Source::Arrow(a) => a.next_row(),
+            Source::Csv(c) => c.next_row(),
         }
     }
 }

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use g4ft_data::files::{resolve_local, splits, SplitChoice};
-use g4ft_data::{DataFiles, DatasetOptions, Encoder, PrepareOptions, TokenDataset};
+use g4ft_data::{DataFiles, DatasetOptions, Encoder, LabelMode, TokenDataset};
 use serde_json::Value;
 
 /// One section of the fixtures `datasets` made: `layouts` (folders) or `cards` (folders with a
@@ -52,7 +52,7 @@ fn every_layout_splits_as_datasets_splits_it() {
         match splits(&files, None, SplitChoice::train(None)).map(|s| s.splits) {
             Ok(got) => {
                 assert!(
-                    matches!(builder, Some("json" | "parquet")),
+                    matches!(builder, Some("json" | "parquet" | "csv")),
                     "{name}: {got:?}"
                 );
                 assert_eq!(by_split(got), fixture_splits(&layout["splits"]), "{name}");
@@ -254,14 +254,7 @@ fn one_file_is_itself_and_takes_no_split() {
 fn several_files_are_one_dataset_in_file_order() {
     let dir = write_layout("no_split_names");
     let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
-    let opts = DatasetOptions {
-        prepare: PrepareOptions {
-            max_len: 64,
-            ..Default::default()
-        },
-        cache_dir: Some(dir.join("cache")),
-        ..Default::default()
-    };
+    let opts = common::options(&dir, LabelMode::Auto);
     let files = resolve_local(dir.to_str().unwrap(), SplitChoice::train(None))
         .unwrap()
         .unwrap();

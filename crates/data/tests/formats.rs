@@ -276,27 +276,17 @@ fn a_given_format_wins_over_detection() {
     assert_eq!(words, "<bos>plain words<turn|>");
 }
 
-/// Every sample of `ds` (ids and labels).
-fn samples(ds: &TokenDataset) -> Vec<(Vec<u32>, Vec<i32>)> {
-    (0..ds.len())
-        .map(|i| {
-            let s = ds.sample(i).unwrap();
-            (s.input_ids, s.labels)
-        })
-        .collect()
-}
-
 #[test]
 fn every_parquet_codec_reads_the_same_rows() {
     let enc = Encoder::from_model_dir(&tools_dir()).unwrap();
     let dir = common::scratch("fmt-parquet-codecs");
     let o = opts(&dir, LabelMode::AssistantOnly);
-    let want = samples(&open(&parquet("chat.parquet"), Some(&enc), &o).unwrap());
+    let want = common::samples(&open(&parquet("chat.parquet"), Some(&enc), &o).unwrap());
     assert_eq!(want.len(), 6);
     for codec in ["zstd", "gzip", "lz4", "brotli"] {
         let name = format!("chat_{codec}.parquet");
         let got = open(&parquet(&name), Some(&enc), &o).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(samples(&got), want, "{name}");
+        assert_eq!(common::samples(&got), want, "{name}");
     }
 }
 
@@ -334,7 +324,7 @@ fn json_files_as_people_save_them_read_like_the_jsonl() {
     let lines: Vec<&str> = jsonl.lines().take(12).collect();
     let plain = dir.join("plain.jsonl");
     std::fs::write(&plain, lines.join("\n")).unwrap();
-    let want = samples(&open(&plain, Some(&enc), &o).unwrap());
+    let want = common::samples(&open(&plain, Some(&enc), &o).unwrap());
     assert_eq!(want.len(), 12);
     let rows: Vec<Value> = lines
         .iter()
@@ -362,7 +352,7 @@ fn json_files_as_people_save_them_read_like_the_jsonl() {
         let path = dir.join(name);
         std::fs::write(&path, bytes).unwrap();
         let got = open(&path, Some(&enc), &o).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(samples(&got), want, "{name}");
+        assert_eq!(common::samples(&got), want, "{name}");
     }
     // An array's rows are located by the line they start on; a broken array by where it breaks.
     let mut bad_rows = rows[..3].to_vec();

@@ -165,7 +165,7 @@ pub struct TrainConfig {
     /// Hub revision of --model: a branch, tag or commit (default: main).
     #[arg(long, value_name = "REV", help_heading = section::MODEL_DATA)]
     pub revision: Option<String>,
-    /// Training data: JSONL, Parquet or Arrow, chat/ShareGPT/prompt-completion/text/token rows (the
+    /// Training data: JSONL, Parquet, Arrow or CSV/TSV, chat/ShareGPT/prompt-completion/text/token rows (the
     /// post's DATA_PATH). A file, a folder (its --data-split, split as Hugging Face datasets
     /// splits a folder; a save_to_disk folder read as load_from_disk reads it), a glob in quotes ('shards/*.parquet') or a Hub dataset id
     /// (owner/name, downloaded into the Hub cache): several files are one dataset.

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use g4ft_data::TokenDataset;
+
 /// Repository root (two levels above this crate).
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -54,4 +56,14 @@ pub fn open_cut_copy(file: &Path, dir: &Path) -> (g4ft_data::DataError, PathBuf)
         Err(e) => (e, cut),
         Ok(_) => panic!("{} opened", cut.display()),
     }
+}
+
+/// Every sample of `ds` (ids and labels).
+pub fn samples(ds: &TokenDataset) -> Vec<(Vec<u32>, Vec<i32>)> {
+    (0..ds.len())
+        .map(|i| {
+            let s = ds.sample(i).unwrap();
+            (s.input_ids, s.labels)
+        })
+        .collect()
 }
