@@ -1,7 +1,8 @@
-//! Pre-tokenizes data (JSONL, Parquet, Arrow or CSV/TSV; chat, ShareGPT, prompt/completion, text or token
-//! rows; a file, folder, glob or Hub dataset as `train_ddp --data` takes it) with a model's
-//! tokenizer and chat template (only those files of the model directory are read) and writes
-//! `{"input_ids": [...], "labels": [...]}` per row, the files' rows in order into one JSONL.
+//! Pre-tokenizes data (JSONL, Parquet, Arrow or CSV/TSV; chat, ShareGPT, prompt/completion, text
+//! or token rows; a file, folder, glob or Hub dataset as `train_ddp --data` takes it) with a
+//! model's tokenizer and chat template (only those files of the model directory are read) and
+//! writes `{"input_ids": [...], "labels": [...]}` per row, the files' rows in order into one
+//! JSONL.
 //!
 //! ```bash
 //! cargo run --release --example prepare -- --model assets/tiny --data assets/sample/chat.jsonl \
@@ -32,8 +33,8 @@ struct Args {
     /// not needed for token rows.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Input (JSONL, Parquet, Arrow or CSV/TSV): a file, a folder (its --data-split), a glob in quotes or
-    /// a Hub dataset id, as train_ddp's --data.
+    /// Input (JSONL, Parquet, Arrow or CSV/TSV): a file, a folder (its --data-split), a glob in
+    /// quotes or a Hub dataset id, as train_ddp's --data.
     #[arg(long, value_name = "FILE|DIR|GLOB|HUB_ID")]
     data: String,
     /// The split of a folder or Hub dataset (default: train).

@@ -466,7 +466,7 @@ fn check_csv(
         ));
     }
     for (split, files) in splits {
-        let sep = |f: &String| crate::csv_rows::separator(Path::new(f));
+        let sep = |f: &String| crate::source::csv::separator(Path::new(f));
         if let Some(tab) = files.iter().find(|f| sep(f) == Some(b'\t')) {
             if let Some(comma) = files.iter().find(|f| sep(f) == Some(b',')) {
                 return Err(format!(

@@ -35,7 +35,6 @@ pub mod batching;
 pub mod cache;
 pub mod card;
 pub mod collate;
-pub mod csv_rows;
 pub mod dataset;
 pub mod encoder;
 pub mod error;

@@ -2,7 +2,7 @@
 //! JSON array of row objects (what `json.dump(rows)` and `Dataset.to_json(lines=False)` write),
 //! Parquet (as Hugging Face `datasets` exports it: one column per field, nested lists and
 //! structs), Arrow IPC ([`arrow`]: `save_to_disk` shards, `.arrow` files), or CSV / TSV
-//! ([`crate::csv_rows`]). A `.csv` or `.tsv` extension makes a file CSV (its content cannot
+//! ([`csv`]). A `.csv` or `.tsv` extension makes a file CSV (its content cannot
 //! tell); the other kinds are read from the content, not the name: the Parquet magic bytes
 //! `PAR1`, Arrow's (`ARROW1`, or a stream's first continuation marker), gzip's and zstd's magic
 //! bytes (the text is decompressed on the fly, CSV too), then a leading UTF-8 byte order mark is
@@ -23,12 +23,13 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::reader::RowIter;
 use parquet::record::Field;
 
-use crate::csv_rows::{self, CsvRows};
 use crate::error::{DataError, Result, RowError, SkipReason};
 
 pub mod arrow;
+pub mod csv;
 
 pub use arrow::ArrowRows;
+pub use csv::CsvRows;
 
 /// Default bound on one JSONL line (bytes).
 pub const DEFAULT_MAX_LINE_BYTES: usize = 16 << 20;
@@ -80,7 +81,7 @@ impl Source {
         File::open(path)
             .and_then(|f| f.take(6).read_to_end(&mut magic))
             .map_err(io)?;
-        let csv = csv_rows::separator(path);
+        let csv = csv::separator(path);
         if magic.starts_with(b"PAR1") && csv.is_none() {
             return ParquetRows::open(path).map(Source::Parquet);
         }

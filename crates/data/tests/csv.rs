@@ -12,7 +12,7 @@ use g4ft_data::source::{RawRow, Source, DEFAULT_MAX_LINE_BYTES};
 use g4ft_data::{Encoder, LabelMode, TokenDataset};
 use minijinja::value::{Value, ValueKind};
 
-/// Files `datasets` reads but g4ft-data refuses, and why (`csv_rows`' module doc).
+/// Files `datasets` reads but g4ft-data refuses, and why (`source::csv`'s module doc).
 const REFUSED_HERE: [(&str, &str); 4] = [
     (
         "u64_and_negative.csv",

@@ -39,8 +39,8 @@ use std::path::{Path, PathBuf};
 
 use minijinja::Value;
 
+use super::{Location, RawRow, TextStream};
 use crate::error::{DataError, Result};
-use crate::source::{Location, RawRow, TextStream};
 
 /// Rows per chunk (the csv builder's `chunksize`): each chunk's columns are typed on their own.
 const CHUNK_ROWS: usize = 10_000;
