@@ -59,6 +59,9 @@ pub(crate) struct DataArgs {
     /// The config (subset) of a dataset whose card lists several.
     #[arg(long)]
     pub data_config: Option<String>,
+    /// Branch, tag or commit of a Hub dataset.
+    #[arg(long, value_name = "REV")]
+    pub data_revision: Option<String>,
     /// Which tokens are scored: what the format implies (auto), all, or assistant turns only.
     #[arg(long, value_enum, default_value_t = LabelsKind::Auto)]
     pub labels: LabelsKind,
@@ -88,7 +91,11 @@ pub(crate) fn read_rows(
         config: args.data_config.as_deref(),
         config_flag: "--data-config",
     };
-    let files = DataFiles::resolve(&args.data, choice, &Hub::from_env(None))?;
+    let files = DataFiles::resolve(
+        &args.data,
+        choice,
+        &Hub::from_env(args.data_revision.as_deref()),
+    )?;
     let prepare = PrepareOptions {
         max_len: args.max_len.unwrap_or(model.max_position_embeddings),
         label_mode: args.labels.into(),

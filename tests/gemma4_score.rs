@@ -62,6 +62,7 @@ fn data_args(path: &str) -> score::DataArgs {
         data: path.to_string(),
         data_split: None,
         data_config: None,
+        data_revision: None,
         labels: g4ft::trainer::config::LabelsKind::Auto,
         data_format: None,
         max_len: None,
