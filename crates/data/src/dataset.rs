@@ -251,8 +251,9 @@ impl Part {
 }
 
 /// The one format of every file: given, or detected from each file's first row; files of two
-/// formats are an error naming one of each.
+/// formats, and Arrow files of two schemas, are an error naming one of each.
 pub fn detect_files_format(files: &DataFiles, opts: &PrepareOptions) -> Result<Format> {
+    crate::source::arrow::check_one_schema(&files.files)?;
     let mut first: Option<(&Path, Format)> = None;
     for path in &files.files {
         let format = prepare::detect_format(path, opts)?;

@@ -64,14 +64,44 @@ fn loose_arrow_files_read_as_datasets_reads_them() {
             "{file} against datasets"
         );
     }
-    let err = Source::open(&arrow("map.arrow"), 1 << 20)
-        .and_then(|mut s| s.next_row())
-        .unwrap_err();
-    assert!(
-        matches!(&err, DataError::Arrow { path, .. } if path.ends_with("map.arrow")),
-        "{err:?}"
+    // What datasets refuses is refused, naming the file and the column.
+    let refused = want["refused"].as_object().unwrap();
+    assert_eq!(refused.len(), 5);
+    for (file, why) in refused {
+        let err = Source::open(&arrow(file), 1 << 20)
+            .and_then(|mut s| s.next_row())
+            .unwrap_err();
+        assert!(
+            matches!(&err, DataError::Arrow { path, .. } if path.ends_with(file)),
+            "{file}: {err:?} (datasets: {why})"
+        );
+        // Each file's refused column is named by its first letter; same_name.arrow's are `a`.
+        let column = if file == "same_name.arrow" {
+            "a"
+        } else {
+            &file[..1]
+        };
+        assert!(err.to_string().contains(&format!("`{column}`")), "{err}");
+    }
+}
+
+#[test]
+fn files_of_one_split_need_one_schema() {
+    // datasets casts the second file's integers to the first's strings; refused here.
+    assert_eq!(
+        fixtures()["two_schemas"],
+        serde_json::json!([{"x": "a"}, {"x": "5"}])
     );
-    assert!(err.to_string().contains("column `m`"), "{err}");
+    let dir = common::scratch("arrow-two-schemas");
+    let files = resolve(&arrow("two_schemas"), SplitChoice::train(None)).unwrap();
+    assert_eq!(files.files.len(), 2);
+    let err = TokenDataset::open_files(&files, None, &opts(&dir, LabelMode::Auto)).unwrap_err();
+    let err = err.to_string();
+    assert!(
+        err.contains("b.arrow: arrow: its columns (x: Int64) are not those of")
+            && err.contains("a.arrow (x: Utf8)"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -16,9 +16,12 @@ Writes, under arrow/ next to this script:
                    dictionary-encoded strings, 8- to 64-bit integers, 16- to 64-bit floats, nulls,
                    fixed-size and nested lists, structs with null fields, binary text), in
                    batches of 2
-  map.arrow        a map column, which `datasets` refuses
+  map.arrow, union.arrow, list_view.arrow, run_end.arrow, same_name.arrow
+                   columns `datasets` refuses (no feature type; two columns of one name)
+  two_schemas/     two files of one split whose column types differ (`datasets` casts the second
+                   to the first's types; refused here)
 and arrow_fixtures.json: each dataset's rows as `datasets` returns them (`load_from_disk`, or
-`load_dataset("arrow", data_files=...)` for the loose files), and the refusal for map.arrow.
+`load_dataset("arrow", data_files=...)` for the loose files), and the refusals.
 `crates/data/tests/arrow.rs` reads the same files and must give the same rows.
 """
 
@@ -128,12 +131,28 @@ def main():
         fixtures[f"tokens_{codec}"] = loaded_rows(write_ipc(f"tokens_{codec}.arrow", table, compression=codec))
     fixtures["types"] = loaded_rows(write_ipc("types.arrow", types_table()))
 
-    maps = pa.table({"m": pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int64()))})
-    try:
-        loaded_rows(write_ipc("map.arrow", maps))
-        raise SystemExit("datasets read map.arrow; the tests expect it refused")
-    except ValueError as e:
-        fixtures["map_refused"] = str(e)
+    refused = {
+        "map.arrow": pa.table({"m": pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int64()))}),
+        "union.arrow": pa.table({"u": pa.UnionArray.from_sparse(
+            pa.array([0], pa.int8()), [pa.array([1]), pa.array(["x"])])}),
+        "list_view.arrow": pa.table({"l": pa.array([[1, 2]], pa.list_view(pa.int64()))}),
+        "run_end.arrow": pa.table({"r": pa.RunEndEncodedArray.from_arrays([2], ["x"])}),
+        "same_name.arrow": pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["a", "a"]),
+    }
+    fixtures["refused"] = {}
+    for name, table in refused.items():
+        try:
+            loaded_rows(write_ipc(name, table))
+            raise SystemExit(f"datasets read {name}; the tests expect it refused")
+        except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
+            fixtures["refused"][name] = f"{type(e).__name__}: {e}"
+
+    # Two files of one split with other column types: datasets casts the second to the first's.
+    os.makedirs(os.path.join(OUT, "two_schemas"))
+    write_ipc("two_schemas/a.arrow", pa.table({"x": pa.array(["a"])}))
+    write_ipc("two_schemas/b.arrow", pa.table({"x": pa.array([5])}))
+    two = datasets.load_dataset(os.path.join(OUT, "two_schemas"), split="train", keep_in_memory=True)
+    fixtures["two_schemas"] = jsonable(two.to_list())
 
     with open(os.path.join(HERE, "arrow_fixtures.json"), "w", encoding="utf-8") as f:
         json.dump(fixtures, f, ensure_ascii=False, indent=1)

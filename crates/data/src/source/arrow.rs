@@ -3,10 +3,12 @@
 //! record batch. Each row becomes the JSON-like value `datasets` hands a template: null for a
 //! null cell or struct field, numbers, strings, lists and objects; dictionary-encoded columns as
 //! their values; dates, times and decimals as their text (no chat or token column has them).
-//! Map columns are an error, as `datasets` has no feature type for them and refuses the file.
+//! Columns `datasets` refuses are errors here too: a map, a union, a list view or a run-end
+//! encoded array anywhere in a column's type (it has no feature type for them), and two columns
+//! of one name. The files of one split must have one schema ([`check_one_schema`]).
 
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
@@ -17,7 +19,7 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_ipc::reader::{FileReader, StreamReader};
-use arrow_schema::{ArrowError, DataType};
+use arrow_schema::{ArrowError, DataType, Schema, SchemaRef};
 use minijinja::Value;
 
 use super::{Location, RawRow};
@@ -38,6 +40,8 @@ type Batches = Box<dyn Iterator<Item = std::result::Result<RecordBatch, ArrowErr
 /// Rows of an Arrow IPC file, converted to JSON-like values.
 pub struct ArrowRows {
     path: PathBuf,
+    /// The file's schema.
+    schema: SchemaRef,
     batches: Batches,
     /// The columns of the current record batch (dictionary-encoded ones decoded).
     columns: Vec<(String, ArrayRef)>,
@@ -56,23 +60,20 @@ impl ArrowRows {
     pub(super) fn open(path: &Path) -> Result<Self> {
         let io = |e| DataError::io(path, e);
         let bad = |e: ArrowError| arrow_error(path, e.to_string());
-        let mut file = File::open(path).map_err(io)?;
-        let mut magic = Vec::with_capacity(FILE_MAGIC.len());
-        (&mut file)
-            .take(FILE_MAGIC.len() as u64)
-            .read_to_end(&mut magic)
-            .map_err(io)?;
-        file.seek(SeekFrom::Start(0)).map_err(io)?;
-        let batches: Batches = if magic.starts_with(FILE_MAGIC) {
-            Box::new(FileReader::try_new_buffered(file, None).map_err(bad)?)
+        let magic = magic_of(path)?;
+        let file = File::open(path).map_err(io)?;
+        let (schema, batches): (SchemaRef, Batches) = if magic.starts_with(FILE_MAGIC) {
+            let reader = FileReader::try_new_buffered(file, None).map_err(bad)?;
+            (reader.schema(), Box::new(reader))
         } else {
-            Box::new(
-                StreamReader::try_new(BufReader::with_capacity(1 << 20, file), None)
-                    .map_err(bad)?,
-            )
+            let buffered = BufReader::with_capacity(1 << 20, file);
+            let reader = StreamReader::try_new(buffered, None).map_err(bad)?;
+            (reader.schema(), Box::new(reader))
         };
+        check_columns(path, &schema)?;
         Ok(ArrowRows {
             path: path.to_path_buf(),
+            schema,
             batches,
             columns: Vec::new(),
             batch_rows: 0,
@@ -124,22 +125,12 @@ fn arrow_error(path: &Path, msg: String) -> DataError {
     }
 }
 
-/// The columns of `batch` by name, dictionary-encoded ones decoded to their values; a map
-/// anywhere in a column's type is an error.
+/// The columns of `batch` by name, dictionary-encoded ones decoded to their values.
 fn columns(path: &Path, batch: &RecordBatch) -> Result<Vec<(String, ArrayRef)>> {
     let schema = batch.schema();
     let mut out = Vec::with_capacity(batch.num_columns());
     for (field, col) in schema.fields().iter().zip(batch.columns()) {
         let (name, ty) = (field.name(), field.data_type());
-        if has_map(ty) {
-            return Err(arrow_error(
-                path,
-                format!(
-                    "column `{name}` is of type {ty}; a map has no `datasets` feature type \
-                     (`datasets` refuses the file), so it is not read here either"
-                ),
-            ));
-        }
         let col = match ty {
             DataType::Dictionary(_, values) => arrow_cast::cast(col, values)
                 .map_err(|e| arrow_error(path, format!("column `{name}`: {e}")))?,
@@ -150,18 +141,100 @@ fn columns(path: &Path, batch: &RecordBatch) -> Result<Vec<(String, ArrayRef)>> 
     Ok(out)
 }
 
-fn has_map(ty: &DataType) -> bool {
-    match ty {
-        DataType::Map(..) => true,
-        DataType::List(f)
-        | DataType::LargeList(f)
-        | DataType::ListView(f)
-        | DataType::LargeListView(f)
-        | DataType::FixedSizeList(f, _) => has_map(f.data_type()),
-        DataType::Struct(fields) => fields.iter().any(|f| has_map(f.data_type())),
-        DataType::Dictionary(_, v) => has_map(v),
-        _ => false,
+/// An error for a schema `datasets` refuses: a column of a type it has no feature type for, or
+/// two columns of one name.
+fn check_columns(path: &Path, schema: &Schema) -> Result<()> {
+    for (i, field) in schema.fields().iter().enumerate() {
+        let (name, ty) = (field.name(), field.data_type());
+        if let Some(what) = unread(ty) {
+            return Err(arrow_error(
+                path,
+                format!(
+                    "column `{name}` is of type {ty}; {what} has no `datasets` feature type \
+                     (`datasets` refuses the file), so it is not read here either"
+                ),
+            ));
+        }
+        if schema.fields()[..i].iter().any(|f| f.name() == name) {
+            return Err(arrow_error(
+                path,
+                format!("two columns are named `{name}` (`datasets` refuses the file)"),
+            ));
+        }
     }
+    Ok(())
+}
+
+/// What in `ty` `datasets` has no feature type for, if anything.
+fn unread(ty: &DataType) -> Option<&'static str> {
+    match ty {
+        DataType::Map(..) => Some("a map"),
+        DataType::Union(..) => Some("a union"),
+        DataType::ListView(_) | DataType::LargeListView(_) => Some("a list view"),
+        DataType::RunEndEncoded(..) => Some("a run-end encoded array"),
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+            unread(f.data_type())
+        }
+        DataType::Struct(fields) => fields.iter().find_map(|f| unread(f.data_type())),
+        DataType::Dictionary(_, v) => unread(v),
+        _ => None,
+    }
+}
+
+/// An error unless every Arrow file among `files` has the first one's columns and types:
+/// `datasets` casts a split's files to its first file's schema, which is not done here.
+pub fn check_one_schema(files: &[PathBuf]) -> Result<()> {
+    let mut first: Option<(&Path, SchemaRef)> = None;
+    for path in files {
+        if !is_arrow(&magic_of(path)?) {
+            continue;
+        }
+        let schema = ArrowRows::open(path)?.schema;
+        match &first {
+            None => first = Some((path, schema)),
+            Some((p, want)) if !same_columns(want, &schema) => {
+                return Err(arrow_error(
+                    path,
+                    format!(
+                        "its columns ({}) are not those of {} ({}); `datasets` casts every file \
+                         of a split to its first file's columns, which is not done here: write \
+                         the files with one schema",
+                        describe(&schema),
+                        p.display(),
+                        describe(want)
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The first bytes of `path`, as many as the longest magic.
+fn magic_of(path: &Path) -> Result<Vec<u8>> {
+    let mut magic = Vec::with_capacity(FILE_MAGIC.len());
+    File::open(path)
+        .and_then(|f| f.take(FILE_MAGIC.len() as u64).read_to_end(&mut magic))
+        .map_err(|e| DataError::io(path, e))?;
+    Ok(magic)
+}
+
+fn same_columns(a: &Schema, b: &Schema) -> bool {
+    a.fields().len() == b.fields().len()
+        && a.fields()
+            .iter()
+            .zip(b.fields())
+            .all(|(x, y)| x.name() == y.name() && x.data_type() == y.data_type())
+}
+
+fn describe(schema: &Schema) -> String {
+    let fields: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|f| format!("{}: {}", f.name(), f.data_type()))
+        .collect();
+    fields.join(", ")
 }
 
 /// Row `i` of a record batch's columns as an object.
@@ -213,8 +286,6 @@ fn cell(array: &dyn Array, i: usize) -> std::result::Result<Value, String> {
         DataType::FixedSizeBinary(_) => text(array.as_fixed_size_binary().value(i))?,
         DataType::List(_) => list(array.as_list::<i32>().value(i).as_ref())?,
         DataType::LargeList(_) => list(array.as_list::<i64>().value(i).as_ref())?,
-        DataType::ListView(_) => list(array.as_list_view::<i32>().value(i).as_ref())?,
-        DataType::LargeListView(_) => list(array.as_list_view::<i64>().value(i).as_ref())?,
         DataType::FixedSizeList(..) => list(array.as_fixed_size_list().value(i).as_ref())?,
         DataType::Struct(fields) => {
             let s = array.as_struct();

@@ -8,18 +8,21 @@
 //! - Fields are separated by `,` (`\t` for `.tsv`); a field that starts with `"` is quoted (`""`
 //!   inside is one `"`, text after the closing quote is appended); a `"` elsewhere is plain text.
 //!   Records end at LF, CRLF or CR outside quotes. Lines that are empty or hold only spaces and
-//!   tabs (that are not the separator) are skipped. The file ending inside quotes is an error.
+//!   tabs (that are not the separator) are skipped; a separator right after such a line ended by
+//!   a lone CR is dropped, as pandas' tokenizer drops it. The file ending inside quotes is an
+//!   error.
 //! - A row with fewer fields than the header is padded with missing values; one with more is an
 //!   error, except that a first row with K more fields than the header makes the first K fields
 //!   of every row pandas' row index, which `datasets` keeps as the last columns
-//!   `__index_level_0__`, ... (a single index of integers in a constant nonzero step is a range
-//!   index and is dropped).
+//!   `__index_level_0__`, ... (numbers the header's names do not take; a single index of integers
+//!   in a constant nonzero step is a range index and is dropped).
 //! - An empty field and pandas' default missing-value strings (`NA`, `null`, `NaN`, `N/A`, ...;
 //!   exact, quoted or not) are null. Each column of a chunk gets one type: booleans when every
-//!   value is `true` or `false` in any letter case; integers when every value is an integer
-//!   (spaces around it allowed) and none is missing; floats when every value is a number
-//!   (`1e5`, `.5`, `inf`, ...) or the column has integers and missing values, or only missing
-//!   values; text (each value exactly as written) otherwise. Integers past 2^63 are unsigned
+//!   value is `true` or `false` in any letter case; integers when every value is an integer and
+//!   none is missing; floats when every value is a number (`1e5`, `.5`, `inf`, ...), or the
+//!   column has integers and missing values (read as integers, then made floats: `-0` is `0.0`),
+//!   or only missing values; text (each value exactly as written) otherwise. Spaces may stand
+//!   around digits, not around `inf` (` inf` is text). Integers past 2^63 are unsigned
 //!   64-bit integers when the column has only non-negative integers and no missing value.
 //! - Later chunks are cast to the first chunk's types as Arrow casts: a number or boolean into a
 //!   text column is its Arrow text (`0042` becomes `42`, `1.50` `1.5`, `True` `true`), a float
@@ -27,10 +30,12 @@
 //!   a boolean column is whether it is nonzero; text into a number or boolean column is an error.
 //!
 //! Where `datasets` would give something this reader cannot reproduce exactly, the file is an
-//! error naming the line: integers beyond 64 bits, or past 2^63 beside a negative number, a
-//! decimal or a missing value (pandas keeps them as Python objects, which `datasets` then
-//! refuses or reads as text), and text in a later chunk that Arrow would parse into a number or
-//! boolean column (`datasets` then keeps what Arrow parses; this reader refuses all text there).
+//! error naming the line: integers beyond 64 bits, or past 2^63 beside a negative number (`-0`
+//! too), a decimal or a missing value (a missing value whatever else the column holds; pandas
+//! then reads the column as Python integers, text or floats depending on the other values, and
+//! `datasets` refuses some of them), and text in a later chunk that Arrow would parse into a
+//! number or boolean column (`datasets` then keeps what Arrow parses; this reader refuses all
+//! text there).
 //! Types are fixed per file: `datasets` fixes them for a whole split from its first file.
 
 use std::collections::VecDeque;
@@ -123,7 +128,7 @@ impl CsvRows {
             if self.schema.is_none() && rows.is_empty() && fields.len() > self.fields.len() {
                 // pandas' implicit row index: the first row's extra leading fields.
                 self.index_fields = fields.len() - self.fields.len();
-                let index = (0..self.index_fields).map(|i| format!("__index_level_{i}__"));
+                let index = index_names(&self.fields, self.index_fields);
                 self.fields.splice(0..0, index);
             }
             if fields.len() > self.fields.len() {
@@ -187,11 +192,29 @@ impl CsvRows {
                     .find(|&(f, _)| self.fields[f] == *name)
             })
             .collect();
+        // A row index of several levels keeps one value per level for equal values: its zeros
+        // all take the sign of the first one (`-0` then `0` read as `-0.0` twice).
+        let first_zero: Vec<Option<f64>> = (0..self.fields.len())
+            .map(|f| {
+                let kind = columns.iter().find(|c| c.0 == f).map(|c| c.1)?;
+                if self.index_fields < 2 || f >= self.index_fields {
+                    return None;
+                }
+                rows.iter()
+                    .find_map(|(_, r)| match typed(r.get(f).map(String::as_str), kind) {
+                        Cell::Float(x) if x == 0.0 => Some(x),
+                        _ => None,
+                    })
+            })
+            .collect();
         for (line, fields) in rows {
             let mut row = Vec::with_capacity(schema.len());
             for ((name, target), source) in schema.iter().zip(&sources) {
                 let cell = match source {
-                    Some((f, kind)) => typed(fields.get(*f).map(String::as_str), *kind),
+                    Some((f, kind)) => match typed(fields.get(*f).map(String::as_str), *kind) {
+                        Cell::Float(x) if x == 0.0 => Cell::Float(first_zero[*f].unwrap_or(x)),
+                        cell => cell,
+                    },
                     None => Cell::Null,
                 };
                 let value = cast(cell, *target).map_err(|why| {
@@ -222,6 +245,16 @@ fn bad(path: &Path, line: u64, reason: String) -> DataError {
         line,
         reason,
     }
+}
+
+/// The names of `n` index levels: `__index_level_J__` for the smallest numbers J whose names the
+/// header does not have (as pyarrow names an unnamed pandas index).
+fn index_names(header: &[String], n: usize) -> Vec<String> {
+    (0..)
+        .map(|j| format!("__index_level_{j}__"))
+        .filter(|name| !header.contains(name))
+        .take(n)
+        .collect()
 }
 
 /// The header's names as pandas makes them unique (see the module doc).
@@ -266,6 +299,9 @@ enum Kind {
     Int,
     UInt,
     Float,
+    /// Integers and missing values: pandas reads the integers, then makes them floats (`-0`
+    /// becomes `0.0`).
+    IntsAsFloat,
     Text,
 }
 
@@ -275,7 +311,7 @@ impl Kind {
             Kind::Bool => "boolean",
             Kind::Int => "integer",
             Kind::UInt => "unsigned integer",
-            Kind::Float => "float",
+            Kind::Float | Kind::IntsAsFloat => "float",
             Kind::Text => "text",
         }
     }
@@ -316,20 +352,27 @@ fn token(s: &str) -> Token {
             _ => Token::Huge,
         };
     }
-    if is_float(t) {
+    // pandas allows whitespace around digits only: ` inf` is text.
+    if is_float(t) && !(t.len() != s.len() && is_infinity(t)) {
         Token::Float
     } else {
         Token::Text
     }
 }
 
+/// `inf` or `infinity` in any letter case, with an optional sign.
+fn is_infinity(t: &str) -> bool {
+    let t = t.strip_prefix(['+', '-']).unwrap_or(t);
+    t.eq_ignore_ascii_case("inf") || t.eq_ignore_ascii_case("infinity")
+}
+
 /// pandas' float syntax: a sign, digits with an optional point (a digit on one side of it),
 /// an optional exponent; or `inf` / `infinity` in any case.
 fn is_float(t: &str) -> bool {
-    let t = t.strip_prefix(['+', '-']).unwrap_or(t);
-    if t.eq_ignore_ascii_case("inf") || t.eq_ignore_ascii_case("infinity") {
+    if is_infinity(t) {
         return true;
     }
+    let t = t.strip_prefix(['+', '-']).unwrap_or(t);
     let (mantissa, exponent) = match t.find(['e', 'E']) {
         Some(i) => (&t[..i], Some(&t[i + 1..])),
         None => (t, None),
@@ -351,6 +394,7 @@ fn column_kind<'a>(
     cells: impl Iterator<Item = (u64, Option<&'a str>)>,
 ) -> std::result::Result<Kind, (u64, String)> {
     let (mut bools, mut ints, mut floats, mut missing, mut negative) = (0, 0, 0, false, false);
+    let mut text = false;
     // The line of the first integer past i64, and whether one is beyond u64.
     let (mut big, mut huge): (Option<u64>, bool) = (None, false);
     for (line, cell) in cells {
@@ -360,11 +404,12 @@ fn column_kind<'a>(
         }
         let token = token(cell.unwrap_or_default());
         match token {
-            Token::Text => return Ok(Kind::Text),
+            Token::Text => text = true,
             Token::Bool => bools += 1,
-            Token::Int(i) => {
+            Token::Int(_) => {
                 ints += 1;
-                negative |= i < 0;
+                // `-0` too: pandas reads no signed text as an unsigned integer.
+                negative |= cell.is_some_and(|c| c.trim_matches(is_space).starts_with('-'));
             }
             Token::Big | Token::Huge => {
                 ints += 1;
@@ -374,6 +419,22 @@ fn column_kind<'a>(
             Token::Float => floats += 1,
         }
     }
+    let python_ints = |line| {
+        Err((
+            line,
+            "integers beyond 64 bits, or past 2^63 beside a negative number, a decimal or a \
+             missing value, are not read here (pandas keeps them as Python integers)"
+                .into(),
+        ))
+    };
+    // A missing value beside them becomes text or a float in `datasets`, whatever else the
+    // column holds.
+    if let (Some(line), true) = (big, missing) {
+        return python_ints(line);
+    }
+    if text {
+        return Ok(Kind::Text);
+    }
     if bools > 0 {
         return Ok(if ints + floats == 0 {
             Kind::Bool
@@ -382,18 +443,14 @@ fn column_kind<'a>(
         });
     }
     if let Some(line) = big {
-        if !huge && floats == 0 && !missing && !negative {
+        if !huge && floats == 0 && !negative {
             return Ok(Kind::UInt);
         }
-        return Err((
-            line,
-            "integers beyond 64 bits, or past 2^63 beside a negative number, a decimal or a \
-             missing value, are not read here (pandas keeps them as Python integers)"
-                .into(),
-        ));
+        return python_ints(line);
     }
     Ok(match (ints, floats, missing) {
         (_, 0, false) if ints > 0 => Kind::Int,
+        (_, 0, true) if ints > 0 => Kind::IntsAsFloat,
         _ => Kind::Float,
     })
 }
@@ -436,6 +493,9 @@ fn typed(field: Option<&str>, kind: Kind) -> Cell {
         Kind::Int => Cell::Int(number.parse().expect("an integer column holds integers")),
         Kind::UInt => Cell::UInt(number.parse().expect("an unsigned column holds integers")),
         Kind::Float => Cell::Float(number.parse().expect("a float column holds numbers")),
+        Kind::IntsAsFloat => {
+            Cell::Float(number.parse::<i64>().expect("the column holds integers") as f64)
+        }
     }
 }
 
@@ -450,7 +510,7 @@ fn cast(cell: Cell, target: Kind) -> std::result::Result<Value, String> {
         (Cell::Bool(b), Kind::Text) => Value::from(if b { "true" } else { "false" }),
         (Cell::Bool(b), Kind::Int) => Value::from(i64::from(b)),
         (Cell::Bool(b), Kind::UInt) => Value::from(u64::from(b)),
-        (Cell::Bool(b), Kind::Float) => Value::from(f64::from(u8::from(b))),
+        (Cell::Bool(b), Kind::Float | Kind::IntsAsFloat) => Value::from(f64::from(u8::from(b))),
         (Cell::Int(i), Kind::Int) => Value::from(i),
         (Cell::Int(i), Kind::UInt) => match u64::try_from(i) {
             Ok(u) => Value::from(u),
@@ -465,11 +525,15 @@ fn cast(cell: Cell, target: Kind) -> std::result::Result<Value, String> {
         (Cell::UInt(u), Kind::Text) => Value::from(u.to_string()),
         (Cell::Int(i), Kind::Bool) => Value::from(i != 0),
         (Cell::UInt(u), Kind::Bool) => Value::from(u != 0),
-        (Cell::Int(i), Kind::Float) if i.unsigned_abs() <= 1 << 53 => Value::from(i as f64),
-        (Cell::UInt(u), Kind::Float) if u <= 1 << 53 => Value::from(u as f64),
-        (Cell::Int(i), Kind::Float) => return fail(format!("the integer {i}")),
-        (Cell::UInt(u), Kind::Float) => return fail(format!("the integer {u}")),
-        (Cell::Float(x), Kind::Float) => Value::from(x),
+        (Cell::Int(i), Kind::Float | Kind::IntsAsFloat) if i.unsigned_abs() <= 1 << 53 => {
+            Value::from(i as f64)
+        }
+        (Cell::UInt(u), Kind::Float | Kind::IntsAsFloat) if u <= 1 << 53 => Value::from(u as f64),
+        (Cell::Int(i), Kind::Float | Kind::IntsAsFloat) => return fail(format!("the integer {i}")),
+        (Cell::UInt(u), Kind::Float | Kind::IntsAsFloat) => {
+            return fail(format!("the integer {u}"))
+        }
+        (Cell::Float(x), Kind::Float | Kind::IntsAsFloat) => Value::from(x),
         (Cell::Float(x), Kind::Text) => Value::from(arrow_float_text(x)),
         (Cell::Float(x), Kind::Bool) => Value::from(x != 0.0),
         (Cell::Float(x), Kind::Int)
@@ -494,10 +558,11 @@ fn arrow_float_text(x: f64) -> String {
     if x == 0.0 {
         return if x.is_sign_negative() { "-0" } else { "0" }.into();
     }
-    let sci = format!("{:e}", x.abs());
-    let (mantissa, exp) = sci.split_once('e').expect("{:e} has an exponent");
-    let exp: i32 = exp.parse().expect("{:e} exponent");
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let (digits, exp) = shortest_digits(x.abs());
+    let mantissa = match digits.split_at(1) {
+        (first, "") => first.to_string(),
+        (first, rest) => format!("{first}.{rest}"),
+    };
     let sign = if x < 0.0 { "-" } else { "" };
     if (-6..10).contains(&exp) {
         let text = if exp < 0 {
@@ -516,6 +581,29 @@ fn arrow_float_text(x: f64) -> String {
     format!("{sign}{mantissa}e{exp_sign}{}", exp.abs())
 }
 
+/// The shortest decimal digits that read back to `x` (> 0) and its decimal exponent; of two
+/// such digit strings equally close to `x`, the one ending in an even digit, as Arrow writes it
+/// (Rust's `{:e}` takes the upper one).
+fn shortest_digits(x: f64) -> (String, i32) {
+    let split = |sci: &str| {
+        let (mantissa, exp) = sci.split_once('e').expect("{:e} has an exponent");
+        let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+        (digits, exp.parse::<i32>().expect("{:e} exponent"))
+    };
+    let (digits, exp) = split(&format!("{x:e}"));
+    // Every f64 has at most 767 significant decimal digits: this is its exact value.
+    let (exact, exact_exp) = split(&format!("{x:.767e}"));
+    let n = digits.len();
+    let tie = exact_exp == exp
+        && exact.as_bytes()[n] == b'5'
+        && exact.as_bytes()[n + 1..].iter().all(|&d| d == b'0');
+    let below = &exact[..n];
+    if tie && (below.as_bytes()[n - 1] - b'0').is_multiple_of(2) {
+        return (below.to_string(), exp);
+    }
+    (digits, exp)
+}
+
 /// The records of a CSV text: fields split and unquoted, blank and whitespace-only lines skipped.
 struct Records {
     path: PathBuf,
@@ -525,6 +613,9 @@ struct Records {
     /// The line of the next byte (1-based).
     line: u64,
     after_cr: bool,
+    /// A skipped line just ended with CR: a separator next is dropped, as pandas' tokenizer
+    /// drops it (it takes the byte after such a CR as the LF of a CRLF or a separator).
+    drop_separator: bool,
 }
 
 /// Where the tokenizer is within a record.
@@ -550,6 +641,7 @@ impl Records {
             max_bytes,
             line: 1,
             after_cr: false,
+            drop_separator: false,
         }
     }
 
@@ -592,12 +684,15 @@ impl Records {
                     self.line += 1;
                 }
                 self.after_cr = b == b'\r';
+                if std::mem::take(&mut self.drop_separator) && b == self.sep {
+                    continue;
+                }
                 let blank = (b == b' ' || b == b'\t') && b != self.sep;
                 if state == State::Whitespace && !newline && !blank {
                     state = State::Unquoted; // the spaces open a field
                 }
                 match state {
-                    State::RecordStart if newline => {}
+                    State::RecordStart if newline => self.drop_separator = b == b'\r',
                     State::RecordStart if blank => {
                         start = line;
                         field.push(b);
@@ -605,6 +700,7 @@ impl Records {
                     }
                     State::Whitespace if newline => {
                         field.clear();
+                        self.drop_separator = b == b'\r';
                         state = State::RecordStart;
                     }
                     State::Whitespace => field.push(b),
