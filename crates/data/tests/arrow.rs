@@ -102,6 +102,11 @@ fn files_of_one_split_need_one_schema() {
             && err.contains("a.arrow (x: Utf8)"),
         "{err}"
     );
+    // Integer widths and string offsets that cast without changing a value are read.
+    let files = resolve(&arrow("two_widths"), SplitChoice::train(None)).unwrap();
+    assert_eq!(Value::from(rows_of_files(&files)), fixtures()["two_widths"]);
+    let ds = TokenDataset::open_files(&files, None, &opts(&dir, LabelMode::Auto)).unwrap();
+    assert_eq!(ds.sample(1).unwrap().input_ids, [2, 7, 9]);
 }
 
 #[test]

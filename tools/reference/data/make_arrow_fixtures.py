@@ -20,6 +20,8 @@ Writes, under arrow/ next to this script:
                    columns `datasets` refuses (no feature type; two columns of one name)
   two_schemas/     two files of one split whose column types differ (`datasets` casts the second
                    to the first's types; refused here)
+  two_widths/      two files of one split with other integer widths and string offsets (the cast
+                   changes no value; read here)
 and arrow_fixtures.json: each dataset's rows as `datasets` returns them (`load_from_disk`, or
 `load_dataset("arrow", data_files=...)` for the loose files), and the refusals.
 `crates/data/tests/arrow.rs` reads the same files and must give the same rows.
@@ -153,6 +155,15 @@ def main():
     write_ipc("two_schemas/b.arrow", pa.table({"x": pa.array([5])}))
     two = datasets.load_dataset(os.path.join(OUT, "two_schemas"), split="train", keep_in_memory=True)
     fixtures["two_schemas"] = jsonable(two.to_list())
+    # Other integer widths and string offsets: the cast changes no value, read here too.
+    os.makedirs(os.path.join(OUT, "two_widths"))
+    write_ipc("two_widths/a.arrow", pa.table({
+        "input_ids": pa.array([[2, 5]], pa.list_(pa.int32())), "source": pa.array(["a"])}))
+    write_ipc("two_widths/b.arrow", pa.table({
+        "input_ids": pa.array([[2, 7, 9]], pa.large_list(pa.int64())),
+        "source": pa.array(["b"], pa.large_string())}))
+    widths = datasets.load_dataset(os.path.join(OUT, "two_widths"), split="train", keep_in_memory=True)
+    fixtures["two_widths"] = jsonable(widths.to_list())
 
     with open(os.path.join(HERE, "arrow_fixtures.json"), "w", encoding="utf-8") as f:
         json.dump(fixtures, f, ensure_ascii=False, indent=1)

@@ -19,7 +19,7 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_ipc::reader::{FileReader, StreamReader};
-use arrow_schema::{ArrowError, DataType, Schema, SchemaRef};
+use arrow_schema::{ArrowError, DataType, Fields, Schema, SchemaRef};
 use minijinja::Value;
 
 use super::{Location, RawRow};
@@ -181,8 +181,9 @@ fn unread(ty: &DataType) -> Option<&'static str> {
     }
 }
 
-/// An error unless every Arrow file among `files` has the first one's columns and types:
-/// `datasets` casts a split's files to its first file's schema, which is not done here.
+/// An error unless every Arrow file among `files` has the first one's columns, of the same
+/// types or of types whose values cast to them unchanged: `datasets` casts a split's files to
+/// its first file's schema, which is not done here.
 pub fn check_one_schema(files: &[PathBuf]) -> Result<()> {
     let mut first: Option<(&Path, SchemaRef)> = None;
     for path in files {
@@ -220,12 +221,31 @@ fn magic_of(path: &Path) -> Result<Vec<u8>> {
     Ok(magic)
 }
 
+/// Whether two schemas have the same columns in the same order, of types whose values read the
+/// same once cast to the first's (integers of any width, strings or binaries of any offset size,
+/// dictionaries as their values; floats of another width would round).
 fn same_columns(a: &Schema, b: &Schema) -> bool {
-    a.fields().len() == b.fields().len()
-        && a.fields()
-            .iter()
-            .zip(b.fields())
-            .all(|(x, y)| x.name() == y.name() && x.data_type() == y.data_type())
+    same_fields(a.fields(), b.fields())
+}
+
+fn same_fields(a: &Fields, b: &Fields) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.name() == y.name() && same_type(x.data_type(), y.data_type()))
+}
+
+fn same_type(a: &DataType, b: &DataType) -> bool {
+    use DataType::*;
+    match (a, b) {
+        (Dictionary(_, a), b) | (b, Dictionary(_, a)) => same_type(a, b),
+        (List(a) | LargeList(a), List(b) | LargeList(b)) => same_type(a.data_type(), b.data_type()),
+        (Struct(a), Struct(b)) => same_fields(a, b),
+        _ if a.is_integer() && b.is_integer() => true,
+        (Utf8 | LargeUtf8 | Utf8View, Utf8 | LargeUtf8 | Utf8View) => true,
+        (Binary | LargeBinary | BinaryView, Binary | LargeBinary | BinaryView) => true,
+        _ => a == b,
+    }
 }
 
 fn describe(schema: &Schema) -> String {
