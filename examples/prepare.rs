@@ -58,10 +58,12 @@ struct Args {
     /// chat | sharegpt | prompt_completion | text | tokens (default: detect from the first row).
     #[arg(long)]
     data_format: Option<Format>,
-    /// JSONL lines longer than this are bad rows, skipped without being parsed.
+    /// JSONL lines longer than this are bad rows, skipped without being parsed; a CSV record
+    /// longer than this is an error.
     #[arg(long, default_value_t = DEFAULT_MAX_LINE_BYTES)]
     max_line_bytes: usize,
-    /// Skip bad lines (and list them) instead of failing.
+    /// Skip bad rows (and list them) instead of failing (a CSV file whose structure is broken
+    /// still fails).
     #[arg(long)]
     skip_bad_lines: bool,
     /// enable_thinking passed to the chat template, as train_ddp's flag (rows may set their own;
@@ -129,8 +131,10 @@ fn run(args: &Args) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    std::fs::rename(&tmp, &args.out)
-        .with_context(|| format!("renaming to {}", args.out.display()))?;
+    if let Err(e) = std::fs::rename(&tmp, &args.out) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("renaming to {}", args.out.display()));
+    }
     let by_file: Vec<(&Path, &PrepareReport)> = files
         .files
         .iter()

@@ -57,6 +57,9 @@ pub struct CacheKey {
     pub vocab_size: Option<usize>,
     /// JSONL line-size limit (longer lines are skipped).
     pub max_line_bytes: usize,
+    /// The CSV field separator the file's name gives (`,` for `.csv`, a tab for `.tsv`); `None`
+    /// for the kinds read by content. Two files of one content and stem are then two caches.
+    pub csv_separator: Option<char>,
 }
 
 /// Metadata stored in the cache file.
@@ -455,6 +458,7 @@ mod tests {
                 label_mode: "full".into(),
                 vocab_size: None,
                 max_line_bytes: 1 << 20,
+                csv_separator: None,
             },
             report: PrepareReport::default(),
         }

@@ -221,6 +221,7 @@ impl Part {
             label_mode: opts.prepare.label_mode.as_str().into(),
             vocab_size: opts.prepare.vocab_size.or(encoder.map(Encoder::vocab_size)),
             max_line_bytes: opts.prepare.max_line_bytes,
+            csv_separator: crate::source::csv::separator(path).map(char::from),
         };
         let cache_path = cache_path(path, opts.cache_dir.as_deref(), &key)?;
         let mut from_cache = true;

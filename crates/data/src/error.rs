@@ -130,7 +130,7 @@ pub enum DataError {
         reason: String,
     },
     /// A data file that is not readable as a whole (a JSON array that does not parse).
-    #[error("{path}:{line}: {reason}")]
+    #[error("{path}{}: {reason}", at_line(*line))]
     BadFile {
         /// The data file.
         path: PathBuf,
@@ -208,6 +208,14 @@ impl DataError {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// `:LINE`, or nothing for line 0 (the file as a whole).
+fn at_line(line: u64) -> String {
+    match line {
+        0 => String::new(),
+        n => format!(":{n}"),
     }
 }
 

@@ -1,4 +1,4 @@
-//! The dataset formats: one row (a JSONL line or a Parquet or CSV row, as a JSON-like value)
+//! The dataset formats: one row (a JSONL line or a Parquet, Arrow or CSV row, as a JSON-like value)
 //! parsed and checked into what the encoder needs. Errors name the field
 //! (`messages[2].tool_calls[0]`); the caller adds the file and line.
 //!

@@ -216,6 +216,18 @@ fn bad_arrow_rows_and_files_name_the_row_batch_and_file() {
         err.contains("tokens_stream.arrow: row 2 (record batch 0): labels: missing"),
         "{err}"
     );
+    // a corrupt byte the Arrow reader panics on is an Arrow error naming the file too
+    let corrupt = dir.join("corrupt.arrow");
+    let mut bytes = std::fs::read(arrow("tokens_file.arrow")).unwrap();
+    bytes[463] = 0xcc;
+    std::fs::write(&corrupt, &bytes).unwrap();
+    match TokenDataset::open(&corrupt, None, &opts(&dir, LabelMode::Auto)) {
+        Err(DataError::Arrow { path, msg }) => {
+            assert_eq!(path, corrupt);
+            assert!(msg.contains("the file is corrupt"), "{msg}");
+        }
+        other => panic!("expected an arrow error, got {other:?}"),
+    }
     // a cut file is an Arrow error naming the file
     match common::open_cut_copy(&arrow("tokens_stream.arrow"), &dir) {
         (DataError::Arrow { path, .. }, cut) => assert_eq!(path, cut),

@@ -290,3 +290,31 @@ fn csv_splits_need_one_separator_and_no_card_options() {
         "{err}"
     );
 }
+
+#[test]
+fn a_csv_and_a_tsv_of_one_content_and_stem_are_two_caches() {
+    let dir = common::scratch("csv-tsv-cache");
+    let content = "text\nhello,world\tfoo\n";
+    std::fs::write(dir.join("d.csv"), content).unwrap();
+    std::fs::write(dir.join("d.tsv"), content).unwrap();
+    let enc = Encoder::from_model_dir(&common::tiny()).unwrap();
+    let opts = common::options(&dir, LabelMode::Auto);
+    let ids = |name: &str| {
+        let ds = TokenDataset::open(&dir.join(name), Some(&enc), &opts).unwrap();
+        ds.sample(0).unwrap().input_ids
+    };
+    // Read with `,` the text is `world\tfoo` (`hello` is the row index); with a tab, `foo`.
+    let (csv, tsv) = (ids("d.csv"), ids("d.tsv"));
+    assert_ne!(csv, tsv);
+    assert_eq!(tsv, ids("d.tsv"), "the second open reads the cache");
+}
+
+#[test]
+fn blank_lines_before_a_record_do_not_count_toward_its_size() {
+    let dir = common::scratch("csv-blank-size");
+    let path = dir.join("blanks.csv");
+    std::fs::write(&path, format!("text\n{}hello\n", "  \n".repeat(200))).unwrap();
+    let mut source = Source::open(&path, 100).unwrap();
+    let (loc, _) = source.next_row().unwrap().unwrap();
+    assert_eq!(loc.line, 202);
+}

@@ -165,10 +165,11 @@ pub struct TrainConfig {
     /// Hub revision of --model: a branch, tag or commit (default: main).
     #[arg(long, value_name = "REV", help_heading = section::MODEL_DATA)]
     pub revision: Option<String>,
-    /// Training data: JSONL, Parquet, Arrow or CSV/TSV, chat/ShareGPT/prompt-completion/text/token rows (the
-    /// post's DATA_PATH). A file, a folder (its --data-split, split as Hugging Face datasets
-    /// splits a folder; a save_to_disk folder read as load_from_disk reads it), a glob in quotes ('shards/*.parquet') or a Hub dataset id
-    /// (owner/name, downloaded into the Hub cache): several files are one dataset.
+    /// Training data: JSONL, Parquet, Arrow or CSV/TSV, chat/ShareGPT/prompt-completion/text/token
+    /// rows (the post's DATA_PATH). A file, a folder (its --data-split, split as Hugging Face
+    /// datasets splits a folder; a save_to_disk folder read as load_from_disk reads it), a glob
+    /// in quotes ('shards/*.parquet') or a Hub dataset id (owner/name, downloaded into the Hub
+    /// cache): several files are one dataset.
     #[arg(long, value_name = "FILE|DIR|GLOB|HUB_ID", env = "DATA_PATH", default_value = "train.jsonl", help_heading = section::MODEL_DATA)]
     pub data: PathBuf,
     /// The split of a --data folder or Hub dataset to train on (default: train).
@@ -213,7 +214,8 @@ pub struct TrainConfig {
     /// enable_thinking passed to the chat template (rows may set their own; unset: not passed).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL", help_heading = section::MODEL_DATA)]
     pub enable_thinking: Option<bool>,
-    /// JSONL lines longer than this many bytes are bad rows, skipped without being parsed.
+    /// JSONL lines longer than this many bytes are bad rows, skipped without being parsed; a CSV
+    /// record longer than this is an error (a quoted field without its closing quote?).
     #[arg(long, value_name = "BYTES", default_value_t = g4ft_data::source::DEFAULT_MAX_LINE_BYTES, help_heading = section::MODEL_DATA)]
     pub max_line_bytes: usize,
     /// Pack several samples into each row of --max-len tokens (positions restart per sample).
@@ -226,7 +228,8 @@ pub struct TrainConfig {
     /// seed + epoch (TOML key `shuffle`).
     #[arg(long = "no-shuffle", action = clap::ArgAction::SetFalse, help_heading = section::MODEL_DATA)]
     pub shuffle: bool,
-    /// Skip malformed rows, with a warning per row, instead of stopping.
+    /// Skip malformed rows, with a warning per row, instead of stopping (a CSV file whose
+    /// structure is broken, e.g. a row with more fields than the header, still stops).
     #[arg(long, help_heading = section::MODEL_DATA)]
     pub skip_bad_lines: bool,
     /// Samples per rank per forward pass (the post's MICRO_BATCH).

@@ -9,6 +9,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, Read};
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
@@ -58,18 +59,26 @@ pub struct ArrowRows {
 impl ArrowRows {
     /// Opens `path`, an Arrow IPC stream or file.
     pub(super) fn open(path: &Path) -> Result<Self> {
-        let io = |e| DataError::io(path, e);
-        let bad = |e: ArrowError| arrow_error(path, e.to_string());
         let magic = magic_of(path)?;
-        let file = File::open(path).map_err(io)?;
-        let (schema, batches): (SchemaRef, Batches) = if magic.starts_with(FILE_MAGIC) {
-            let reader = FileReader::try_new_buffered(file, None).map_err(bad)?;
-            (reader.schema(), Box::new(reader))
-        } else {
-            let buffered = BufReader::with_capacity(1 << 20, file);
-            let reader = StreamReader::try_new(buffered, None).map_err(bad)?;
-            (reader.schema(), Box::new(reader))
+        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let open = || -> std::result::Result<(SchemaRef, Batches), ArrowError> {
+            Ok(if magic.starts_with(FILE_MAGIC) {
+                let reader = FileReader::try_new_buffered(file, None)?;
+                (reader.schema(), Box::new(reader))
+            } else {
+                let buffered = BufReader::with_capacity(1 << 20, file);
+                let reader = StreamReader::try_new(buffered, None)?;
+                (reader.schema(), Box::new(reader))
+            })
         };
+        let (schema, batches) = std::panic::catch_unwind(AssertUnwindSafe(open))
+            .map_err(|panic| {
+                arrow_error(
+                    path,
+                    format!("the file is corrupt ({})", panic_text(&panic)),
+                )
+            })?
+            .map_err(|e| arrow_error(path, e.to_string()))?;
         check_columns(path, &schema)?;
         Ok(ArrowRows {
             path: path.to_path_buf(),
@@ -95,11 +104,24 @@ impl ArrowRows {
                 };
                 let raw = match row_value(&self.columns, i) {
                     Ok(v) => RawRow::Value(v),
-                    Err(why) => RawRow::Bad(RowError::new(SkipReason::InvalidUtf8, why)),
+                    Err(e) => RawRow::Bad(e),
                 };
                 return Ok(Some((loc, raw)));
             }
-            match self.batches.next() {
+            // arrow-ipc panics on some corrupt messages: a panic is this file's error.
+            let next = std::panic::catch_unwind(AssertUnwindSafe(|| self.batches.next())).map_err(
+                |panic| {
+                    arrow_error(
+                        &self.path,
+                        format!(
+                            "record batch {}: the file is corrupt ({})",
+                            self.batches_read,
+                            panic_text(&panic)
+                        ),
+                    )
+                },
+            )?;
+            match next {
                 None => return Ok(None),
                 Some(Err(e)) => {
                     return Err(arrow_error(
@@ -258,30 +280,44 @@ fn describe(schema: &Schema) -> String {
 }
 
 /// Row `i` of a record batch's columns as an object.
-fn row_value(columns: &[(String, ArrayRef)], i: usize) -> std::result::Result<Value, String> {
+fn row_value(columns: &[(String, ArrayRef)], i: usize) -> std::result::Result<Value, RowError> {
     columns
         .iter()
-        .map(|(name, col)| Ok((name.clone(), cell(col.as_ref(), i)?)))
-        .collect::<std::result::Result<Vec<_>, String>>()
+        .map(|(name, col)| {
+            let value = cell(col.as_ref(), i)
+                .map_err(|e| RowError::new(e.kind, format!("{name}: {}", e.reason)))?;
+            Ok((name.clone(), value))
+        })
+        .collect::<std::result::Result<Vec<_>, RowError>>()
         .map(Value::from_iter)
 }
 
+/// A panic's message.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => s.to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic in the Arrow reader".into(),
+    }
+}
+
 /// Element `i` of `array` as `datasets` would return it (see the module doc); binary data that
-/// is not UTF-8 text is an error, as for Parquet.
-fn cell(array: &dyn Array, i: usize) -> std::result::Result<Value, String> {
+/// is not UTF-8 text, and a date or time out of range, are errors (bad rows).
+fn cell(array: &dyn Array, i: usize) -> std::result::Result<Value, RowError> {
     if array.is_null(i) || array.data_type() == &DataType::Null {
         return Ok(Value::from(()));
     }
     let list = |values: &dyn Array| {
         (0..values.len())
             .map(|j| cell(values, j))
-            .collect::<std::result::Result<Vec<_>, String>>()
+            .collect::<std::result::Result<Vec<_>, RowError>>()
             .map(Value::from)
     };
     let text = |bytes: &[u8]| match std::str::from_utf8(bytes) {
         Ok(s) => Ok(Value::from(s)),
-        Err(e) => Err(format!(
-            "a binary column holds bytes that are not UTF-8 text ({e})"
+        Err(e) => Err(RowError::new(
+            SkipReason::InvalidUtf8,
+            format!("a binary column holds bytes that are not UTF-8 text ({e})"),
         )),
     };
     Ok(match array.data_type() {
@@ -313,18 +349,62 @@ fn cell(array: &dyn Array, i: usize) -> std::result::Result<Value, String> {
                 .iter()
                 .zip(s.columns())
                 .map(|(f, col)| Ok((f.name().clone(), cell(col.as_ref(), i)?)))
-                .collect::<std::result::Result<Vec<_>, String>>()
+                .collect::<std::result::Result<Vec<_>, RowError>>()
                 .map(Value::from_iter)?
         }
         DataType::Dictionary(..) => {
+            // A dictionary inside a list or struct (top-level ones are decoded per batch).
             let d = array.as_any_dictionary();
-            cell(d.values().as_ref(), d.normalized_keys()[i])?
+            let key = cell(d.keys(), i)?.as_usize();
+            match key.filter(|&k| k < d.values().len()) {
+                Some(k) => cell(d.values().as_ref(), k)?,
+                None => return Err(RowError::field("a dictionary key is out of range")),
+            }
         }
         // Dates, times, durations, decimals: their text
-        _ => {
-            let format = ArrayFormatter::try_new(array, &FormatOptions::default())
-                .map_err(|e| e.to_string())?;
-            Value::from(format.value(i).to_string())
+        ty => {
+            let options = FormatOptions::default().with_display_error(false);
+            let as_text = ArrayFormatter::try_new(array, &options)
+                .and_then(|format| format.value(i).try_to_string());
+            match as_text {
+                Ok(text) => Value::from(text),
+                Err(e) => {
+                    return Err(RowError::field(format!(
+                        "a value of type {ty} that has no text ({e})"
+                    )))
+                }
+            }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{
+        DictionaryArray, Int32Array, StringArray, StructArray, TimestampSecondArray,
+    };
+    use arrow_schema::Field;
+
+    use super::*;
+
+    #[test]
+    fn nested_dictionaries_read_their_values_and_bad_times_are_bad_rows() {
+        let keys = Int32Array::from(vec![Some(2), None, Some(0)]);
+        let values = StringArray::from(vec!["a", "b", "c"]);
+        let dict: ArrayRef = Arc::new(DictionaryArray::try_new(keys, Arc::new(values)).unwrap());
+        let field = Field::new("d", dict.data_type().clone(), true);
+        let record = StructArray::from(vec![(Arc::new(field), dict)]);
+        let got: Vec<String> = (0..3)
+            .map(|i| cell(&record, i).unwrap().to_string())
+            .collect();
+        assert_eq!(got, [r#"{"d": "c"}"#, r#"{"d": None}"#, r#"{"d": "a"}"#]);
+
+        let times = TimestampSecondArray::from(vec![0, i64::MAX]);
+        assert_eq!(cell(&times, 0).unwrap().to_string(), "1970-01-01T00:00:00");
+        let err = cell(&times, 1).unwrap_err();
+        assert_eq!(err.kind, SkipReason::BadField);
+        assert!(err.reason.contains("has no text"), "{}", err.reason);
+    }
 }

@@ -57,19 +57,25 @@ const MISSING: [&str; 19] = [
 ];
 
 /// The field separator `datasets` reads a file with, from its name: `\t` for `.tsv`, `,` for
-/// `.csv` (the last of these among its extensions, in either case: `rows.tsv.gz`); `None` for
-/// other files.
+/// `.csv`, in either case, as the last extension once a compression one is set aside
+/// (`rows.tsv.gz`; not `rows.csv.jsonl`); `None` for other files.
 pub fn separator(path: &Path) -> Option<u8> {
     let name = path.file_name()?.to_str()?;
     let (_, extensions) = name.split_once('.')?;
-    extensions
-        .rsplit('.')
-        .find_map(|ext| match ext.to_ascii_lowercase().as_str() {
-            "csv" => Some(b','),
-            "tsv" => Some(b'\t'),
-            _ => None,
-        })
+    let mut extensions = extensions.rsplit('.').map(str::to_ascii_lowercase);
+    let mut last = extensions.next()?;
+    if COMPRESSION.contains(&last.as_str()) {
+        last = extensions.next()?;
+    }
+    match last.as_str() {
+        "csv" => Some(b','),
+        "tsv" => Some(b'\t'),
+        _ => None,
+    }
 }
+
+/// Extensions of compressed files, set aside to find what they hold.
+const COMPRESSION: [&str; 6] = ["gz", "zst", "bz2", "xz", "lz4", "zip"];
 
 /// The rows of a CSV or TSV file, typed chunk by chunk (see the module doc).
 pub struct CsvRows {
@@ -678,6 +684,7 @@ impl Records {
             let mut done = false;
             for &b in buf {
                 used += 1;
+                size += 1;
                 let newline = b == b'\n' || b == b'\r';
                 let line = self.line;
                 if newline && !(b == b'\n' && self.after_cr) {
@@ -692,7 +699,10 @@ impl Records {
                     state = State::Unquoted; // the spaces open a field
                 }
                 match state {
-                    State::RecordStart if newline => self.drop_separator = b == b'\r',
+                    State::RecordStart if newline => {
+                        self.drop_separator = b == b'\r';
+                        size = 0;
+                    }
                     State::RecordStart if blank => {
                         start = line;
                         field.push(b);
@@ -700,6 +710,7 @@ impl Records {
                     }
                     State::Whitespace if newline => {
                         field.clear();
+                        size = 0;
                         self.drop_separator = b == b'\r';
                         state = State::RecordStart;
                     }
@@ -737,7 +748,6 @@ impl Records {
             if done {
                 return self.record(start, fields).map(Some);
             }
-            size += used;
             if size > self.max_bytes && state != State::RecordStart {
                 return Err(bad(
                     &self.path,
