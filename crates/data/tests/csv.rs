@@ -179,7 +179,12 @@ fn rows_are_located_by_the_line_they_start_on_and_errors_name_it() {
         ("invalid_utf8.csv", ":3: invalid UTF-8"),
         (
             "int_past_u64.csv",
-            ":2: column `a`: integers beyond 64 bits",
+            ":2: column `a`: the integer \"99999999999999999999\" is beyond 64 bits",
+        ),
+        (
+            "u64_and_negative_zero.csv",
+            ":3: column `a`: the integer \"9223372036854775808\" is past 2^63 and line 2 holds \
+             the negative number \"-0\"",
         ),
         (
             "chunk_int_then_text.csv.gz",

@@ -394,49 +394,66 @@ fn is_float(t: &str) -> bool {
     mantissa_ok && exponent_ok
 }
 
+/// A value seen in a column: its line and its text.
+type Seen<'a> = (u64, &'a str);
+
 /// The type pandas gives a column of one chunk; `(line, why)` for a column whose values pandas
-/// keeps as Python integers.
+/// keeps as Python integers (naming the integer and what beside it makes pandas do so).
 fn column_kind<'a>(
     cells: impl Iterator<Item = (u64, Option<&'a str>)>,
 ) -> std::result::Result<Kind, (u64, String)> {
-    let (mut bools, mut ints, mut floats, mut missing, mut negative) = (0, 0, 0, false, false);
-    let mut text = false;
-    // The line of the first integer past i64, and whether one is beyond u64.
-    let (mut big, mut huge): (Option<u64>, bool) = (None, false);
+    let (mut bools, mut ints, mut floats, mut text) = (0, 0, 0, false);
+    // The first of each kind of value that stops an integer past 2^63 from being read: its line
+    // and its text.
+    let (mut missing, mut negative, mut decimal) = (None, None, None);
+    // The first integer past 2^63 and the first beyond 64 bits.
+    let (mut big, mut huge): (Option<Seen>, Option<Seen>) = (None, None);
     for (line, cell) in cells {
         if is_missing(cell) {
-            missing = true;
+            missing.get_or_insert((line, cell.unwrap_or_default()));
             continue;
         }
-        let token = token(cell.unwrap_or_default());
-        match token {
+        let value = cell.unwrap_or_default();
+        match token(value) {
             Token::Text => text = true,
             Token::Bool => bools += 1,
             Token::Int(_) => {
                 ints += 1;
                 // `-0` too: pandas reads no signed text as an unsigned integer.
-                negative |= cell.is_some_and(|c| c.trim_matches(is_space).starts_with('-'));
+                if value.trim_matches(is_space).starts_with('-') {
+                    negative.get_or_insert((line, value));
+                }
             }
-            Token::Big | Token::Huge => {
+            Token::Big => {
                 ints += 1;
-                big.get_or_insert(line);
-                huge |= token == Token::Huge;
+                big.get_or_insert((line, value));
             }
-            Token::Float => floats += 1,
+            Token::Huge => {
+                ints += 1;
+                huge.get_or_insert((line, value));
+            }
+            Token::Float => {
+                floats += 1;
+                decimal.get_or_insert((line, value));
+            }
         }
     }
-    let python_ints = |line| {
+    let python_ints = |(line, value): (u64, &str), why: String| {
         Err((
             line,
-            "integers beyond 64 bits, or past 2^63 beside a negative number, a decimal or a \
-             missing value, are not read here (pandas keeps them as Python integers)"
-                .into(),
+            format!(
+                "the integer {value:?} {why}; pandas keeps such integers as Python objects, \
+                 which are not read here"
+            ),
         ))
+    };
+    let beside = |what: &str, (line, value): (u64, &str)| {
+        format!("is past 2^63 and line {line} holds {what} {value:?}")
     };
     // A missing value beside them becomes text or a float in `datasets`, whatever else the
     // column holds.
-    if let (Some(line), true) = (big, missing) {
-        return python_ints(line);
+    if let (Some(at), Some(m)) = (big.or(huge), missing) {
+        return python_ints(at, beside("the missing value", m));
     }
     if text {
         return Ok(Kind::Text);
@@ -448,15 +465,19 @@ fn column_kind<'a>(
             Kind::Text
         });
     }
-    if let Some(line) = big {
-        if !huge && floats == 0 && !negative {
-            return Ok(Kind::UInt);
-        }
-        return python_ints(line);
+    if let Some(at) = huge {
+        return python_ints(at, "is beyond 64 bits".into());
+    }
+    if let Some(at) = big {
+        return match (negative, decimal) {
+            (Some(n), _) => python_ints(at, beside("the negative number", n)),
+            (_, Some(d)) => python_ints(at, beside("the decimal", d)),
+            (None, None) => Ok(Kind::UInt),
+        };
     }
     Ok(match (ints, floats, missing) {
-        (_, 0, false) if ints > 0 => Kind::Int,
-        (_, 0, true) if ints > 0 => Kind::IntsAsFloat,
+        (_, 0, None) if ints > 0 => Kind::Int,
+        (_, 0, Some(_)) if ints > 0 => Kind::IntsAsFloat,
         _ => Kind::Float,
     })
 }
