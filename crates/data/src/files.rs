@@ -68,6 +68,14 @@ impl<'a> SplitChoice<'a> {
         }
     }
 
+    /// The splits to look for, in order: the one asked for, else the defaults.
+    pub fn wanted(&self) -> Vec<&'a str> {
+        match self.asked {
+            Some(s) => vec![s],
+            None => self.defaults.to_vec(),
+        }
+    }
+
     /// The same choice within the config `config`.
     pub fn with_config(self, config: Option<&'a str>) -> Self {
         SplitChoice { config, ..self }
@@ -309,10 +317,7 @@ pub fn choose_split(
     choice: SplitChoice,
 ) -> std::result::Result<(Option<String>, String, Vec<String>), String> {
     let Splits { config, mut splits } = splits(names, card, choice)?;
-    let wanted: Vec<&str> = match choice.asked {
-        Some(s) => vec![s],
-        None => choice.defaults.to_vec(),
-    };
+    let wanted = choice.wanted();
     if let Some(i) = wanted
         .iter()
         .find_map(|w| splits.iter().position(|(s, _)| s == w))

@@ -58,10 +58,7 @@ pub(crate) fn resolve_saved(
         }));
     }
     let splits = dict_splits(&dict)?;
-    let wanted: Vec<&str> = match choice.asked {
-        Some(s) => vec![s],
-        None => choice.defaults.to_vec(),
-    };
+    let wanted = choice.wanted();
     let Some(split) = wanted.iter().find(|w| splits.iter().any(|s| s == *w)) else {
         return Err(err(format!(
             "no split {} in this dataset dict (written by `save_to_disk`): it has {} (pick one \

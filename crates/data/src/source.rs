@@ -69,6 +69,15 @@ pub enum Source {
     Csv(CsvRows),
 }
 
+/// The first bytes of `path`, as many as the longest magic (Arrow's `ARROW1`).
+pub(super) fn first_bytes(path: &Path) -> Result<Vec<u8>> {
+    let mut magic = Vec::with_capacity(6);
+    File::open(path)
+        .and_then(|f| f.take(6).read_to_end(&mut magic))
+        .map_err(|e| DataError::io(path, e))?;
+    Ok(magic)
+}
+
 /// A text stream: the file itself or its decompressed content.
 pub(crate) type TextStream = BufReader<Box<dyn Read + Send>>;
 
@@ -77,10 +86,7 @@ impl Source {
     /// bounds a JSONL line or a CSV record.
     pub fn open(path: &Path, max_line_bytes: usize) -> Result<Self> {
         let io = |e| DataError::io(path, e);
-        let mut magic = Vec::with_capacity(6);
-        File::open(path)
-            .and_then(|f| f.take(6).read_to_end(&mut magic))
-            .map_err(io)?;
+        let magic = first_bytes(path)?;
         let csv = csv::separator(path);
         if magic.starts_with(b"PAR1") && csv.is_none() {
             return ParquetRows::open(path).map(Source::Parquet);

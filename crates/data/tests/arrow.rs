@@ -185,20 +185,10 @@ fn saved_chat_trains_the_tokens_transformers_renders() {
     let files = resolve(&arrow("saved_chat"), SplitChoice::train(None)).unwrap();
     let ds = TokenDataset::open_files(&files, Some(&enc), &opts(&dir, LabelMode::AssistantOnly))
         .unwrap();
-    let parquet: Value = serde_json::from_str(
-        &std::fs::read_to_string(common::repo().join("tools/reference/data/parquet_fixtures.json"))
-            .unwrap(),
-    )
-    .unwrap();
-    let cases = parquet["chat"].as_array().unwrap();
+    let cases = common::parquet_chat_cases();
     assert_eq!(ds.len(), cases.len());
     for (i, case) in cases.iter().enumerate() {
-        let s = ds.sample(i).unwrap();
-        let want_ids: Vec<u32> = serde_json::from_value(case["input_ids"].clone()).unwrap();
-        let want_labels: Vec<i32> =
-            serde_json::from_value(case["labels_assistant_only"].clone()).unwrap();
-        assert_eq!(s.input_ids, want_ids, "{}", case["name"]);
-        assert_eq!(s.labels, want_labels, "{}", case["name"]);
+        common::assert_sample_is(&ds, i, case);
     }
 }
 

@@ -49,21 +49,11 @@ fn parquet_chat_rows_match_transformers_on_what_datasets_reads_back() {
         &opts(&dir, LabelMode::AssistantOnly),
     )
     .unwrap();
-    let fixtures: Value = serde_json::from_str(
-        &std::fs::read_to_string(common::repo().join("tools/reference/data/parquet_fixtures.json"))
-            .unwrap(),
-    )
-    .unwrap();
-    let cases = fixtures["chat"].as_array().unwrap();
+    let cases = common::parquet_chat_cases();
     assert_eq!(ds.len(), cases.len());
     assert_eq!(ds.report().format, Some(Format::Chat));
     for (i, case) in cases.iter().enumerate() {
-        let want_ids: Vec<u32> = serde_json::from_value(case["input_ids"].clone()).unwrap();
-        let want_labels: Vec<i32> =
-            serde_json::from_value(case["labels_assistant_only"].clone()).unwrap();
-        let s = ds.sample(i).unwrap();
-        assert_eq!(s.input_ids, want_ids, "{}", case["name"]);
-        assert_eq!(s.labels, want_labels, "{}", case["name"]);
+        common::assert_sample_is(&ds, i, case);
         assert_eq!(ds.line_of(i), i as u64 + 1);
     }
 }

@@ -8,7 +8,7 @@
 //! of one name. The files of one split must have one schema ([`check_one_schema`]).
 
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::BufReader;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 
@@ -59,7 +59,7 @@ pub struct ArrowRows {
 impl ArrowRows {
     /// Opens `path`, an Arrow IPC stream or file.
     pub(super) fn open(path: &Path) -> Result<Self> {
-        let magic = magic_of(path)?;
+        let magic = super::first_bytes(path)?;
         let file = File::open(path).map_err(|e| DataError::io(path, e))?;
         let open = || -> std::result::Result<(SchemaRef, Batches), ArrowError> {
             Ok(if magic.starts_with(FILE_MAGIC) {
@@ -209,7 +209,7 @@ fn unread(ty: &DataType) -> Option<&'static str> {
 pub fn check_one_schema(files: &[PathBuf]) -> Result<()> {
     let mut first: Option<(&Path, SchemaRef)> = None;
     for path in files {
-        if !is_arrow(&magic_of(path)?) {
+        if !is_arrow(&super::first_bytes(path)?) {
             continue;
         }
         let schema = ArrowRows::open(path)?.schema;
@@ -232,15 +232,6 @@ pub fn check_one_schema(files: &[PathBuf]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The first bytes of `path`, as many as the longest magic.
-fn magic_of(path: &Path) -> Result<Vec<u8>> {
-    let mut magic = Vec::with_capacity(FILE_MAGIC.len());
-    File::open(path)
-        .and_then(|f| f.take(FILE_MAGIC.len() as u64).read_to_end(&mut magic))
-        .map_err(|e| DataError::io(path, e))?;
-    Ok(magic)
 }
 
 /// Whether two schemas have the same columns in the same order, of types whose values read the

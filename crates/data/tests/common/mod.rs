@@ -67,3 +67,22 @@ pub fn samples(ds: &TokenDataset) -> Vec<(Vec<u32>, Vec<i32>)> {
         })
         .collect()
 }
+
+/// The tool-use chat rows of parquet/chat.parquet with the ids and assistant-only labels
+/// transformers gave them (parquet_fixtures.json).
+pub fn parquet_chat_cases() -> Vec<serde_json::Value> {
+    let path = repo().join("tools/reference/data/parquet_fixtures.json");
+    let fixtures: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    fixtures["chat"].as_array().unwrap().clone()
+}
+
+/// Asserts that sample `i` of `ds` has the ids and assistant-only labels of `case`.
+pub fn assert_sample_is(ds: &g4ft_data::TokenDataset, i: usize, case: &serde_json::Value) {
+    let want_ids: Vec<u32> = serde_json::from_value(case["input_ids"].clone()).unwrap();
+    let want_labels: Vec<i32> =
+        serde_json::from_value(case["labels_assistant_only"].clone()).unwrap();
+    let s = ds.sample(i).unwrap();
+    assert_eq!(s.input_ids, want_ids, "{}", case["name"]);
+    assert_eq!(s.labels, want_labels, "{}", case["name"]);
+}
